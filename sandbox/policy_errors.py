@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from sandbox import reason_codes
 
 if TYPE_CHECKING:
-    from sandbox.retry_protocol import AgentPhase
+    from sandbox.attempt_policy import AgentPhase
 
 
 class InstructionError(ValueError):

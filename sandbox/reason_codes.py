@@ -32,16 +32,16 @@ DENY_TIMEOUT_INVALID: Final = "DENY_TIMEOUT_INVALID"  # timeout_ms not an int > 
 DENY_TIMESTAMP_INVALID: Final = "DENY_TIMESTAMP_INVALID"  # timestamp is not a str
 DENY_EXECUTION_ID_MISMATCH: Final = "DENY_EXECUTION_ID_MISMATCH"  # fault belongs to another run
 DENY_ATTEMPT_NUMBER_MISMATCH: Final = "DENY_ATTEMPT_NUMBER_MISMATCH"  # fault names another attempt
-DENY_ATTEMPT_LIMIT_EXCEEDED: Final = "DENY_ATTEMPT_LIMIT_EXCEEDED"  # attempt > budget: already broken
+DENY_ATTEMPT_LIMIT_EXCEEDED: Final = "DENY_ATTEMPT_LIMIT_EXCEEDED"  # attempt > max_retries
 
 # --- Attempt mapping (DESIGN.md "How the seeds fit together", attempt_policy.py) -------------
 ATTEMPT_SUCCEEDED: Final = "ATTEMPT_SUCCEEDED"  # exit 0 / accepted SUCCESS response: SUCCEED
 PERSISTENT_FAILURE_RETRY: Final = "PERSISTENT_FAILURE_RETRY"  # failure in GREEN/VERIFY, budget left
 RETRY_BUDGET_EXHAUSTED: Final = "RETRY_BUDGET_EXHAUSTED"  # failure on the last attempt: EXHAUSTED
-FAILURE_NOT_RETRIED: Final = "FAILURE_NOT_RETRIED"  # failure with no phase: Phase-21 never retries it
+FAILURE_NOT_RETRIED: Final = "FAILURE_NOT_RETRIED"  # failure, no phase: not retried
 PHASE_NOT_RETRYABLE: Final = "PHASE_NOT_RETRYABLE"  # retryable outcome in RED/REFACTOR: TERMINATE
 EXECUTOR_REFUSED: Final = "EXECUTOR_REFUSED"  # executor answered REFUSED: TERMINATE, no retry
-DENY_OUTCOME_MALFORMED: Final = "DENY_OUTCOME_MALFORMED"  # outcome not an AttemptOutcome/inconsistent
+DENY_OUTCOME_MALFORMED: Final = "DENY_OUTCOME_MALFORMED"  # bad/inconsistent outcome
 DENY_PHASE_UNKNOWN: Final = "DENY_PHASE_UNKNOWN"  # phase neither None nor an AgentPhase
 DENY_OPTIONS_INVALID: Final = "DENY_OPTIONS_INVALID"  # options is not a RetryOptions
 

@@ -1,0 +1,71 @@
+# Hash-chained, crash-safe session ledgers (exec.jsonl, evidence.jsonl) and their verification.
+# Layering: this package imports neither supervisor nor sandbox; both import it.
+# Modules: canonical (JSON rules) -> chain (hashes) -> entries (schema) -> heads (anchors) ->
+# verify -> checkpoints -> syncer/writer -> session; cli registers `hunter ledger ...`.
+from ledger.checkpoints import SessionState, checkpoint_record, fold, replay, state_at
+from ledger.entries import (
+    KIND_CHECKPOINT,
+    KIND_SESSION_OPENED,
+    KIND_TURN,
+    KIND_VIOLATION,
+    LedgerEntry,
+)
+from ledger.errors import (
+    IntegrityError,
+    LedgerClosedError,
+    LedgerError,
+    LedgerLockedError,
+    LedgerRecordError,
+    LedgerSyncError,
+)
+from ledger.heads import Head, HeadStore, SidecarHeadStore, StateDirHeadStore, read_head
+from ledger.session import SessionLedgers, both_ledgers_exist, session_dir_for
+from ledger.syncer import GroupSyncer, InlineSyncer, Syncer, SyncerStatistics
+from ledger.verify import (
+    BatchReport,
+    VerifyReport,
+    verify,
+    verify_many,
+    verify_root,
+    verify_session_dir,
+)
+from ledger.writer import LedgerWriter, open_ledger
+
+__all__ = [
+    "KIND_CHECKPOINT",
+    "KIND_SESSION_OPENED",
+    "KIND_TURN",
+    "KIND_VIOLATION",
+    "BatchReport",
+    "GroupSyncer",
+    "Head",
+    "HeadStore",
+    "InlineSyncer",
+    "IntegrityError",
+    "LedgerClosedError",
+    "LedgerEntry",
+    "LedgerError",
+    "LedgerLockedError",
+    "LedgerRecordError",
+    "LedgerSyncError",
+    "LedgerWriter",
+    "SessionLedgers",
+    "SessionState",
+    "SidecarHeadStore",
+    "StateDirHeadStore",
+    "Syncer",
+    "SyncerStatistics",
+    "VerifyReport",
+    "both_ledgers_exist",
+    "checkpoint_record",
+    "fold",
+    "open_ledger",
+    "read_head",
+    "replay",
+    "session_dir_for",
+    "state_at",
+    "verify",
+    "verify_many",
+    "verify_root",
+    "verify_session_dir",
+]

@@ -1,0 +1,391 @@
+"""A session's two ledgers (seed 004 FR-RT-006/007/017/018).
+
+``<root>/planes/<tier>/sessions/<sid>/ledger/exec.jsonl`` (ledger id ``<sid>/exec``) and
+``.../evidence.jsonl`` (``<sid>/evidence``). Both are created at session start with a
+``session_opened`` entry; every turn writes one entry to each, and the pair is made durable in one
+sync round before `record_turn` returns.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+
+import anyio.to_thread
+
+from ledger.entries import KIND_SESSION_OPENED, KIND_TURN, KIND_VIOLATION, LedgerEntry
+from ledger.errors import IntegrityError, LedgerRecordError
+from ledger.files import make_dirs
+from ledger.syncer import InlineSyncer, Syncer
+from ledger.verify import session_ledger_paths
+from ledger.writer import Clock, LedgerWriter, wall_clock_us
+
+__all__ = ["SessionLedgers", "both_ledgers_exist", "session_dir_for"]
+
+
+def _check_name(what: str, value: str) -> str:
+    if (
+        not value
+        or value in {".", ".."}
+        or "/" in value
+        or "\\" in value
+        or not value.isascii()
+        or not value.isprintable()
+        or any(char.isspace() for char in value)
+    ):
+        raise LedgerRecordError(what, f"{value!r} cannot name a directory")
+    return value
+
+
+def session_dir_for(root: Path, tier: str, session_id: str) -> Path:
+    """``<root>/planes/<tier>/sessions/<sid>``."""
+    return (
+        Path(root)
+        / "planes"
+        / _check_name("tier", tier)
+        / "sessions"
+        / _check_name("session_id", session_id)
+    )
+
+
+def both_ledgers_exist(session_dir: Path) -> bool:
+    """The FR-RT-018 gate: a valid session has both ``exec.jsonl`` and ``evidence.jsonl``."""
+    return all(path.is_file() for path in session_ledger_paths(session_dir))
+
+
+def _items(values: Iterable[object]) -> list[object]:
+    return [dict(value) if isinstance(value, Mapping) else value for value in values]
+
+
+def _merge(record: dict[str, object], extra: Mapping[str, object] | None) -> dict[str, object]:
+    if extra:
+        for key, value in extra.items():
+            if key in record:
+                raise LedgerRecordError(key, "conflicts with a field the session ledger sets")
+            record[key] = value
+    return record
+
+
+class SessionLedgers:
+    """The exec and evidence ledgers of one session (use `create` or `open`)."""
+
+    def __init__(
+        self,
+        *,
+        session_dir: Path,
+        session_id: str,
+        tier: str,
+        exec_writer: LedgerWriter,
+        evidence_writer: LedgerWriter,
+        syncer: Syncer,
+        work_order_id: str | None = None,
+        clock: Clock = wall_clock_us,
+    ) -> None:
+        self.session_dir = session_dir
+        self.session_id = session_id
+        self.tier = tier
+        self.exec = exec_writer
+        self.evidence = evidence_writer
+        self.work_order_id = work_order_id
+        self._syncer = syncer
+        self._clock = clock
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        root: Path,
+        tier: str,
+        session_id: str,
+        syncer: Syncer | None = None,
+        work_order_id: str | None = None,
+        clock: Clock = wall_clock_us,
+        opened_extra: Mapping[str, object] | None = None,
+    ) -> SessionLedgers:
+        """Create both ledgers of a new session, each starting with a ``session_opened`` entry.
+
+        Raises ``FileExistsError`` if either ledger already exists.
+        """
+        session_dir = session_dir_for(root, tier, session_id)
+        exec_path, evidence_path = session_ledger_paths(session_dir)
+        for path in (exec_path, evidence_path):
+            if path.exists():
+                raise FileExistsError(f"{path}: session ledger already exists")
+        make_dirs(exec_path.parent)
+        ledgers = cls._open_writers(
+            session_dir,
+            tier=tier,
+            session_id=session_id,
+            syncer=syncer,
+            work_order_id=work_order_id,
+            clock=clock,
+            require_existing=False,
+        )
+        try:
+            record: dict[str, object] = {
+                "kind": KIND_SESSION_OPENED,
+                "session_id": session_id,
+                "tier": tier,
+            }
+            if work_order_id is not None:
+                record["work_order_id"] = work_order_id
+            _merge(record, opened_extra)
+            ledgers._write_pair(record, dict(record))
+        except BaseException:
+            ledgers.close()
+            raise
+        return ledgers
+
+    @classmethod
+    def open(
+        cls,
+        *,
+        root: Path,
+        tier: str,
+        session_id: str,
+        syncer: Syncer | None = None,
+        work_order_id: str | None = None,
+        clock: Clock = wall_clock_us,
+    ) -> SessionLedgers:
+        """Reopen an existing session's ledgers (daemon restart); both must exist."""
+        session_dir = session_dir_for(root, tier, session_id)
+        return cls._open_writers(
+            session_dir,
+            tier=tier,
+            session_id=session_id,
+            syncer=syncer,
+            work_order_id=work_order_id,
+            clock=clock,
+            require_existing=True,
+        )
+
+    @classmethod
+    def _open_writers(
+        cls,
+        session_dir: Path,
+        *,
+        tier: str,
+        session_id: str,
+        syncer: Syncer | None,
+        work_order_id: str | None,
+        clock: Clock,
+        require_existing: bool,
+    ) -> SessionLedgers:
+        exec_path, evidence_path = session_ledger_paths(session_dir)
+        if require_existing:
+            for path in (exec_path, evidence_path):
+                if not path.is_file():
+                    raise IntegrityError(
+                        path, 0, None, "ledger missing: a session needs both ledgers"
+                    )
+        shared: Syncer = InlineSyncer() if syncer is None else syncer
+        exec_writer = LedgerWriter(
+            exec_path, ledger_id=f"{session_id}/exec", syncer=shared, clock=clock
+        )
+        try:
+            evidence_writer = LedgerWriter(
+                evidence_path, ledger_id=f"{session_id}/evidence", syncer=shared, clock=clock
+            )
+        except BaseException:
+            exec_writer.close()
+            raise
+        return cls(
+            session_dir=session_dir,
+            session_id=session_id,
+            tier=tier,
+            exec_writer=exec_writer,
+            evidence_writer=evidence_writer,
+            syncer=shared,
+            work_order_id=work_order_id,
+            clock=clock,
+        )
+
+    # -- paths and gate ------------------------------------------------------------------------
+
+    @property
+    def exec_path(self) -> Path:
+        """``.../ledger/exec.jsonl``."""
+        return self.exec.path
+
+    @property
+    def evidence_path(self) -> Path:
+        """``.../ledger/evidence.jsonl``."""
+        return self.evidence.path
+
+    def exists_both(self) -> bool:
+        """FR-RT-018 gate: both ledger files exist."""
+        return both_ledgers_exist(self.session_dir)
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def _write_pair(
+        self, exec_record: Mapping[str, object], evidence_record: Mapping[str, object]
+    ) -> tuple[LedgerEntry, LedgerEntry]:
+        exec_entry = self.exec.write_entry(exec_record)
+        evidence_entry = self.evidence.write_entry(evidence_record)
+        self._syncer.make_durable(
+            ((self.exec, exec_entry.seq), (self.evidence, evidence_entry.seq))
+        )
+        return exec_entry, evidence_entry
+
+    def record_turn(
+        self,
+        *,
+        turn_number: int,
+        query_hash: str,
+        result_hash: str,
+        status: str,
+        declared_reads: Iterable[object] = (),
+        declared_writes: Iterable[object] = (),
+        external_calls: Iterable[object] = (),
+        capability_violations: Iterable[Mapping[str, object]] = (),
+        work_order_id: str | None = None,
+        exec_extra: Mapping[str, object] | None = None,
+        evidence_extra: Mapping[str, object] | None = None,
+    ) -> tuple[LedgerEntry, LedgerEntry]:
+        """Write the turn's exec and evidence entries; return once both are durable."""
+        exec_record = _merge(
+            {
+                "kind": KIND_TURN,
+                "session_id": self.session_id,
+                "turn_number": turn_number,
+                "query_hash": query_hash,
+                "result_hash": result_hash,
+                "status": status,
+            },
+            exec_extra,
+        )
+        evidence_record: dict[str, object] = {
+            "kind": KIND_TURN,
+            "session_id": self.session_id,
+            "turn_number": turn_number,
+            "declared_reads": _items(declared_reads),
+            "declared_writes": _items(declared_writes),
+            "external_calls": _items(external_calls),
+            "capability_violations": _items(capability_violations),
+        }
+        work_order = self.work_order_id if work_order_id is None else work_order_id
+        if work_order is not None:
+            evidence_record["work_order_id"] = work_order
+        _merge(evidence_record, evidence_extra)
+        return self._write_pair(exec_record, evidence_record)
+
+    def record_violation(
+        self,
+        *,
+        turn_number: int,
+        operation: str,
+        target: str,
+        capability: str,
+        detail: str = "",
+        work_order_id: str | None = None,
+        timestamp_us: int | None = None,
+    ) -> LedgerEntry:
+        """Write a ``capability_violation`` evidence entry now (durable on return)."""
+        violation = {
+            "operation": operation,
+            "target": target,
+            "capability": capability,
+            "detail": detail,
+            "timestamp_us": self._clock() if timestamp_us is None else timestamp_us,
+        }
+        record: dict[str, object] = {
+            "kind": KIND_VIOLATION,
+            "session_id": self.session_id,
+            "turn_number": turn_number,
+            "capability_violations": [violation],
+        }
+        work_order = self.work_order_id if work_order_id is None else work_order_id
+        if work_order is not None:
+            record["work_order_id"] = work_order
+        return self.evidence.append(record)
+
+    def checkpoint(self) -> tuple[LedgerEntry, LedgerEntry]:
+        """Append a checkpoint to each ledger (HO2)."""
+        return self.exec.checkpoint(), self.evidence.checkpoint()
+
+    def close(self) -> None:
+        """Close both writers (everything written is made durable first)."""
+        try:
+            self.exec.close()
+        finally:
+            self.evidence.close()
+
+    def __enter__(self) -> SessionLedgers:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- async wrappers (the durable wait runs in a worker thread) -------------------------------
+
+    async def arecord_turn(
+        self,
+        *,
+        turn_number: int,
+        query_hash: str,
+        result_hash: str,
+        status: str,
+        declared_reads: Iterable[object] = (),
+        declared_writes: Iterable[object] = (),
+        external_calls: Iterable[object] = (),
+        capability_violations: Iterable[Mapping[str, object]] = (),
+        work_order_id: str | None = None,
+        exec_extra: Mapping[str, object] | None = None,
+        evidence_extra: Mapping[str, object] | None = None,
+    ) -> tuple[LedgerEntry, LedgerEntry]:
+        """`record_turn` in a worker thread (not abandoned on cancellation)."""
+        call = functools.partial(
+            self.record_turn,
+            turn_number=turn_number,
+            query_hash=query_hash,
+            result_hash=result_hash,
+            status=status,
+            declared_reads=list(declared_reads),
+            declared_writes=list(declared_writes),
+            external_calls=list(external_calls),
+            capability_violations=list(capability_violations),
+            work_order_id=work_order_id,
+            exec_extra=exec_extra,
+            evidence_extra=evidence_extra,
+        )
+        return await anyio.to_thread.run_sync(call)
+
+    async def arecord_violation(
+        self,
+        *,
+        turn_number: int,
+        operation: str,
+        target: str,
+        capability: str,
+        detail: str = "",
+        work_order_id: str | None = None,
+        timestamp_us: int | None = None,
+    ) -> LedgerEntry:
+        """`record_violation` in a worker thread."""
+        call = functools.partial(
+            self.record_violation,
+            turn_number=turn_number,
+            operation=operation,
+            target=target,
+            capability=capability,
+            detail=detail,
+            work_order_id=work_order_id,
+            timestamp_us=timestamp_us,
+        )
+        return await anyio.to_thread.run_sync(call)
+
+    async def acheckpoint(self) -> tuple[LedgerEntry, LedgerEntry]:
+        """`checkpoint` in a worker thread."""
+        return await anyio.to_thread.run_sync(self.checkpoint)
+
+    async def aclose(self) -> None:
+        """`close` in a worker thread."""
+        await anyio.to_thread.run_sync(self.close)

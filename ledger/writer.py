@@ -1,0 +1,373 @@
+"""The ledger writer: one per file, appends sealed entries, durable before acknowledged.
+
+Opening a ledger: take the writer lock (``flock`` on ``<file>.lock``, which records the holder's
+pid), move a torn last line aside to ``<file>.broken`` and truncate it away, verify every
+remaining line and the anchored head, make the recovered content durable and anchor its head.
+
+Appending: normalize and validate the record (outside the lock), then under the lock assign
+``seq``/``previous_hash``/``ts_us``, seal, and ``write`` the line to the ``O_APPEND`` file
+descriptor; finally wait for the syncer to make it durable. Only then does ``append`` return.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Final
+
+import structlog
+
+from ledger.canonical import normalize
+from ledger.chain import FORMAT_VERSION, genesis_hash, seal
+from ledger.checkpoints import checkpoint_record, state_from_scan
+from ledger.entries import LedgerEntry, validate_ledger_id, validate_record
+from ledger.errors import LedgerClosedError, LedgerLockedError, LedgerSyncError
+from ledger.files import fsync_dir, make_dirs
+from ledger.heads import Head, HeadAnchor, HeadStore, read_head, resolve_head_path
+from ledger.syncer import InlineSyncer, Syncer
+from ledger.verify import scan_bytes
+
+__all__ = ["Clock", "LedgerWriter", "open_ledger", "wall_clock_us"]
+
+_log = structlog.get_logger("ledger")
+
+Clock = Callable[[], int]
+ANCHOR_SYNC_INTERVAL_S: Final = 1.0
+
+
+def wall_clock_us() -> int:
+    """Microseconds since the epoch."""
+    return time.time_ns() // 1000
+
+
+def _read_lock_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii").strip()
+        return int(text) if text else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def _acquire_lock(path: Path) -> int:
+    lock_path = path.with_name(path.name + ".lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = _read_lock_pid(fd)
+        os.close(fd)
+        raise LedgerLockedError(path, pid) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+    return fd
+
+
+def _move_torn_tail(path: Path, fd: int, data: bytes) -> bytes:
+    """Move bytes after the last newline to ``<file>.broken``; truncate; return what remains."""
+    cut = data.rfind(b"\n") + 1
+    tail = data[cut:]
+    broken = path.with_name(path.name + ".broken")
+    created = not broken.exists()
+    header = (
+        f"# torn tail of {path.name}: offset {cut}, {len(tail)} bytes, "
+        f"file size {len(data)}, moved at ts_us {wall_clock_us()}\n"
+    ).encode("ascii")
+    broken_fd = os.open(broken, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(broken_fd, header + tail + b"\n")
+        os.fsync(broken_fd)
+    finally:
+        os.close(broken_fd)
+    if created:
+        fsync_dir(path.parent)
+    os.ftruncate(fd, cut)
+    os.fsync(fd)
+    _log.warning(
+        "ledger_torn_tail_moved",
+        path=str(path),
+        offset=cut,
+        bytes=len(tail),
+        broken=str(broken),
+    )
+    return data[:cut]
+
+
+class LedgerWriter:
+    """The single writer of one ledger file (thread-safe; use `open_ledger`)."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        ledger_id: str,
+        head_store: HeadStore | Path | None = None,
+        syncer: Syncer | None = None,
+        clock: Clock = wall_clock_us,
+    ) -> None:
+        self._path = path
+        self.ledger_id = validate_ledger_id(ledger_id)
+        self._clock = clock
+        self._syncer: Syncer = InlineSyncer() if syncer is None else syncer
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._sync_lock = threading.Lock()
+        self._closed = False
+        self._failure: str | None = None
+        self.device = 0
+        self.legacy_entries = 0
+        self.head_path = path
+        make_dirs(path.parent)
+        self._lock_fd = _acquire_lock(path)
+        self._fd = -1
+        self._anchor: HeadAnchor | None = None
+        try:
+            self._open_file(head_store)
+        except BaseException:
+            self._release()
+            raise
+
+    def _open_file(self, head_store: HeadStore | Path | None) -> None:
+        path = self._path
+        created = not path.exists()
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        if created:
+            fsync_dir(path.parent)
+        self.device = os.fstat(self._fd).st_dev
+        size = os.fstat(self._fd).st_size
+        data = os.pread(self._fd, size, 0) if size else b""
+        if data and not data.endswith(b"\n"):
+            data = _move_torn_tail(path, self._fd, data)
+        head_path = resolve_head_path(path, head_store)
+        anchored = read_head(head_path)
+        scan = scan_bytes(data, path, ledger_id=self.ledger_id, anchor=anchored)
+        self.legacy_entries = scan.legacy_entries
+        self._seq = scan.head_seq
+        self._hash = (
+            scan.head_hash if scan.entries else genesis_hash(self.ledger_id, scan.legacy_prefix)
+        )
+        self._last_ts = scan.last_ts_us
+        if data:
+            os.fdatasync(self._fd)  # a crashed writer's lines may be in the page cache only
+        self._written = (self._seq, self._hash)
+        self._synced_seq = self._seq
+        self._anchor = HeadAnchor(head_path)
+        self._anchor.write(Head(self._seq, self._hash))
+        self._anchor.sync()
+        self._anchor_synced_at = time.monotonic()
+        self.head_path = head_path
+
+    # -- public ------------------------------------------------------------------------------
+
+    @property
+    def path(self) -> Path:
+        """The ledger file."""
+        return self._path
+
+    @property
+    def head(self) -> tuple[int, str]:
+        """``(seq, entry_hash)`` of the last written entry (``seq`` 0 and the genesis hash for an
+        empty ledger)."""
+        with self._lock:
+            return self._seq, self._hash
+
+    @property
+    def durable_seq(self) -> int:
+        """Highest seq known to be durable."""
+        with self._lock:
+            return self._synced_seq
+
+    @property
+    def failed(self) -> bool:
+        """True once a sync or write failed (every later append raises `LedgerSyncError`)."""
+        return self._failure is not None
+
+    def __enter__(self) -> LedgerWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def append(self, record: Mapping[str, object]) -> LedgerEntry:
+        """Seal and write one record; return once it is durable."""
+        entry = self.write_entry(record)
+        self._syncer.make_durable(((self, entry.seq),))
+        return entry
+
+    def append_many(self, records: Iterable[Mapping[str, object]]) -> list[LedgerEntry]:
+        """Seal and write several records; return once all are durable (one sync round)."""
+        entries = [self.write_entry(record) for record in records]
+        if entries:
+            self._syncer.make_durable(((self, entries[-1].seq),))
+        return entries
+
+    def write_entry(self, record: Mapping[str, object]) -> LedgerEntry:
+        """Seal and write one record *without* waiting for durability.
+
+        Callers that batch (`SessionLedgers.record_turn`) follow with `wait_durable`.
+        """
+        fields = normalize(record)
+        assert isinstance(fields, dict)
+        validate_record(self.ledger_id, fields)
+        with self._lock:
+            self._check_usable()
+            seq = self._seq + 1
+            ts = max(self._clock(), self._last_ts)
+            fields["v"] = FORMAT_VERSION
+            fields["ledger_id"] = self.ledger_id
+            fields["seq"] = seq
+            fields["previous_hash"] = self._hash
+            fields["ts_us"] = ts
+            line, digest = seal(fields)
+            try:
+                written = os.write(self._fd, line)
+            except OSError as exc:
+                self._fail_locked(f"write: {type(exc).__name__}: {exc}")
+                raise LedgerSyncError(self._path, self._failure or "write failed") from exc
+            if written != len(line):
+                self._fail_locked(f"short write: {written} of {len(line)} bytes")
+                raise LedgerSyncError(self._path, self._failure or "short write")
+            self._seq = seq
+            self._hash = digest
+            self._last_ts = ts
+            self._written = (seq, digest)
+        return LedgerEntry.from_dict(fields)
+
+    def checkpoint(self) -> LedgerEntry:
+        """Append a checkpoint entry holding the folded state of everything written so far.
+
+        Reads the file (under the lock, so no half-written line is seen), continues from the
+        previous checkpoint, and appends the checkpoint durably. Costs one pass over the file.
+        """
+        with self._lock:
+            self._check_usable()
+            size = os.fstat(self._fd).st_size
+            data = os.pread(self._fd, size, 0)
+        scan = scan_bytes(data, self._path, ledger_id=self.ledger_id, collect=True)
+        return self.append(checkpoint_record(state_from_scan(scan, self._path)))
+
+    def wait_durable(self, seq: int) -> None:
+        """Block until ``seq`` is durable (raises `LedgerSyncError` if the ledger failed)."""
+        self._syncer.make_durable(((self, seq),))
+
+    def close(self) -> None:
+        """Make everything written durable, anchor the head, release the lock (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pending = self._failure is None and self._written[0] > self._synced_seq
+            seq = self._written[0]
+        try:
+            if pending:
+                self._syncer.make_durable(((self, seq),))
+        finally:
+            self._release()
+
+    # -- Syncable ----------------------------------------------------------------------------
+
+    @property
+    def sync_lock(self) -> threading.Lock:
+        """Held by the leader of an inline sync round."""
+        return self._sync_lock
+
+    def sync_target(self) -> tuple[int, int] | None:
+        """``(fd, written seq)`` if something written is not yet durable."""
+        with self._lock:
+            if self._failure is not None or self._fd < 0:
+                return None
+            if self._written[0] <= self._synced_seq:
+                return None
+            return self._fd, self._written[0]
+
+    def mark_synced(self, seq: int) -> None:
+        """Record durability up to ``seq``, anchor the head, wake waiters."""
+        with self._lock:
+            if seq <= self._synced_seq or self._failure is not None:
+                return
+            self._synced_seq = seq
+            head = self._written if self._written[0] == seq else None
+            anchor = self._anchor
+            if anchor is not None and head is not None:
+                try:
+                    anchor.write(Head(head[0], head[1]))
+                    now = time.monotonic()
+                    if now - self._anchor_synced_at >= ANCHOR_SYNC_INTERVAL_S:
+                        anchor.sync()
+                        self._anchor_synced_at = now
+                except OSError as exc:
+                    _log.error("ledger_anchor_failed", path=str(self._path), error=str(exc))
+            self._cond.notify_all()
+
+    def mark_failed(self, cause: str) -> None:
+        """A sync failed: the ledger refuses every later append."""
+        with self._lock:
+            self._fail_locked(cause)
+
+    def wait_synced(self, seq: int) -> None:
+        """Block until ``seq`` is durable or the ledger failed."""
+        with self._lock:
+            while self._synced_seq < seq and self._failure is None:
+                self._cond.wait()
+            if self._synced_seq < seq:
+                raise LedgerSyncError(self._path, self._failure or "failed")
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise LedgerSyncError(self._path, self._failure)
+        if self._closed:
+            raise LedgerClosedError(self._path)
+
+    def _fail_locked(self, cause: str) -> None:
+        if self._failure is None:
+            self._failure = cause
+            _log.error("ledger_failed", path=str(self._path), cause=cause)
+        self._cond.notify_all()
+
+    def _release(self) -> None:
+        with self._lock:
+            fd, self._fd = self._fd, -1
+            anchor, self._anchor = self._anchor, None
+        try:
+            if anchor is not None:
+                anchor.close()
+        finally:
+            if fd >= 0:
+                os.close(fd)
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)  # closing the descriptor releases the flock
+                self._lock_fd = -1
+
+
+def open_ledger(
+    path: Path | str,
+    *,
+    ledger_id: str,
+    head_store: HeadStore | Path | None = None,
+    syncer: Syncer | None = None,
+    clock: Clock = wall_clock_us,
+) -> LedgerWriter:
+    """Open (creating if needed) a ledger file for appending.
+
+    Raises `LedgerLockedError` if another writer holds it, `IntegrityError` if its content or
+    anchored head fails verification. ``syncer`` defaults to inline leader/follower syncing; pass
+    a shared `GroupSyncer` when many ledgers are written concurrently. ``clock`` returns integer
+    microseconds (tests inject one); entries' ``ts_us`` never decrease.
+    """
+    return LedgerWriter(
+        Path(path), ledger_id=ledger_id, head_store=head_store, syncer=syncer, clock=clock
+    )

@@ -1,0 +1,309 @@
+"""Per-attempt cgroups: memory and pids limits, whole-tree kill, resource-limit detection.
+
+Layouts handled (detected at run time from /proc/self/mountinfo and /proc/self/cgroup):
+
+* hybrid (this machine): v1 ``memory`` and ``pids`` controllers give the limits and the
+  counters (``memory.oom_control: oom_kill``, ``pids.events: max``); the v2 hierarchy (no
+  controllers) gives ``cgroup.kill``, which kills every member atomically, including
+  processes that called setsid or double-forked.
+* pure v2: ``memory.max``/``pids.max``/``memory.events``/``pids.events`` in one directory,
+  when the supervisor's own cgroup can delegate those controllers to its children
+  (it needs ``memory pids`` in its ``cgroup.subtree_control``; systemd: ``Delegate=yes``).
+* none usable: no cgroup; limits fall back to rlimits and the tree kill to the process group
+  plus a ``psutil`` descendant walk (weaker: a double-forked setsid process can escape it).
+
+Each turn attempt gets its own leaf (``hunter-turns/<name>``) beneath the supervisor's own
+cgroup, created before the spawn (the child joins it itself, before exec) and removed once
+it is empty.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import anyio
+
+__all__ = ["CgroupLayout", "TurnCgroup", "detect_layout"]
+
+_LEAF_PARENT: Final = "hunter-turns"
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupLayout:
+    """Where this process's cgroups are and which mechanisms work."""
+
+    unified: Path | None = None  # v2 dir to create leaves under (kill, maybe limits)
+    unified_controllers: frozenset[str] = frozenset()  # v2 controllers usable in leaves
+    v1: dict[str, Path] = field(default_factory=dict)  # controller -> dir to create under
+
+    @property
+    def kill_level(self) -> str:
+        """``cgroup.kill`` when v2 is usable, else ``procs`` (v1 member walk) or ``pgroup``."""
+        if self.unified is not None:
+            return "cgroup.kill"
+        if self.v1:
+            return "cgroup-procs"
+        return "process-group"
+
+    def controller_level(self, name: str) -> str:
+        """``cgroup-v2``/``cgroup-v1`` for the controller, else ``unavailable``."""
+        if name in self.unified_controllers:
+            return "cgroup-v2"
+        if name in self.v1:
+            return "cgroup-v1"
+        return "unavailable"
+
+
+def _mounts() -> tuple[Path | None, dict[str, Path]]:
+    v2: Path | None = None
+    v1: dict[str, Path] = {}
+    try:
+        text = Path("/proc/self/mountinfo").read_text(encoding="utf-8")
+    except OSError:
+        return None, {}
+    for line in text.splitlines():
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        rfields = right.split()
+        if len(fields) < 5 or len(rfields) < 3:
+            continue
+        mount_point = Path(fields[4].replace("\\040", " "))
+        fstype = rfields[0]
+        if fstype == "cgroup2" and v2 is None:
+            v2 = mount_point
+        elif fstype == "cgroup":
+            for opt in rfields[2].split(","):
+                if opt in ("memory", "pids"):
+                    v1[opt] = mount_point
+    return v2, v1
+
+
+def _own_paths() -> tuple[str | None, dict[str, str]]:
+    v2: str | None = None
+    v1: dict[str, str] = {}
+    try:
+        text = Path("/proc/self/cgroup").read_text(encoding="utf-8")
+    except OSError:
+        return None, {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            v2 = parts[2]
+        else:
+            for ctl in parts[1].split(","):
+                v1[ctl] = parts[2]
+    return v2, v1
+
+
+def _try_mkdir(path: Path) -> bool:
+    try:
+        path.mkdir(mode=0o755, exist_ok=True)
+    except OSError:
+        return False
+    return True
+
+
+def detect_layout() -> CgroupLayout:
+    """Find the cgroup dirs this process may create turn leaves under."""
+    v2_mount, v1_mounts = _mounts()
+    v2_own, v1_own = _own_paths()
+    unified: Path | None = None
+    controllers: set[str] = set()
+    if v2_mount is not None and v2_own is not None:
+        own = v2_mount / v2_own.lstrip("/")
+        parent = own / _LEAF_PARENT
+        if os.access(own, os.W_OK) and _try_mkdir(parent):
+            unified = parent
+            try:
+                available = set((own / "cgroup.controllers").read_text().split())
+            except OSError:
+                available = set()
+            wanted = available & {"memory", "pids"}
+            if wanted:
+                with contextlib.suppress(OSError):
+                    (own / "cgroup.subtree_control").write_text(
+                        " ".join(f"+{c}" for c in sorted(wanted))
+                    )
+                with contextlib.suppress(OSError):
+                    (parent / "cgroup.subtree_control").write_text(
+                        " ".join(f"+{c}" for c in sorted(wanted))
+                    )
+                try:
+                    enabled = set((parent / "cgroup.subtree_control").read_text().split())
+                except OSError:
+                    enabled = set()
+                controllers = wanted & enabled
+    v1: dict[str, Path] = {}
+    for ctl in ("memory", "pids"):
+        if ctl in controllers or ctl not in v1_mounts or ctl not in v1_own:
+            continue
+        own = v1_mounts[ctl] / v1_own[ctl].lstrip("/")
+        parent = own / _LEAF_PARENT
+        if os.access(own, os.W_OK) and _try_mkdir(parent):
+            v1[ctl] = parent
+    return CgroupLayout(unified=unified, unified_controllers=frozenset(controllers), v1=v1)
+
+
+def _read_kv(path: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        text = path.read_text(encoding="ascii")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        with contextlib.suppress(ValueError):
+            out[key] = int(value)
+    return out
+
+
+class TurnCgroup:
+    """The cgroup leaf (or leaves, hybrid) of one attempt."""
+
+    def __init__(self, layout: CgroupLayout, name: str) -> None:
+        self._layout = layout
+        self.name = name
+        self.dirs: dict[str, Path] = {}  # "unified" / "memory" / "pids" -> leaf dir
+        self.levels: dict[str, str] = {}
+
+    @classmethod
+    def create(cls, layout: CgroupLayout, name: str, *, memory_bytes: int, pids: int) -> TurnCgroup:
+        """Make the leaf dirs and write the limits. Missing pieces show in ``levels``."""
+        cg = cls(layout, name)
+        try:
+            if layout.unified is not None:
+                leaf = layout.unified / name
+                leaf.mkdir(mode=0o755)
+                cg.dirs["unified"] = leaf
+                if "memory" in layout.unified_controllers:
+                    (leaf / "memory.max").write_text(str(memory_bytes))
+                    with contextlib.suppress(OSError):
+                        (leaf / "memory.swap.max").write_text("0")
+                    cg.levels["memory"] = "cgroup-v2"
+                if "pids" in layout.unified_controllers:
+                    (leaf / "pids.max").write_text(str(pids))
+                    cg.levels["pids"] = "cgroup-v2"
+            for ctl, parent in layout.v1.items():
+                leaf = parent / name
+                leaf.mkdir(mode=0o755)
+                cg.dirs[ctl] = leaf
+                if ctl == "memory":
+                    (leaf / "memory.limit_in_bytes").write_text(str(memory_bytes))
+                    with contextlib.suppress(OSError):
+                        (leaf / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
+                    cg.levels["memory"] = "cgroup-v1"
+                else:
+                    (leaf / "pids.max").write_text(str(pids))
+                    cg.levels["pids"] = "cgroup-v1"
+        except BaseException:
+            cg.remove()
+            raise
+        cg.levels.setdefault("memory", "unavailable")
+        cg.levels.setdefault("pids", "unavailable")
+        cg.levels["tree_kill"] = (
+            "cgroup.kill"
+            if "unified" in cg.dirs
+            else ("cgroup-procs" if cg.dirs else "process-group")
+        )
+        return cg
+
+    def open_procs_fds(self) -> list[int]:
+        """Open each leaf's ``cgroup.procs`` for writing (the child writes its pid)."""
+        fds: list[int] = []
+        try:
+            for leaf in self.dirs.values():
+                fds.append(os.open(leaf / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return fds
+
+    def members(self) -> list[int]:
+        """Pids currently in the attempt's cgroup."""
+        pids: set[int] = set()
+        for leaf in self.dirs.values():
+            try:
+                text = (leaf / "cgroup.procs").read_text(encoding="ascii")
+            except OSError:
+                continue
+            pids.update(int(x) for x in text.split())
+        return sorted(pids)
+
+    def signal_all(self, sig: int) -> int:
+        """Send *sig* to every member; return how many were signalled."""
+        count = 0
+        for pid in self.members():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+                count += 1
+        return count
+
+    def kill_all(self) -> None:
+        """Kill every member: ``cgroup.kill`` when there is one, else SIGKILL each member."""
+        leaf = self.dirs.get("unified")
+        if leaf is not None and (leaf / "cgroup.kill").exists():
+            (leaf / "cgroup.kill").write_text("1")
+            return
+        # v1 only: freeze-free best effort; repeat until no member is left (see wait_empty).
+        self.signal_all(signal.SIGKILL)
+
+    def populated(self) -> bool:
+        """Whether any process is still in the cgroup."""
+        leaf = self.dirs.get("unified")
+        if leaf is not None:
+            return _read_kv(leaf / "cgroup.events").get("populated", 0) != 0
+        return bool(self.members())
+
+    async def wait_empty(self, *, timeout_s: float = 5.0) -> bool:
+        """Wait until no member is left (killing stragglers again); True when empty.
+
+        The kernel removes killed processes asynchronously; this waits with a short,
+        growing sleep (bounded by *timeout_s*) because cgroup emptiness has no fd to wait on
+        that anyio can poll portably.
+        """
+        delay = 0.0005
+        with anyio.move_on_after(timeout_s):
+            while self.populated():
+                self.kill_all()
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 0.05)
+            return True
+        return not self.populated()
+
+    def resource_events(self) -> dict[str, int]:
+        """Counters that say a limit was hit: ``oom_kill`` and ``pids_max``."""
+        out = {"oom_kill": 0, "pids_max": 0}
+        mem = self.dirs.get("memory")
+        if mem is not None:
+            out["oom_kill"] = _read_kv(mem / "memory.oom_control").get("oom_kill", 0)
+        elif "memory" in self._layout.unified_controllers and "unified" in self.dirs:
+            events = _read_kv(self.dirs["unified"] / "memory.events")
+            out["oom_kill"] = max(events.get("oom_kill", 0), events.get("oom", 0))
+        pids = self.dirs.get("pids")
+        if pids is not None:
+            out["pids_max"] = _read_kv(pids / "pids.events").get("max", 0)
+        elif "pids" in self._layout.unified_controllers and "unified" in self.dirs:
+            out["pids_max"] = _read_kv(self.dirs["unified"] / "pids.events").get("max", 0)
+        return out
+
+    def remove(self) -> None:
+        """Remove the leaf dirs (they must be empty; EBUSY leaves them and is ignored)."""
+        for key, leaf in list(self.dirs.items()):
+            try:
+                leaf.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    raise
+                continue
+            del self.dirs[key]

@@ -1,0 +1,259 @@
+"""``hunter turn run`` (an embedded sandboxed process turn) and ``hunter package check``.
+
+Exit codes of ``hunter turn run`` (docs/sandbox.md): 0 succeeded, 1 failed, 2 usage (also a
+malformed declaration), 3 timeout, 4 violation or rejected by capabilities, 5 exhausted,
+6 escalated, 7 terminated (another fault, e.g. a crash not retried).
+``hunter package check DIR``: 0 valid (prints the effective capabilities), 1 invalid, 2 usage.
+Heavy imports happen inside the handlers so ``hunter --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Final
+
+__all__ = ["EXIT_CODES", "add_parser", "exit_code_for"]
+
+EXIT_OK: Final = 0
+EXIT_USAGE: Final = 2
+#: ``TurnResult.status`` -> exit code of ``hunter turn run``.
+EXIT_CODES: Final = {
+    "succeeded": 0,
+    "failed": 1,
+    "timeout": 3,
+    "violation": 4,
+    "rejected": 4,
+    "exhausted": 5,
+    "escalated": 6,
+    "terminated": 7,
+}
+
+
+def exit_code_for(status: str, reason_code: str = "") -> int:
+    """The exit code for a turn's final status (a malformed declaration is a usage error)."""
+    if status == "rejected" and reason_code == "DECLARATION_INVALID":
+        return EXIT_USAGE
+    return EXIT_CODES.get(status, 7)
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _quiet_logging(verbose: bool) -> None:
+    import logging
+
+    import structlog
+
+    if not structlog.is_configured():
+        structlog.configure(
+            logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+            wrapper_class=structlog.make_filtering_bound_logger(
+                logging.INFO if verbose else logging.WARNING
+            ),
+        )
+
+
+def _parse_output(text: str) -> dict[str, str]:
+    path, sep, role = text.partition(":")
+    return {"path": path, "role": role if sep and role else "output"}
+
+
+def _cmd_turn_run(args: argparse.Namespace) -> int:
+    import anyio
+    import orjson
+
+    from sandbox.attempt_policy import AgentPhase, RetryOptions
+    from sandbox.errors import ManifestError, PackageNotFoundError, SandboxError
+    from sandbox.runtime import Runtime, RuntimeConfig
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        sys.stderr.write("hunter turn run: no command given (put it after --)\n")
+        return EXIT_USAGE
+    _quiet_logging(args.verbose)
+    phase = AgentPhase[args.phase] if args.phase else None
+    config = RuntimeConfig(enforcement=args.enforcement)
+    outputs = [_parse_output(o) for o in args.declare_output]
+    timeout_ms = None if args.timeout is None else int(args.timeout * 1000)
+
+    async def run() -> int:
+        runtime = Runtime(args.root, config=config)
+        try:
+            if args.session:
+                session = runtime.resume_session(args.session, tier=args.tier)
+            else:
+                session = runtime.open_session(
+                    args.package,
+                    tier=args.tier,
+                    work_order_id=args.work_order,
+                    workspace=args.workspace,
+                )
+            try:
+                result = await session.run_process_turn(
+                    command,
+                    declared_outputs=outputs,
+                    phase=phase,
+                    timeout_ms=timeout_ms,
+                    options=RetryOptions(max_attempts=args.max_attempts),
+                )
+            finally:
+                await session.aclose()
+        finally:
+            runtime.close()
+        if args.json:
+            _write(orjson.dumps(result.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
+        else:
+            lines = [
+                f"session {result.session_id} turn {result.turn_number}: {result.status}",
+                f"  exit code {result.exit_code}  verdict {result.verdict}  "
+                f"reason {result.reason_code}",
+                f"  {result.reason}",
+                f"  attempts {len(result.attempts)}  duration {result.duration_ms} ms",
+            ]
+            lines += [f"  violation: {v}" for v in result.violations]
+            lines += [f"  promoted: {p.path} -> {p.destination}" for p in result.promoted_outputs]
+            lines.append(
+                "  enforcement: "
+                + ", ".join(f"{k}={v}" for k, v in sorted(result.enforcement.items()))
+            )
+            if result.stdout:
+                lines.append("--- stdout ---\n" + result.stdout.rstrip("\n"))
+            if result.stderr:
+                lines.append("--- stderr ---\n" + result.stderr.rstrip("\n"))
+            _write("\n".join(lines) + "\n")
+        return exit_code_for(result.status, result.reason_code)
+
+    if not args.session and not args.package:
+        sys.stderr.write("hunter turn run: --package is required without --session\n")
+        return EXIT_USAGE
+    try:
+        return anyio.run(run)
+    except (PackageNotFoundError, ManifestError) as exc:
+        sys.stderr.write(f"hunter turn run: {exc}\n")
+        return EXIT_USAGE
+    except SandboxError as exc:
+        sys.stderr.write(f"hunter turn run: {exc}\n")
+        return 7
+
+
+def _cmd_package_check(args: argparse.Namespace) -> int:
+    import orjson
+
+    from sandbox.capabilities import compile_capabilities
+    from sandbox.errors import ManifestError
+    from sandbox.packages import load_manifest
+
+    target: Path = args.directory
+    manifest_path = target / "manifest.json" if target.is_dir() else target
+    try:
+        manifest = load_manifest(manifest_path)
+    except ManifestError as exc:
+        sys.stderr.write(f"invalid manifest: {exc}\n")
+        return 1
+    if (
+        manifest.package_id is not None
+        and target.is_dir()
+        and manifest.package_id != (target.resolve().name)
+    ):
+        sys.stderr.write(
+            f"invalid manifest: {manifest_path}: $.id: {manifest.package_id!r} does not match "
+            f"the directory {target.resolve().name!r}\n"
+        )
+        return 1
+    workspace = Path("/WORKSPACE")
+    caps = manifest.capabilities
+    compiled = compile_capabilities(
+        read=caps.read,
+        write=caps.write,
+        execute=caps.execute,
+        forbidden=caps.forbidden,
+        workspace=workspace,
+    )
+    data = manifest.to_dict()
+    data["effective"] = {
+        "workspace": "relative patterns are anchored at the session workspace (/WORKSPACE)",
+        "read": [p.absolute for p in compiled.read],
+        "write": [p.absolute for p in compiled.write],
+        "execute": [p.absolute for p in compiled.execute],
+        "forbidden": [p.absolute for p in compiled.forbidden],
+        "network": caps.network,
+    }
+    if args.json:
+        _write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return EXIT_OK
+    eff = data["effective"]
+    assert isinstance(eff, dict)
+    lines = [f"{manifest_path}: valid (package {manifest.package_id or target.name})"]
+    for key in ("read", "write", "execute", "forbidden"):
+        lines.append(f"  {key}:")
+        lines += [f"    {p}" for p in eff[key]] or ["    (none)"]
+    lines.append(f"  network: {'granted' if caps.network else 'denied'}")
+    lim = {
+        k: v
+        for k, v in manifest.to_dict()["limits"].items()  # type: ignore[attr-defined]
+        if v is not None
+    }
+    lines.append("  limits: " + (", ".join(f"{k}={v}" for k, v in lim.items()) or "defaults"))
+    if manifest.env_allow:
+        lines.append("  env_allow: " + ", ".join(manifest.env_allow))
+    _write("\n".join(lines) + "\n")
+    return EXIT_OK
+
+
+def _turn_actions(subparsers: Any) -> Any:
+    existing = subparsers.choices.get("turn")
+    if existing is None:
+        parser = subparsers.add_parser("turn", help="run or inspect turns")
+        return parser.add_subparsers(dest="turn_command", metavar="ACTION", required=True)
+    for action in existing._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    return existing.add_subparsers(dest="turn_command", metavar="ACTION", required=True)
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``turn run`` (under an existing ``turn`` command if any) and ``package``."""
+    actions = _turn_actions(subparsers)
+    run = actions.add_parser(
+        "run",
+        help="run one sandboxed process turn here, without a daemon",
+        description="Run one process turn in a session sandbox (no daemon needed). Exit "
+        "codes: 0 succeeded, 1 failed, 2 usage, 3 timeout, 4 violation/rejected, "
+        "5 exhausted, 6 escalated, 7 terminated.",
+    )
+    run.add_argument("--root", type=Path, default=Path(".hunter"), help="root directory")
+    run.add_argument("--package", help="installed package id (new session)")
+    run.add_argument("--tier", default="default")
+    run.add_argument("--session", help="run in this existing session instead of a new one")
+    run.add_argument("--workspace", type=Path, help="where outputs are promoted")
+    run.add_argument("--work-order", help="work order id recorded in evidence")
+    run.add_argument("--phase", choices=["RED", "GREEN", "VERIFY", "REFACTOR"])
+    run.add_argument("--timeout", type=float, metavar="SECONDS")
+    run.add_argument("--max-attempts", type=int, default=3)
+    run.add_argument("--enforcement", choices=["strict", "best-effort"], default="strict")
+    run.add_argument(
+        "--declare-output",
+        action="append",
+        default=[],
+        metavar="PATH[:ROLE]",
+        help="a file the command writes under its output dir (repeatable)",
+    )
+    run.add_argument("--json", action="store_true", help="print the result as JSON")
+    run.add_argument("--verbose", action="store_true", help="log events to stderr")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    run.set_defaults(handler=_cmd_turn_run)
+
+    pkg = subparsers.add_parser("package", help="validate agent packages")
+    pkg_actions = pkg.add_subparsers(dest="package_command", metavar="ACTION", required=True)
+    check = pkg_actions.add_parser(
+        "check", help="validate a package dir (or manifest) and print its capabilities"
+    )
+    check.add_argument("directory", type=Path, metavar="DIR")
+    check.add_argument("--json", action="store_true")
+    check.set_defaults(handler=_cmd_package_check)

@@ -1,0 +1,361 @@
+"""The control API on ``control.sock``: request/response frames that drive the scheduler.
+
+Wire format (same framing as ``executors.sock``, see ``supervisor.frames``):
+
+* request  ``{"id": <int|str>, "op": "<operation>", "params": {...}}``
+* success  ``{"id": <same>, "ok": true, "result": {...}}``
+* failure  ``{"id": <same>, "ok": false, "error": {"code": "...", "message": "...", ...}}``
+
+A connection may carry many requests at once (each is served by its own task, so a long
+``turn.wait`` does not hold up the others); responses come back in completion order, matched by
+``id``. An error always names what was wrong, where, and what to do; its ``code`` is stable (see
+`ERROR_CODES`). A malformed frame closes that connection only: nothing already accepted is lost.
+
+Operations: ``session.open``, ``session.close``, ``session.list``, ``turn.submit``, ``turn.get``,
+``turn.wait``, ``turn.cancel``, ``turns.list``, ``status``, ``executors.list``,
+``escalations.list``, ``escalations.resolve``, ``ledger.verify``, ``drain``, ``ping``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict
+from typing import Any, Final
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+
+from supervisor.frames import FrameError, FrameReader, write_frame
+from supervisor.intake import TurnRow, TurnState
+from supervisor.logging import get_logger
+from supervisor.scheduler import RequestError, Scheduler, parse_turn_request
+
+__all__ = ["CONTROL_PROTOCOL_VERSION", "ERROR_CODES", "ControlServer"]
+
+CONTROL_PROTOCOL_VERSION: Final = 1
+
+#: Stable error codes of the control API and what each means.
+ERROR_CODES: Final[Mapping[str, str]] = {
+    "bad_request": "a field is missing or has the wrong type/value (see `field`)",
+    "unknown_op": "the operation does not exist (see `operations`)",
+    "unknown_session": "no session with that id",
+    "unknown_turn": "no turn with that id",
+    "unknown_package": "the package is not installed under <root>/installed/",
+    "bad_manifest": "the package's manifest.json is invalid",
+    "session_closed": "the session is closed; open a new one",
+    "session_busy": "the session still has unfinished turns",
+    "session_unavailable": "the session is not loaded in this daemon",
+    "session_open_failed": "the sandbox runtime could not open the session",
+    "invalid_instruction": "the instruction breaks a Phase-20 rule (see `field`)",
+    "declaration_error": "declared_outputs/declared_inputs are missing or invalid",
+    "capability_violation": "the request breaks the package's capabilities (recorded)",
+    "sandbox_unavailable": "strict enforcement is on and a confinement mechanism is missing",
+    "turn_rejected": "the sandbox runtime refused the turn",
+    "queue_full": "backpressure: retry after `retry_after_ms`",
+    "draining": "the daemon is shutting down and accepts no new work",
+    "not_cancellable": "the turn is not active",
+    "not_escalated": "the turn is not parked for an operator",
+    "ledger_invalid": "a ledger failed verification",
+    "timeout": "the awaited condition did not happen in time",
+    "internal": "a bug in the daemon (the log has the traceback)",
+}
+
+Handler = Callable[[Mapping[str, Any]], Awaitable[object]]
+
+
+def _turn_id(params: Mapping[str, Any]) -> int:
+    value = params.get("turn_id")
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError("bad_request", "turn_id: must be an integer turn id", field="turn_id")
+    return value
+
+
+def _str(params: Mapping[str, Any], key: str, *, required: bool = True) -> str | None:
+    value = params.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value:
+        raise RequestError("bad_request", f"{key}: must be a non-empty string", field=key)
+    return value
+
+
+def _turn(turn: TurnRow) -> dict[str, object]:
+    return turn.to_dict()
+
+
+class ControlServer:
+    """Serves the control API for one `Scheduler` (plus hub and ledger views)."""
+
+    def __init__(
+        self,
+        *,
+        scheduler: Scheduler,
+        hub: Any,
+        max_frame_bytes: int = 1_048_576,
+        on_drain: Callable[[], None] | None = None,
+        info: Mapping[str, object] | None = None,
+    ) -> None:
+        self._scheduler = scheduler
+        self._hub = hub
+        self._max_frame_bytes = max_frame_bytes
+        self._on_drain = on_drain
+        self._info = dict(info or {})
+        self._log = get_logger("supervisor.control")
+        self._connections = 0
+        self._requests = 0
+        self._ops: dict[str, Handler] = {
+            "ping": self._ping,
+            "session.open": self._session_open,
+            "session.close": self._session_close,
+            "session.list": self._session_list,
+            "turn.submit": self._turn_submit,
+            "turn.get": self._turn_get,
+            "turn.wait": self._turn_wait,
+            "turn.cancel": self._turn_cancel,
+            "turns.list": self._turns_list,
+            "status": self._status,
+            "executors.list": self._executors_list,
+            "executors.wait": self._executors_wait,
+            "escalations.list": self._escalations_list,
+            "escalations.resolve": self._escalations_resolve,
+            "ledger.verify": self._ledger_verify,
+            "drain": self._drain,
+        }
+
+    @property
+    def operations(self) -> list[str]:
+        return sorted(self._ops)
+
+    async def serve(
+        self,
+        listener: anyio.abc.Listener[anyio.abc.SocketStream],
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Accept control connections until cancelled; one task per connection."""
+        async with anyio.create_task_group() as tg:
+            task_status.started()
+            await listener.serve(self._connection, task_group=tg)
+
+    async def _connection(self, stream: anyio.abc.SocketStream) -> None:
+        self._connections += 1
+        reader = FrameReader(stream, max_bytes=self._max_frame_bytes)
+        lock = anyio.Lock()
+        async with stream, anyio.create_task_group() as tg:
+            while True:
+                try:
+                    frame = await reader.read()
+                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    break
+                except FrameError as exc:
+                    self._log.warning("control_frame_error", reason=exc.reason)
+                    with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                        await write_frame(
+                            stream,
+                            {
+                                "id": None,
+                                "ok": False,
+                                "error": {
+                                    "code": "bad_request",
+                                    "message": f"bad frame: {exc.reason}; closing connection",
+                                },
+                            },
+                        )
+                    break
+                tg.start_soon(self._serve_request, stream, lock, frame)
+            # the client closed its side: let requests in progress finish and answer
+        self._connections -= 1
+
+    async def _serve_request(
+        self, stream: anyio.abc.SocketStream, lock: anyio.Lock, frame: Mapping[str, Any]
+    ) -> None:
+        response = await self.handle(frame)
+        async with lock:
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                await write_frame(stream, response)
+
+    async def handle(self, frame: Mapping[str, Any]) -> dict[str, object]:
+        """Answer one request frame (never raises for bad input)."""
+        self._requests += 1
+        req_id = frame.get("id")
+        op = frame.get("op")
+        params = frame.get("params", {})
+        try:
+            result = await self._dispatch(op, params)
+        except RequestError as exc:
+            return {"id": req_id, "ok": False, "error": exc.to_wire()}
+        except Exception as exc:
+            self._log.exception("control_request_failed", op=op)
+            return {
+                "id": req_id,
+                "ok": False,
+                "error": {
+                    "code": "internal",
+                    "message": f"{op}: internal error {type(exc).__name__}: {exc}",
+                },
+            }
+        return {"id": req_id, "ok": True, "result": result}
+
+    async def _dispatch(self, op: object, params: object) -> object:
+        if not isinstance(op, str):
+            raise RequestError("bad_request", "op: every request needs an 'op' string")
+        if not isinstance(params, Mapping):
+            raise RequestError("bad_request", "params: must be an object", field="params")
+        handler = self._ops.get(op)
+        if handler is None:
+            raise RequestError(
+                "unknown_op",
+                f"unknown operation {op!r}; known: {', '.join(self.operations)}",
+                operations=self.operations,
+            )
+        return await handler(params)
+
+    # -- operations -----------------------------------------------------------------------
+
+    async def _ping(self, params: Mapping[str, Any]) -> object:
+        return {
+            "pong": True,
+            "pid": os.getpid(),
+            "protocol": CONTROL_PROTOCOL_VERSION,
+            **self._info,
+        }
+
+    async def _session_open(self, params: Mapping[str, Any]) -> object:
+        package_id = _str(params, "package_id")
+        assert package_id is not None
+        row = await self._scheduler.open_session(
+            package_id=package_id,
+            tier=_str(params, "tier", required=False) or "default",
+            work_order_id=_str(params, "work_order_id", required=False),
+            workspace=_str(params, "workspace", required=False),
+        )
+        return row.to_dict()
+
+    async def _session_close(self, params: Mapping[str, Any]) -> object:
+        sid = _str(params, "session_id")
+        assert sid is not None
+        return (await self._scheduler.close_session(sid)).to_dict()
+
+    async def _session_list(self, params: Mapping[str, Any]) -> object:
+        return {"sessions": [s.to_dict() for s in await self._scheduler.list_sessions()]}
+
+    async def _turn_submit(self, params: Mapping[str, Any]) -> object:
+        request = parse_turn_request(
+            params, default_timeout_ms=self._scheduler.settings.default_timeout_ms
+        )
+        turn, created = await self._scheduler.submit(request)
+        return {"turn": _turn(turn), "created": created}
+
+    async def _turn_get(self, params: Mapping[str, Any]) -> object:
+        return {"turn": _turn(await self._scheduler.get_turn(_turn_id(params)))}
+
+    async def _turn_wait(self, params: Mapping[str, Any]) -> object:
+        timeout = params.get("timeout_s")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float)
+        ):
+            raise RequestError(
+                "bad_request", "timeout_s: must be a number of seconds", field="timeout_s"
+            )
+        until_value = params.get("until", [])
+        try:
+            until = frozenset(TurnState(v) for v in until_value)
+        except (TypeError, ValueError):
+            raise RequestError(
+                "bad_request", "until: must be a list of turn states", field="until"
+            ) from None
+        turn = await self._scheduler.wait_turn(
+            _turn_id(params),
+            timeout_s=float(timeout) if timeout is not None else None,
+            until=until,
+        )
+        return {"turn": _turn(turn)}
+
+    async def _turn_cancel(self, params: Mapping[str, Any]) -> object:
+        return {"turn": _turn(await self._scheduler.cancel_turn(_turn_id(params)))}
+
+    async def _turns_list(self, params: Mapping[str, Any]) -> object:
+        sid = _str(params, "session_id", required=False)
+        turns = await self._scheduler.list_turns(session_id=sid)
+        return {"turns": [_turn(t) for t in turns]}
+
+    async def _status(self, params: Mapping[str, Any]) -> object:
+        stats = self._scheduler.statistics()
+        hub_stats = self._hub.statistics()
+        counts = await self._scheduler.counts()
+        return {
+            "daemon": {"pid": os.getpid(), "draining": stats.draining, **self._info},
+            "scheduler": stats.to_dict(),
+            "turns_by_state": counts,
+            "in_flight": self._scheduler.in_flight(),
+            "hub": _plain(asdict(hub_stats)),
+            "executors": [_executor(i) for i in self._hub.list_executors()],
+        }
+
+    async def _executors_list(self, params: Mapping[str, Any]) -> object:
+        return {"executors": [_executor(i) for i in self._hub.list_executors()]}
+
+    async def _executors_wait(self, params: Mapping[str, Any]) -> object:
+        """Wait until an executor is known with a status (default READY); for tools and tests."""
+        from sandbox.executor_types import ExecutorStatus
+
+        executor_id = _str(params, "executor_id")
+        status_value = params.get("status", "READY")
+        try:
+            status = None if status_value is None else ExecutorStatus(status_value)
+        except ValueError:
+            raise RequestError(
+                "bad_request", f"status: not an executor status: {status_value!r}", field="status"
+            ) from None
+        timeout = params.get("timeout_s", 10.0)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+            raise RequestError("bad_request", "timeout_s: must be a number", field="timeout_s")
+        with anyio.move_on_after(float(timeout)):
+            info = await self._hub.wait_for_executor(executor_id, status=status)
+            return {"executor": _executor(info)}
+        raise RequestError(
+            "timeout",
+            f"executor {executor_id!r} did not reach {status_value} within {timeout} s",
+            executor_id=executor_id,
+        )
+
+    async def _escalations_list(self, params: Mapping[str, Any]) -> object:
+        return {"escalations": [_turn(t) for t in await self._scheduler.list_escalations()]}
+
+    async def _escalations_resolve(self, params: Mapping[str, Any]) -> object:
+        action = _str(params, "action")
+        assert action is not None
+        turn = await self._scheduler.resolve_escalation(_turn_id(params), action)
+        return {"turn": _turn(turn)}
+
+    async def _ledger_verify(self, params: Mapping[str, Any]) -> object:
+        sid = _str(params, "session_id", required=False)
+        return await self._scheduler.verify_ledgers(session_id=sid)
+
+    async def _drain(self, params: Mapping[str, Any]) -> object:
+        if self._on_drain is None:
+            raise RequestError("bad_request", "drain: this server cannot be drained remotely")
+        self._on_drain()
+        return {"draining": True}
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | frozenset | set):
+        return [_plain(v) for v in value]
+    enum_value = getattr(value, "value", None)
+    if enum_value is not None and not isinstance(value, int | float | str | bool):
+        return enum_value
+    return value
+
+
+def _executor(info: Any) -> dict[str, object]:
+    data = _plain(asdict(info))
+    assert isinstance(data, dict)
+    return data

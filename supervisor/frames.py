@@ -1,0 +1,201 @@
+"""Length-prefixed JSON frames: the wire format of ``executors.sock`` and ``control.sock``.
+
+A frame is a 4-byte big-endian unsigned length N followed by N bytes of UTF-8 JSON whose top
+level is an object. N counts the body only (not the header), must be at least 2 (``{}``) and at
+most the reader's ``max_bytes``. ``docs/protocol.md`` is the normative description.
+
+Design notes: the header and the body go out in one ``send`` call (one syscall, no interleaving
+with other writers that hold the same lock); the reader keeps its own buffer so that several
+frames arriving in one TCP/Unix read are decoded without extra receive calls. A frame that is too
+large is refused as soon as its header is read, before any of its body is buffered.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Final
+
+import anyio
+import orjson
+from anyio.abc import ByteReceiveStream, ByteSendStream
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_BYTES",
+    "HEADER_SIZE",
+    "FrameDecodeError",
+    "FrameError",
+    "FrameReader",
+    "FrameTooLarge",
+    "FrameTruncated",
+    "decode_body",
+    "encode_frame",
+    "read_frame",
+    "write_frame",
+]
+
+#: Default maximum body size in bytes (1 MiB), the daemon's ``max_frame_bytes`` default.
+DEFAULT_MAX_FRAME_BYTES: Final = 1_048_576
+#: Size of the length prefix.
+HEADER_SIZE: Final = 4
+_HEADER: Final = struct.Struct(">I")
+_RECEIVE_CHUNK: Final = 65_536
+_MIN_BODY: Final = 2  # the shortest JSON object, "{}"
+
+
+class FrameError(Exception):
+    """Raised when bytes on a stream are not a valid frame; ``reason`` says why.
+
+    The connection the frame came from is unusable afterwards (the reader cannot resynchronise),
+    so the caller closes it. Subclasses name the three ways a frame goes wrong.
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class FrameTooLarge(FrameError):
+    """Raised when a frame's declared (or, on encode, actual) body length exceeds ``max_bytes``.
+
+    ``size`` is the declared length and ``max_bytes`` the limit in force.
+    """
+
+    def __init__(self, *, size: int, max_bytes: int) -> None:
+        self.size = size
+        self.max_bytes = max_bytes
+        super().__init__(f"frame of {size} bytes exceeds the {max_bytes}-byte limit")
+
+
+class FrameTruncated(FrameError):
+    """Raised when the stream ends in the middle of a frame (header or body incomplete).
+
+    ``received`` is how many bytes of the frame (header included) had arrived, ``expected`` how
+    many were announced (``None`` when even the header was incomplete).
+    """
+
+    def __init__(self, *, received: int, expected: int | None) -> None:
+        self.received = received
+        self.expected = expected
+        wanted = "a 4-byte header" if expected is None else f"{expected} bytes"
+        super().__init__(f"stream ended after {received} bytes of a frame ({wanted} expected)")
+
+
+class FrameDecodeError(FrameError):
+    """Raised when a frame body is not UTF-8 JSON whose top level is an object."""
+
+
+def encode_frame(obj: object, *, max_bytes: int | None = None) -> bytes:
+    """Return the frame (header + orjson body) for ``obj``.
+
+    Raises ``FrameTooLarge`` when ``max_bytes`` is given and the body exceeds it, and
+    ``TypeError`` when ``obj`` is not JSON-serialisable by orjson.
+    """
+    body = orjson.dumps(obj)
+    size = len(body)
+    if max_bytes is not None and size > max_bytes:
+        raise FrameTooLarge(size=size, max_bytes=max_bytes)
+    return _HEADER.pack(size) + body
+
+
+def decode_body(body: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """Decode one frame body; raises ``FrameDecodeError`` unless it is a JSON object."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise FrameDecodeError(f"frame body is not valid UTF-8 JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise FrameDecodeError(f"frame body is a JSON {type(obj).__name__}, not an object")
+    return obj
+
+
+class FrameReader:
+    """Reads frames from a byte stream, keeping the bytes that belong to the next frame.
+
+    ``read()`` returns the next frame's object; raises ``anyio.EndOfStream`` when the peer closed
+    the stream cleanly between frames, ``FrameTruncated`` when it closed mid-frame,
+    ``FrameTooLarge`` / ``FrameDecodeError`` for a bad frame, and passes through
+    ``anyio.BrokenResourceError`` / ``anyio.ClosedResourceError`` from the stream.
+    """
+
+    __slots__ = ("_buffer", "_stream", "max_bytes")
+
+    def __init__(self, stream: ByteReceiveStream, *, max_bytes: int = DEFAULT_MAX_FRAME_BYTES):
+        self._stream = stream
+        self._buffer = bytearray()
+        self.max_bytes = max_bytes
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as frames."""
+        return len(self._buffer)
+
+    async def read(self) -> dict[str, Any]:
+        """Return the next frame's JSON object (see the class docstring for errors)."""
+        buf = self._buffer
+        while len(buf) < HEADER_SIZE:
+            await self._fill(expected=None)
+        (size,) = _HEADER.unpack_from(buf)
+        if size > self.max_bytes:
+            raise FrameTooLarge(size=size, max_bytes=self.max_bytes)
+        if size < _MIN_BODY:
+            raise FrameDecodeError(f"frame body of {size} bytes cannot hold a JSON object")
+        end = HEADER_SIZE + size
+        while len(buf) < end:
+            await self._fill(expected=end)
+        if len(buf) == end:
+            body = bytes(buf[HEADER_SIZE:])
+            buf.clear()
+        else:
+            body = bytes(buf[HEADER_SIZE:end])
+            del buf[:end]
+        return decode_body(body)
+
+    async def _fill(self, *, expected: int | None) -> None:
+        try:
+            chunk = await self._stream.receive(_RECEIVE_CHUNK)
+        except anyio.EndOfStream:
+            if self._buffer:
+                raise FrameTruncated(received=len(self._buffer), expected=expected) from None
+            raise
+        self._buffer += chunk
+
+
+async def read_frame(
+    stream: ByteReceiveStream | FrameReader, *, max_bytes: int = DEFAULT_MAX_FRAME_BYTES
+) -> dict[str, Any]:
+    """Read one frame from ``stream``.
+
+    With a ``FrameReader`` this is ``reader.read()`` (buffered, its own ``max_bytes`` applies).
+    With a bare byte stream it never reads past the end of the frame (it asks the stream for
+    exactly the bytes still missing), so it can be mixed with other readers of the same stream;
+    prefer a ``FrameReader`` on hot paths. Errors are those of ``FrameReader.read``.
+    """
+    if isinstance(stream, FrameReader):
+        return await stream.read()
+    header = await _receive_exactly(stream, HEADER_SIZE, expected=None, have=0)
+    (size,) = _HEADER.unpack(header)
+    if size > max_bytes:
+        raise FrameTooLarge(size=size, max_bytes=max_bytes)
+    if size < _MIN_BODY:
+        raise FrameDecodeError(f"frame body of {size} bytes cannot hold a JSON object")
+    body = await _receive_exactly(stream, size, expected=HEADER_SIZE + size, have=HEADER_SIZE)
+    return decode_body(body)
+
+
+async def _receive_exactly(
+    stream: ByteReceiveStream, count: int, *, expected: int | None, have: int
+) -> bytes:
+    parts = bytearray()
+    while len(parts) < count:
+        try:
+            parts += await stream.receive(count - len(parts))
+        except anyio.EndOfStream:
+            if parts or have:
+                raise FrameTruncated(received=have + len(parts), expected=expected) from None
+            raise
+    return bytes(parts)
+
+
+async def write_frame(stream: ByteSendStream, obj: object, *, max_bytes: int | None = None) -> None:
+    """Encode ``obj`` and send it as one frame with a single ``send`` call."""
+    await stream.send(encode_frame(obj, max_bytes=max_bytes))

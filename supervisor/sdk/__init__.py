@@ -1,0 +1,24 @@
+# The executor SDK: write an executor as a class with one async handler per command type;
+# the SDK connects to executors.sock, says hello, keeps heartbeats both ways, runs handlers with
+# cancellation, answers every instruction exactly once and reconnects with backoff.
+# Layering: imports supervisor.frames / supervisor.protocol and the pure sandbox policy types,
+# never the daemon's hub.
+from supervisor.sdk.backoff import Backoff as Backoff
+from supervisor.sdk.client import ExecutorRejected as ExecutorRejected
+from supervisor.sdk.client import run_executor as run_executor
+from supervisor.sdk.executor import Executor as Executor
+from supervisor.sdk.executor import Instruction as Instruction
+from supervisor.sdk.executor import NotSupported as NotSupported
+from supervisor.sdk.executor import Result as Result
+from supervisor.sdk.executor import sha256_hex as sha256_hex
+
+__all__ = [
+    "Backoff",
+    "Executor",
+    "ExecutorRejected",
+    "Instruction",
+    "NotSupported",
+    "Result",
+    "run_executor",
+    "sha256_hex",
+]

@@ -1,0 +1,280 @@
+"""The SDK's connection to the daemon: hello, heartbeats, handlers, cancellation, reconnection.
+
+``run_executor(executor, socket_path=...)`` runs until the executor handles SHUTDOWN, the daemon
+rejects it for good (``ExecutorRejected``), ``reconnect=False`` and the connection ends, or the
+caller cancels it. Each connection runs one task group: a reader, a heartbeat/watchdog task and
+one task per running instruction (each in its own cancel scope, cancelled by ``cancel``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from typing import Any, Final
+
+import anyio
+import anyio.abc
+import structlog
+
+from supervisor.frames import FrameError, FrameReader, encode_frame
+from supervisor.protocol import (
+    PROTOCOL_VERSION,
+    Heartbeat,
+    Hello,
+    MessageType,
+    ProtocolError,
+    RejectReason,
+    Status,
+    Welcome,
+    parse_cancel,
+    parse_instruction,
+    parse_reject,
+    parse_welcome,
+    response_message,
+)
+from supervisor.sdk.backoff import Backoff
+from supervisor.sdk.executor import Executor, NotSupported, Result
+
+__all__ = ["Connection", "ExecutorRejected", "run_executor"]
+
+_log = structlog.get_logger("supervisor.sdk")
+_HANDSHAKE_TIMEOUT_S: Final = 10.0
+_RETRYABLE_REJECTS: Final = frozenset(
+    {
+        RejectReason.QUARANTINED,
+        RejectReason.DUPLICATE_EXECUTOR_ID,
+        RejectReason.HUB_CLOSING,
+        RejectReason.HELLO_TIMEOUT,
+    }
+)
+
+
+class ExecutorRejected(Exception):
+    """Raised by ``run_executor`` when the daemon refused the hello and retrying cannot help
+    (unsupported version, bad hello, uid not allowed), or when ``reconnect=False``.
+
+    ``reason_code`` is the reject's code, ``reason`` its text, ``retry_after_ms`` its hint.
+    """
+
+    def __init__(self, reason_code: str, reason: str, retry_after_ms: int | None = None) -> None:
+        self.reason_code = reason_code
+        self.reason = reason
+        self.retry_after_ms = retry_after_ms
+        super().__init__(f"{reason_code}: {reason}")
+
+
+class Connection:
+    """One live connection to the daemon (``executor.connection`` while connected)."""
+
+    def __init__(
+        self, executor: Executor, stream: anyio.abc.SocketStream, *, max_frame_bytes: int
+    ) -> None:
+        self.executor = executor
+        self.stream = stream
+        self.reader = FrameReader(stream, max_bytes=max_frame_bytes)
+        self.welcome: Welcome | None = None
+        self._send_lock = anyio.Lock(fast_acquire=True)
+        self._scopes: dict[str, anyio.CancelScope] = {}
+        self._last_rx = time.monotonic()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self.closed_reason = ""
+
+    async def send_message(self, message: Mapping[str, object]) -> None:
+        """Send one protocol message as a frame."""
+        await self.send_raw(encode_frame(message))
+
+    async def send_raw(self, data: bytes) -> None:
+        """Send raw bytes (test executors use it to send broken frames)."""
+        async with self._send_lock:
+            await self.stream.send(data)
+
+    async def send_status(self, status: Status) -> None:
+        """Tell the daemon whether this executor takes new work."""
+        await self.send_message(status.to_wire())
+
+    @property
+    def running(self) -> frozenset[str]:
+        """Ids of the instructions whose handlers are running."""
+        return frozenset(self._scopes)
+
+    async def handshake(self) -> Welcome:
+        """Send hello, wait for welcome; raises ``ExecutorRejected`` on a reject."""
+        executor = self.executor
+        hello = Hello(
+            executor_id=executor.executor_id,
+            protocol_version=PROTOCOL_VERSION,
+            commands=executor.commands(),
+            slots=executor.slots,
+            software=executor.software,
+        )
+        await self.send_message(hello.to_wire())
+        with anyio.fail_after(_HANDSHAKE_TIMEOUT_S):
+            frame = await self.reader.read()
+        if frame.get("type") == MessageType.REJECT:
+            reject = parse_reject(frame)
+            raise ExecutorRejected(reject.reason_code, reject.reason, reject.retry_after_ms)
+        welcome = parse_welcome(frame)
+        self.reader.max_bytes = max(self.reader.max_bytes, welcome.max_frame_bytes)
+        self.welcome = welcome
+        return welcome
+
+    async def serve(self) -> str:
+        """Run the connection until it ends; returns why it ended."""
+        welcome = self.welcome
+        if welcome is None:
+            raise RuntimeError("handshake() first")
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            tg.start_soon(self._heartbeats, welcome)
+            self.closed_reason = await self._read_loop()
+            tg.cancel_scope.cancel()
+        return self.closed_reason
+
+    async def _heartbeats(self, welcome: Welcome) -> None:
+        interval = welcome.heartbeat_interval_ms / 1000
+        limit = interval * welcome.heartbeat_misses
+        while True:
+            await anyio.sleep(interval)
+            silent = time.monotonic() - self._last_rx
+            if silent > limit:
+                self.closed_reason = f"no frame from the daemon for {silent:.1f}s"
+                _log.warning("daemon_silent", executor_id=self.executor.executor_id)
+                await self.stream.aclose()
+                return
+            with anyio.move_on_after(limit):
+                await self.send_message(Heartbeat(ts_us=time.time_ns() // 1000).to_wire())
+
+    async def _read_loop(self) -> str:
+        tg = self._tg
+        if tg is None:  # pragma: no cover - serve() sets it
+            raise RuntimeError("no task group")
+        try:
+            while True:
+                frame = await self.reader.read()
+                self._last_rx = time.monotonic()
+                kind = frame.get("type")
+                if kind == MessageType.INSTRUCTION:
+                    self._start_instruction(tg, frame)
+                elif kind == MessageType.CANCEL:
+                    cancel = parse_cancel(frame)
+                    scope = self._scopes.get(cancel.instruction_id)
+                    if scope is not None:
+                        scope.cancel()
+                elif kind == MessageType.REJECT:
+                    reject = parse_reject(frame)
+                    return f"rejected: {reject.reason_code}: {reject.reason}"
+                # heartbeat and unknown (future) messages: liveness only
+        except anyio.EndOfStream:
+            return self.closed_reason or "the daemon closed the connection"
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            return self.closed_reason or f"connection lost: {exc!r}"
+        except (FrameError, ProtocolError) as exc:
+            return f"protocol error from the daemon: {exc}"
+
+    def _start_instruction(self, tg: anyio.abc.TaskGroup, frame: Mapping[str, Any]) -> None:
+        try:
+            instruction = parse_instruction(frame)
+        except ProtocolError as exc:
+            body = frame.get("instruction")
+            iid = body.get("instruction_id") if isinstance(body, dict) else None
+            _log.warning("instruction_invalid", reason=exc.reason)
+            if isinstance(iid, str) and iid:
+                tg.start_soon(self._answer, iid, Result.refused(f"invalid instruction: {exc}"))
+            return
+        scope = anyio.CancelScope()
+        self._scopes[instruction.instruction_id] = scope
+        tg.start_soon(self._run, instruction, scope)
+
+    async def _run(self, instruction: Any, scope: anyio.CancelScope) -> None:
+        iid: str = instruction.instruction_id
+        result: Result | Mapping[str, Any] | None = None
+        try:
+            with scope:
+                try:
+                    result = await self.executor.handle(instruction)
+                except NotSupported as exc:
+                    result = Result.refused(exc.reason)
+                except Exception as exc:  # a handler bug is an ERROR answer, not a dead executor
+                    _log.exception("handler_failed", instruction_id=iid)
+                    result = Result.error(f"{type(exc).__name__}: {exc}")
+            if scope.cancelled_caught or result is None:
+                result = Result.timeout("cancelled by the daemon")
+        finally:
+            self._scopes.pop(iid, None)
+        await self._answer(iid, result)
+        if self.executor.stop_requested:
+            await self.stream.aclose()
+
+    async def _answer(self, iid: str, result: Result | Mapping[str, Any]) -> None:
+        body = result.to_wire(iid) if isinstance(result, Result) else dict(result)
+        try:
+            await self.send_message(response_message(body))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            _log.info("response_undeliverable", instruction_id=iid)
+
+
+async def run_executor(
+    executor: Executor,
+    *,
+    socket_path: str | os.PathLike[str],
+    reconnect: bool = True,
+    backoff: Backoff | None = None,
+    max_frame_bytes: int = 1_048_576,
+) -> None:
+    """Connect ``executor`` to the daemon at ``socket_path`` and serve it (see module docs).
+
+    Reconnects with ``backoff`` after a lost connection, a failed connect or a retryable reject
+    (quarantine: waits at least the daemon's ``retry_after_ms``). Raises ``ExecutorRejected`` for
+    a permanent reject, and ``OSError`` when the first connect fails and ``reconnect`` is off.
+    """
+    policy = backoff if backoff is not None else Backoff()
+    path = os.fspath(socket_path)
+    failures = 0
+    log = _log.bind(executor_id=executor.executor_id)
+    executor.stop_requested = False
+    while True:
+        delay = policy.delay(failures)
+        try:
+            stream = await anyio.connect_unix(path)
+        except OSError as exc:
+            if not reconnect:
+                raise
+            log.debug("connect_failed", socket=path, error=repr(exc), retry_in_s=round(delay, 3))
+            failures += 1
+            await anyio.sleep(delay)
+            continue
+        async with stream:
+            conn = Connection(executor, stream, max_frame_bytes=max_frame_bytes)
+            try:
+                welcome = await conn.handshake()
+            except ExecutorRejected as exc:
+                log.warning("executor_rejected", reason_code=exc.reason_code, reason=exc.reason)
+                if not reconnect or exc.reason_code not in _RETRYABLE_REJECTS:
+                    raise
+                delay = max(delay, (exc.retry_after_ms or 0) / 1000)
+            except (
+                anyio.EndOfStream,
+                anyio.BrokenResourceError,
+                OSError,
+                FrameError,
+                ProtocolError,
+            ) as exc:
+                if not reconnect:
+                    raise
+                log.info("handshake_failed", error=repr(exc))
+            else:
+                failures = 0
+                executor.connection = conn
+                log.info("connected", socket=path, slots=executor.slots)
+                await executor.on_connected(welcome)
+                try:
+                    reason = await conn.serve()
+                finally:
+                    executor.connection = None
+                log.info("disconnected", reason=reason)
+                await executor.on_disconnected(reason)
+        if executor.stop_requested or not reconnect:
+            return
+        await anyio.sleep(delay)
+        failures += 1

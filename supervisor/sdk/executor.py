@@ -1,0 +1,191 @@
+"""The ``Executor`` base class and the ``Result`` a handler returns.
+
+Subclass ``Executor`` and override the handlers of the commands you support; the SDK advertises
+exactly the overridden ones in ``hello``::
+
+    class Reader(Executor):
+        async def read(self, instruction: Instruction) -> Result:
+            text = await fetch(instruction.target_selector)
+            return Result.success(text.encode(), output={"text": text})
+
+A handler that raises ends the instruction with an ERROR response (a CRASH fault for the
+daemon); raising ``NotSupported`` gives REFUSED. A ``cancel`` from the daemon cancels the
+handler's cancel scope, and the SDK answers TIMEOUT. Evidence is hashed for you:
+``Result.success(evidence_bytes)`` sends ``sha256(evidence_bytes)`` as ``evidence_hash``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from sandbox.executor_types import (
+    ExecutorCommandType,
+    ExecutorInstructionEnvelope,
+    ExecutorResponseType,
+)
+
+if TYPE_CHECKING:
+    from supervisor.protocol import Welcome
+    from supervisor.sdk.client import Connection
+
+__all__ = ["Executor", "Instruction", "NotSupported", "Result", "sha256_hex", "utc_timestamp"]
+
+#: What handlers receive: the validated, frozen Phase-20 instruction envelope.
+Instruction = ExecutorInstructionEnvelope
+
+
+def sha256_hex(data: bytes | str) -> str:
+    """Lowercase hex sha256 of ``data`` (str is UTF-8 encoded): the evidence hash format."""
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
+
+
+def utc_timestamp() -> str:
+    """Now, as an ISO 8601 UTC timestamp with microseconds (the responses' ``timestamp``)."""
+    return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+class NotSupported(Exception):
+    """Raised by a handler (or the default handlers) for a command the executor does not do.
+
+    The SDK answers REFUSED with ``reason`` as the error message.
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+def _empty() -> Mapping[str, object]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """A handler's answer; the SDK turns it into the ``response`` message."""
+
+    response_type: ExecutorResponseType
+    evidence_hash: str = ""
+    error_message: str = ""
+    output: Mapping[str, object] = field(default_factory=_empty)
+    partial: bool = False
+
+    @classmethod
+    def success(
+        cls,
+        evidence: bytes | str,
+        *,
+        output: Mapping[str, object] | None = None,
+        partial: bool = False,
+    ) -> Result:
+        """SUCCESS with ``evidence_hash = sha256(evidence)``; ``partial`` marks incomplete
+        output (the daemon treats it as a PARTIAL fault)."""
+        return cls(
+            ExecutorResponseType.SUCCESS,
+            evidence_hash=sha256_hex(evidence),
+            output=output or {},
+            partial=partial,
+        )
+
+    @classmethod
+    def failure(cls, message: str, *, output: Mapping[str, object] | None = None) -> Result:
+        """FAILURE: the action was tried and did not work (e.g. selector matched nothing)."""
+        return cls(ExecutorResponseType.FAILURE, error_message=message, output=output or {})
+
+    @classmethod
+    def error(cls, message: str) -> Result:
+        """ERROR: the executor itself broke (the daemon treats it as a CRASH fault)."""
+        return cls(ExecutorResponseType.ERROR, error_message=message)
+
+    @classmethod
+    def refused(cls, message: str) -> Result:
+        """REFUSED: the executor will not do this (never retried)."""
+        return cls(ExecutorResponseType.REFUSED, error_message=message)
+
+    @classmethod
+    def timeout(cls, message: str) -> Result:
+        """TIMEOUT: the action ran out of time (also the answer to a ``cancel``)."""
+        return cls(ExecutorResponseType.TIMEOUT, error_message=message)
+
+    def to_wire(self, instruction_id: str) -> dict[str, object]:
+        """The ``response`` object of the protocol for ``instruction_id``."""
+        return {
+            "instruction_id": instruction_id,
+            "response_type": self.response_type.value,
+            "evidence_hash": self.evidence_hash,
+            "error_message": self.error_message,
+            "timestamp": utc_timestamp(),
+            "output": dict(self.output),
+            "partial": self.partial,
+        }
+
+
+_HANDLERS: dict[ExecutorCommandType, str] = {c: c.value.lower() for c in ExecutorCommandType}
+
+
+class Executor:
+    """Base class of an executor: override one async handler per supported command.
+
+    ``executor_id`` must be unique among the daemon's connected executors; ``slots`` is how many
+    instructions it runs at once. A handler may also return a plain mapping, which is sent as
+    the response object verbatim (for test executors that must be able to lie).
+    """
+
+    software: ClassVar[str] = "hunter-python-sdk/1"
+
+    def __init__(self, *, executor_id: str, slots: int = 1) -> None:
+        self.executor_id = executor_id
+        self.slots = slots
+        self.connection: Connection | None = None
+        self.stop_requested = False
+
+    # -- handlers (override the ones you support) --------------------------------------------
+    async def navigate(self, instruction: Instruction) -> Result | Mapping[str, Any]:
+        raise NotSupported("NAVIGATE is not supported by this executor")
+
+    async def click(self, instruction: Instruction) -> Result | Mapping[str, Any]:
+        raise NotSupported("CLICK is not supported by this executor")
+
+    async def read(self, instruction: Instruction) -> Result | Mapping[str, Any]:
+        raise NotSupported("READ is not supported by this executor")
+
+    async def scroll(self, instruction: Instruction) -> Result | Mapping[str, Any]:
+        raise NotSupported("SCROLL is not supported by this executor")
+
+    async def screenshot(self, instruction: Instruction) -> Result | Mapping[str, Any]:
+        raise NotSupported("SCREENSHOT is not supported by this executor")
+
+    async def extract(self, instruction: Instruction) -> Result | Mapping[str, Any]:
+        raise NotSupported("EXTRACT is not supported by this executor")
+
+    async def shutdown(self, instruction: Instruction) -> Result | Mapping[str, Any]:
+        """Default SHUTDOWN (only advertised when overridden): acknowledge and stop."""
+        self.stop_requested = True
+        return Result.success(f"SHUTDOWN {instruction.instruction_id}")
+
+    # -- hooks ---------------------------------------------------------------------------------
+    async def on_connected(self, welcome: Welcome) -> None:
+        """Called after each successful hello (also after a reconnect)."""
+
+    async def on_disconnected(self, reason: str) -> None:
+        """Called when a connection ends, before any reconnect."""
+
+    # -- machinery -----------------------------------------------------------------------------
+    def commands(self) -> tuple[ExecutorCommandType, ...]:
+        """The command types whose handler this class overrides (what ``hello`` advertises)."""
+        cls = type(self)
+        return tuple(
+            command
+            for command, name in _HANDLERS.items()
+            if getattr(cls, name) is not getattr(Executor, name)
+        )
+
+    async def handle(self, instruction: Instruction) -> Result | Mapping[str, Any]:
+        """Dispatch ``instruction`` to its handler."""
+        handler = getattr(self, _HANDLERS[instruction.command_type])
+        result: Result | Mapping[str, Any] = await handler(instruction)
+        return result

@@ -1,0 +1,417 @@
+"""`hunter serve`: the daemon. One anyio task group owns everything it runs.
+
+Lifecycle
+---------
+1. Take ``<root>/state/daemon.lock`` (an exclusive ``flock`` holding our pid): a second daemon on
+   the same root is refused with the first one's pid (`DaemonAlreadyRunning`).
+2. Open the intake (SQLite WAL), the ledger group-commit syncer, the sandbox runtime, the hub.
+3. Listen: the sockets systemd passed (``LISTEN_FDNAMES`` ``control`` / ``executors``), else
+   create ``control.sock`` and ``executors.sock`` (a stale file is unlinked first: we hold the
+   root's lock, so nobody else can be serving it), ``chmod`` them to ``socket_mode``.
+4. Start, in this order, the intake committer, the scheduler (which first recovers unfinished
+   turns: interrupted attempts become CRASH faults), the hub and the control API. When both
+   sockets listen (``task_status.started()`` of both servers), tell systemd ``READY=1`` and log
+   ``daemon_ready``; the watchdog pings from the event loop.
+5. Signals are handled here and only here: SIGTERM/SIGINT (or a ``drain`` request) start the
+   drain; SIGHUP reloads the reloadable configuration keys. A second SIGTERM/SIGINT forces exit.
+6. Drain: ``STOPPING=1``; no new sessions or turns are accepted (``draining`` errors), no new
+   attempts start, and running attempts get up to ``drain_grace_s`` to finish. Then everything
+   is cancelled: an attempt still running keeps its turn ``running`` in the intake, and the next
+   daemon on this root treats it as an interrupted attempt (a CRASH fault, then the policy).
+   Turns waiting for a retry or not yet started simply resume after the restart.
+
+Exit codes: 0 after a drain (clean or with parked attempts), 1 when a second signal forced the
+exit, 2 for a configuration/usage problem, 3 when another daemon already serves the root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import os
+import signal
+import socket
+import stat
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import anyio
+import anyio.abc
+
+from supervisor.config import Config, ConfigError, diff_reloadable, load_config
+from supervisor.control import ControlServer
+from supervisor.executors import ExecutorHub, HubSettings
+from supervisor.intake import Intake, IntakeCommitter
+from supervisor.logging import configure_logging, get_logger
+from supervisor.scheduler import RuntimeLike, Scheduler, SchedulerSettings
+from supervisor.sdnotify import listen_fds, notify, watchdog_interval, watchdog_loop
+
+__all__ = [
+    "EXIT_ALREADY_RUNNING",
+    "EXIT_FORCED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "Daemon",
+    "DaemonAlreadyRunning",
+    "retry_options",
+]
+
+EXIT_OK: Final = 0
+EXIT_FORCED: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_ALREADY_RUNNING: Final = 3
+
+
+class DaemonAlreadyRunning(Exception):
+    """Raised when another daemon holds the root's lock file; ``pid`` is that daemon's pid."""
+
+    def __init__(self, root: Path, pid: int | None) -> None:
+        self.root = root
+        self.pid = pid
+        who = f"pid {pid}" if pid else "another process"
+        super().__init__(
+            f"another daemon ({who}) already serves {root}; stop it first or use another --root"
+        )
+
+
+@contextlib.contextmanager
+def _root_lock(root: Path) -> Iterator[Path]:
+    state = root / "state"
+    state.mkdir(parents=True, exist_ok=True)
+    path = state / "daemon.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            raise DaemonAlreadyRunning(root, int(text) if text.isdigit() else None) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield path
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def retry_options(config: Config) -> Any:
+    """The `RetryOptions` of the ``[retry]`` section."""
+    from sandbox.retry_protocol import RetryOptions
+
+    r = config.retry
+    return RetryOptions(
+        max_attempts=r.max_attempts,
+        base_delay_ms=r.base_delay_ms,
+        backoff_multiplier=r.backoff_multiplier,
+        max_delay_ms=r.max_delay_ms,
+        jitter=r.jitter,
+    )
+
+
+def hub_settings(config: Config) -> HubSettings:
+    e = config.executors
+    return HubSettings(
+        allowed_uids=config.allowed_uids,
+        max_frame_bytes=e.max_frame_bytes,
+        heartbeat_interval_s=e.heartbeat_interval_s,
+        heartbeat_misses=e.heartbeat_misses,
+        queue_capacity=e.queue_capacity,
+        queue_wait_s=e.queue_wait_s,
+        quarantine_s=e.quarantine_s,
+        cancel_grace_s=e.cancel_grace_s,
+        hello_timeout_s=e.hello_timeout_s,
+    )
+
+
+def _default_process_slots() -> int:
+    return max(2, 2 * (os.cpu_count() or 1))
+
+
+def make_runtime(
+    config: Config, *, syncer: Any, forbidden_sockets: tuple[Path, ...]
+) -> RuntimeLike:
+    """The sandbox runtime for *config* (its ``[sandbox]`` section)."""
+    from sandbox.runtime import Runtime, RuntimeConfig
+
+    s = config.sandbox
+    runtime_config = RuntimeConfig(
+        enforcement=s.enforcement,
+        uid_range=(s.uid_range_start, s.uid_range_start + s.uid_range_size - 1),
+        memory_mb=max(1, s.memory_max_bytes // (1024 * 1024)),
+        pids=s.pids_max,
+        timeout_s=s.default_timeout_ms / 1000,
+        output_bytes=s.output_max_bytes,
+    )
+    runtime: RuntimeLike = Runtime(
+        config.root, config=runtime_config, syncer=syncer, forbidden_sockets=forbidden_sockets
+    )
+    return runtime
+
+
+@dataclass(frozen=True, slots=True)
+class _Listeners:
+    control: anyio.abc.SocketListener
+    executors: anyio.abc.SocketListener
+    created: tuple[Path, ...]
+
+
+def _bind_unix(path: Path, mode: int) -> socket.socket:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISSOCK(path.lstat().st_mode):
+            path.unlink()  # stale: we hold the root's lock, so nobody serves it
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+        os.chmod(path, mode)
+        sock.listen(4096)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def _open_listeners(config: Config, activated: Mapping[str, socket.socket]) -> _Listeners:
+    created: list[Path] = []
+    listeners: dict[str, anyio.abc.SocketListener] = {}
+    try:
+        for name, path in (
+            ("control", config.control_socket),
+            ("executors", config.executor_socket),
+        ):
+            sock = activated.get(name)
+            if sock is not None:
+                sock.setblocking(False)
+                listeners[name] = await anyio.abc.SocketListener.from_socket(sock)
+            else:
+                sock = _bind_unix(path, config.socket_mode)
+                listeners[name] = await anyio.abc.SocketListener.from_socket(sock)
+                created.append(path)
+    except BaseException:
+        for path in created:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        raise
+    return _Listeners(listeners["control"], listeners["executors"], tuple(created))
+
+
+class Daemon:
+    """The daemon for one root. `run` returns the exit code."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        config_path: Path | None = None,
+        overrides: Mapping[str, object] | None = None,
+        handle_signals: bool = True,
+        runtime_factory: Callable[..., RuntimeLike] | None = None,
+        process_slots: int | None = None,
+    ) -> None:
+        self.config = config
+        self._config_path = config_path
+        self._overrides = dict(overrides or {})
+        self._handle_signals = handle_signals
+        self._runtime_factory = runtime_factory or make_runtime
+        self._process_slots = process_slots or _default_process_slots()
+        self._log = get_logger("supervisor.server")
+        self._stop = anyio.Event()
+        self._forced = False
+        self.scheduler: Scheduler | None = None
+        self.hub: ExecutorHub | None = None
+        self.ready = anyio.Event()
+
+    def request_drain(self) -> None:
+        """Start the drain (as SIGTERM does)."""
+        self._stop.set()
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> int:
+        config = self.config
+        with _root_lock(config.root):
+            return await self._run_locked(config, task_status)
+
+    async def _run_locked(self, config: Config, task_status: anyio.abc.TaskStatus[None]) -> int:
+        from ledger import GroupSyncer
+
+        config.runtime_dir.mkdir(parents=True, exist_ok=True)
+        intake = Intake.open(config.intake_path)
+        with intake, GroupSyncer() as syncer:
+            runtime = await anyio.to_thread.run_sync(
+                lambda: self._runtime_factory(
+                    config,
+                    syncer=syncer,
+                    forbidden_sockets=(config.control_socket, config.executor_socket),
+                )
+            )
+            committer = IntakeCommitter(intake)
+            hub = ExecutorHub(settings=hub_settings(config), log=get_logger("supervisor.executors"))
+            scheduler = Scheduler(
+                committer=committer,
+                hub=hub,
+                runtime=runtime,
+                settings=SchedulerSettings(
+                    root=config.root,
+                    retry=retry_options(config),
+                    process_slots=self._process_slots,
+                    default_timeout_ms=config.sandbox.default_timeout_ms,
+                ),
+            )
+            self.scheduler, self.hub = scheduler, hub
+            listeners = await _open_listeners(config, listen_fds())
+            try:
+                return await self._serve(
+                    config,
+                    committer=committer,
+                    scheduler=scheduler,
+                    hub=hub,
+                    listeners=listeners,
+                    task_status=task_status,
+                )
+            finally:
+                for path in listeners.created:
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+                close = getattr(runtime, "close", None)
+                if callable(close):
+                    close()
+
+    async def _serve(
+        self,
+        config: Config,
+        *,
+        committer: IntakeCommitter,
+        scheduler: Scheduler,
+        hub: ExecutorHub,
+        listeners: _Listeners,
+        task_status: anyio.abc.TaskStatus[None],
+    ) -> int:
+        control = ControlServer(
+            scheduler=scheduler,
+            hub=hub,
+            max_frame_bytes=config.executors.max_frame_bytes,
+            on_drain=self.request_drain,
+            info={"root": str(config.root), "control_socket": str(config.control_socket)},
+        )
+        async with anyio.create_task_group() as tg:
+            await tg.start(committer.run)
+            await tg.start(scheduler.run)
+            async with listeners.executors, listeners.control:
+                await tg.start(hub.serve, listeners.executors)
+                await tg.start(control.serve, listeners.control)
+                if self._handle_signals:
+                    await tg.start(self._signals, tg.cancel_scope)
+                if watchdog_interval() is not None:
+                    await tg.start(watchdog_loop)
+                stats = scheduler.statistics()
+                notify("READY=1", f"STATUS=serving {config.root}")
+                self._log.info(
+                    "daemon_ready",
+                    root=str(config.root),
+                    control_socket=str(config.control_socket),
+                    executor_socket=str(config.executor_socket),
+                    pid=os.getpid(),
+                    turns_recovered=stats.turns_active,
+                )
+                self.ready.set()
+                task_status.started()
+                await self._stop.wait()
+                notify("STOPPING=1", "STATUS=draining")
+                # Attempts still running after the grace period are cancelled with everything
+                # else; their turns stay `running` in the intake (a CRASH after restart).
+                clean = await scheduler.drain(self.config.drain_grace_s)
+                self._log.info("daemon_stopped", clean=clean)
+                tg.cancel_scope.cancel()
+        return EXIT_FORCED if self._forced else EXIT_OK
+
+    async def _signals(
+        self,
+        outer: anyio.CancelScope,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            task_status.started()
+            async for signum in signals:
+                if signum == signal.SIGHUP:
+                    await self._reload()
+                    continue
+                name = signal.Signals(signum).name
+                if not self._stop.is_set():
+                    self._log.info("shutdown_requested", signal=name)
+                    self._stop.set()
+                else:
+                    self._log.warning("shutdown_forced", signal=name)
+                    self._forced = True
+                    outer.cancel()
+
+    async def _reload(self) -> None:
+        try:
+            new = await anyio.to_thread.run_sync(
+                lambda: load_config(self._config_path, env=os.environ, overrides=self._overrides)
+            )
+        except ConfigError as exc:
+            self._log.error("config_reload_failed", key=exc.key, problem=exc.problem)
+            return
+        diff = diff_reloadable(self.config, new)
+        applied = self.config
+        for key in diff.reloadable:
+            section, _, name = key.rpartition(".")
+            if section:
+                holder = dataclasses.replace(
+                    getattr(applied, section), **{name: getattr(getattr(new, section), name)}
+                )
+                applied = dataclasses.replace(applied, **{section: holder})
+            else:
+                applied = dataclasses.replace(applied, **{name: getattr(new, name)})
+        self.config = applied
+        if any(k.startswith("log.") for k in diff.reloadable):
+            configure_logging(fmt=applied.log.format, level=applied.log.level)
+        if self.scheduler is not None:
+            self.scheduler.settings = dataclasses.replace(
+                self.scheduler.settings,
+                retry=retry_options(applied),
+                default_timeout_ms=applied.sandbox.default_timeout_ms,
+            )
+        if self.hub is not None and any(k.startswith("executors.") for k in diff.reloadable):
+            self.hub.settings = hub_settings(applied)
+        self._log.info("config_reloaded", applied=list(diff.reloadable))
+        if diff.restart_required:
+            self._log.warning("config_reload_partial", restart_required=list(diff.restart_required))
+
+
+def run_daemon(
+    *,
+    root: Path | None,
+    config_path: Path | None,
+    log_format: str | None,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """Entry point of `hunter serve`: load config (exit 2 on error), configure logs, run."""
+    import sys
+
+    overrides: dict[str, object] = {}
+    if root is not None:
+        overrides["root"] = root
+    if log_format is not None:
+        overrides["log.format"] = log_format
+    try:
+        config = load_config(
+            config_path, env=os.environ if env is None else env, overrides=overrides
+        )
+    except ConfigError as exc:
+        sys.stderr.write(f"hunter serve: {exc}\n")
+        return EXIT_USAGE
+    configure_logging(fmt=config.log.format, level=config.log.level)
+    daemon = Daemon(config, config_path=config_path, overrides=overrides)
+    try:
+        return anyio.run(daemon.run)
+    except DaemonAlreadyRunning as exc:
+        sys.stderr.write(f"hunter serve: {exc}\n")
+        return EXIT_ALREADY_RUNNING
+    except KeyboardInterrupt:  # a signal before the receiver was installed
+        return EXIT_FORCED

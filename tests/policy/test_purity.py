@@ -1,0 +1,164 @@
+"""The pure policy modules import no I/O module (seed 000/001 section 8), checked on the AST."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import sandbox
+
+PURE_MODULES = (
+    "__init__",
+    "attempt_policy",
+    "error_classifier",
+    "executor_safety",
+    "executor_types",
+    "policy_errors",
+    "reason_codes",
+    "retry_protocol",
+    "sandbox_context",
+    "sandbox_engine",
+    "sandbox_types",
+)
+BANNED = frozenset(
+    {
+        "os",
+        "subprocess",
+        "socket",
+        "io",
+        "pathlib",
+        "shutil",
+        "tempfile",
+        "threading",
+        "multiprocessing",
+        "asyncio.subprocess",
+        "ctypes",
+        "playwright",
+        "selenium",
+        "pyppeteer",
+        "urllib",
+        "http",
+        "requests",
+        "sqlite3",
+        "importlib",
+    }
+)
+DYNAMIC_IMPORTERS = frozenset({"__import__", "import_module", "exec", "eval", "open"})
+SANDBOX_DIR = Path(sandbox.__file__).parent
+
+
+def _banned(module: str) -> bool:
+    parts = module.split(".")
+    return any(".".join(parts[:i]) in BANNED for i in range(1, len(parts) + 1))
+
+
+def violations(source: str) -> list[str]:
+    """Every banned import, dynamic import or impure sandbox import in ``source``."""
+    found: list[str] = []
+    pure = {f"sandbox.{name}" for name in PURE_MODULES}
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                found.append(f"relative import of {base!r}")
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            names = [name for name in names if name]
+        elif isinstance(node, ast.Call):
+            func = node.func
+            called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+            if called in DYNAMIC_IMPORTERS:
+                found.append(f"call to {called}()")
+        elif isinstance(node, ast.Name | ast.Attribute):
+            name = node.id if isinstance(node, ast.Name) else node.attr
+            if name in {"__import__", "__builtins__"}:
+                found.append(f"reference to {name}")
+        for name in names:
+            if _banned(name):
+                found.append(f"import of {name}")
+            root = name.split(".")[0]
+            if (
+                root == "sandbox"
+                and name != "sandbox"
+                and not any(name == module or name.startswith(f"{module}.") for module in pure)
+            ):
+                found.append(f"import of impure {name}")
+    return found
+
+
+@pytest.mark.parametrize("module", PURE_MODULES)
+def test_pure_module_imports_nothing_that_does_io(module: str) -> None:
+    """Each pure policy module imports no I/O, process, network, browser or dynamic importer."""
+    source = (SANDBOX_DIR / f"{module}.py").read_text(encoding="utf-8")
+    assert violations(source) == []
+
+
+def test_pure_module_list_is_complete() -> None:
+    """Every policy module named by CONTRACTS.md is checked here."""
+    for name in ("sandbox_types", "sandbox_context", "sandbox_engine", "executor_types"):
+        assert (SANDBOX_DIR / f"{name}.py").is_file()
+        assert name in PURE_MODULES
+
+
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        "import os",
+        "import os.path",
+        "import subprocess as sp",
+        "from os import system",
+        "from os.path import join",
+        "import socket",
+        "import io",
+        "from pathlib import Path",
+        "import shutil, json",
+        "import tempfile",
+        "import threading",
+        "import multiprocessing.pool",
+        "from asyncio import subprocess",
+        "import asyncio.subprocess",
+        "import ctypes",
+        "from playwright.sync_api import sync_playwright",
+        "import selenium.webdriver",
+        "import pyppeteer",
+        "from urllib.request import urlopen",
+        "import http.client",
+        "import requests",
+        "import sqlite3",
+        "import importlib",
+        "from importlib import import_module",
+        "m = __import__('os')",
+        "m = getattr(__builtins__, '__import__')('os')",
+        "import importlib as il\nil.import_module('os')",
+        "exec('import os')",
+        "f = open('x')",
+        "from sandbox import runtime",
+        "from sandbox.runtime import Runtime",
+        "import sandbox.packages",
+        "from . import sandbox_types",
+    ],
+)
+def test_checker_catches_every_forbidden_form(snippet: str) -> None:
+    """The checker itself works: each forbidden import form is reported."""
+    assert violations(snippet) != []
+
+
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        "import re",
+        "from collections.abc import Mapping",
+        "import anyio",
+        "from sandbox import reason_codes",
+        "from sandbox.sandbox_types import ExecutionFaultType",
+        "import json",
+        "from asyncio import sleep",
+    ],
+)
+def test_checker_allows_pure_imports(snippet: str) -> None:
+    """Pure imports (stdlib logic, anyio, other pure sandbox modules) are not reported."""
+    assert violations(snippet) == []

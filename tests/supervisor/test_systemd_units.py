@@ -1,0 +1,417 @@
+"""The systemd units: static verification, the hardening score, and a real systemd boot.
+
+The boot test starts a throwaway systemd in a container (systemd-nspawn on a tmpfs root with the
+host's /usr, the repository and the Python environment bound read-only at their own paths),
+installs the units, triggers socket activation with a control-API `ping` on control.sock and
+checks the service the way an operator would: `systemctl show`, the journal, reload, stop.
+Every step has a deadline; the container is torn down (and killed by pid if it must) at the end.
+Needs root and `systemd-container` (CI: `apt-get install -y systemd-container`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+_REPO = Path(__file__).resolve().parents[2]
+_UNITS = _REPO / "systemd"
+_UNIT_FILES = ("hunter.socket", "hunter-executors.socket", "hunter.service")
+_MAX_EXPOSURE = 5.0
+_STEP_TIMEOUT_S = 30.0
+
+
+def _analyze() -> str:
+    path = shutil.which("systemd-analyze")
+    if path is None:
+        pytest.skip("systemd-analyze is not installed (package systemd)")
+    return path
+
+
+def test_units_verify_cleanly() -> None:
+    """`systemd-analyze verify` of the three units together prints nothing and exits 0."""
+    proc = subprocess.run(
+        [_analyze(), "verify", *(str(_UNITS / name) for name in _UNIT_FILES)],
+        capture_output=True,
+        text=True,
+        timeout=_STEP_TIMEOUT_S,
+        check=False,
+    )
+    assert (proc.returncode, proc.stderr, proc.stdout) == (0, "", "")
+
+
+def test_security_exposure_stays_low() -> None:
+    """`systemd-analyze security --offline=true` rates hunter.service at most 5.0."""
+    proc = subprocess.run(
+        [_analyze(), "security", "--offline=true", "--no-pager", str(_UNITS / "hunter.service")],
+        capture_output=True,
+        text=True,
+        timeout=_STEP_TIMEOUT_S,
+        check=False,
+    )
+    match = re.search(r"Overall exposure level for hunter\.service: (\d+\.\d+)", proc.stdout)
+    assert match, proc.stdout + proc.stderr
+    assert float(match.group(1)) <= _MAX_EXPOSURE
+
+
+def test_socket_units_name_their_fds() -> None:
+    """Each socket unit names its fd as server.py expects and points at hunter.service."""
+    for unit, name, path in (
+        ("hunter.socket", "control", "/run/hunter/control.sock"),
+        ("hunter-executors.socket", "executors", "/run/hunter/executors.sock"),
+    ):
+        text = (_UNITS / unit).read_text(encoding="utf-8")
+        assert f"\nFileDescriptorName={name}\n" in text
+        assert f"\nListenStream={path}\n" in text
+        assert "\nSocketMode=0660\n" in text
+        assert "\nService=hunter.service\n" in text
+
+
+# --- the real boot ------------------------------------------------------------------------------
+
+
+def _nspawn_missing_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root to boot a systemd container"
+    for tool in ("systemd-nspawn", "nsenter", "systemctl"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (apt-get install -y systemd-container)"
+    return None
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="ascii")
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text(encoding="ascii").strip()
+    except OSError:
+        return ""
+
+
+def _poll(what: str, check: object, *, timeout_s: float = _STEP_TIMEOUT_S) -> object:
+    """Wait (bounded) for `check()` to return something truthy.
+
+    The container's boot has no readiness signal the host can wait on before its PID 1 and
+    its bus exist, so these two steps poll; everything later blocks on systemctl itself.
+    """
+    assert callable(check)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(0.02)
+
+
+class _Container:
+    """A booted systemd container; `run()` executes a command inside it with a deadline."""
+
+    def __init__(self, nspawn: subprocess.Popen[bytes], pid1: int, log: Path) -> None:
+        self.nspawn = nspawn
+        self.pid1 = pid1
+        self.log = log
+
+    def run(
+        self, *argv: str, timeout_s: float = _STEP_TIMEOUT_S, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            ["nsenter", "-t", str(self.pid1), "-a", *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            pytest.fail(
+                f"{' '.join(argv)} exited {proc.returncode}\nstdout: {proc.stdout}\n"
+                f"stderr: {proc.stderr}\n{self.diagnostics()}"
+            )
+        return proc
+
+    def show(self, unit: str, *props: str) -> dict[str, str]:
+        out = self.run("systemctl", "show", unit, "-p", ",".join(props)).stdout
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def diagnostics(self) -> str:
+        parts = []
+        for argv in (
+            ("systemctl", "status", "--no-pager", "-l", "hunter.service", "hunter.socket"),
+            ("journalctl", "--no-pager", "-n", "200", "-u", "hunter.service"),
+        ):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc = subprocess.run(
+                    ["nsenter", "-t", str(self.pid1), "-a", *argv],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                    check=False,
+                )
+                parts.append(proc.stdout + proc.stderr)
+        return "\n".join(parts)
+
+
+def _bind_paths() -> list[Path]:
+    """The repository and the Python installation(s), bound at their own paths."""
+    wanted = [_REPO, Path(sys.prefix), Path(os.path.realpath(sys.base_prefix))]
+    wanted.append(Path(os.path.realpath(sys.executable)).parent.parent)
+    out: list[Path] = []
+    for path in wanted:
+        if path.is_relative_to("/usr") or any(path.is_relative_to(p) for p in out):
+            continue
+        out = [p for p in out if not p.is_relative_to(path)]
+        out.append(path)
+    return out
+
+
+@contextlib.contextmanager
+def _boot(share: Path, log: Path) -> Iterator[_Container]:
+    name = f"hunter-test-{uuid.uuid4().hex[:12]}"
+    argv: list[str] = [
+        "systemd-nspawn",
+        "-D",
+        "/",
+        "--volatile=yes",
+        "-M",
+        name,
+        "-b",
+        "--register=no",
+        "--keep-unit",
+        "--console=read-only",
+        f"--bind={share}:/mnt/share",
+        *(f"--bind-ro={p}" for p in _bind_paths()),
+        "systemd.firstboot=off",
+    ]
+    with log.open("wb") as out:
+        nspawn = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+        )
+    pid1: int | None = None
+    try:
+
+        def find_pid1() -> int | None:
+            if nspawn.poll() is not None:
+                pytest.fail(f"systemd-nspawn exited {nspawn.returncode}:\n{log.read_text()}")
+            for child in _children(nspawn.pid):
+                if _comm(child) == "systemd":
+                    return child
+            return None
+
+        pid1 = int(str(_poll("the container's systemd", find_pid1)))
+        _poll(
+            "the container's systemd bus",
+            lambda: Path(f"/proc/{pid1}/root/run/systemd/private").exists(),
+        )
+        container = _Container(nspawn, pid1, log)
+        state = container.run("systemctl", "is-system-running", "--wait", check=False)
+        assert state.stdout.strip() in {"running", "degraded"}, state.stdout + state.stderr
+        yield container
+        container.run("systemctl", "exit", "0", check=False, timeout_s=10)
+        nspawn.wait(timeout=_STEP_TIMEOUT_S)
+    finally:
+        _tear_down(nspawn, pid1)
+
+
+def _tear_down(nspawn: subprocess.Popen[bytes], pid1: int | None) -> None:
+    """Stop a container that did not exit by itself: its PID 1 first (that ends every process
+    in its PID namespace, which killing nspawn alone would orphan), then nspawn."""
+    if nspawn.poll() is not None:
+        return
+    if pid1 is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid1, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            nspawn.wait(timeout=10)
+    if nspawn.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(nspawn.pid, signal.SIGKILL)
+        nspawn.wait(timeout=_STEP_TIMEOUT_S)
+
+
+def _ping_script(socket_path: str) -> str:
+    """Python run inside the container: one control-API ping on `socket_path`."""
+    return (
+        "import socket, struct, sys\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        f"s.settimeout({_STEP_TIMEOUT_S})\n"
+        f"s.connect({socket_path!r})\n"
+        'body = b\'{"id": 1, "op": "ping", "params": {}}\'\n'
+        's.sendall(struct.pack(">I", len(body)) + body)\n'
+        "head = b''\n"
+        "while len(head) < 4:\n"
+        "    chunk = s.recv(4 - len(head))\n"
+        "    if not chunk: sys.exit('connection closed before a reply')\n"
+        "    head += chunk\n"
+        '(size,) = struct.unpack(">I", head)\n'
+        "data = b''\n"
+        "while len(data) < size:\n"
+        "    chunk = s.recv(size - len(data))\n"
+        "    if not chunk: sys.exit('truncated reply')\n"
+        "    data += chunk\n"
+        "s.close()\n"
+        "sys.stdout.write(data.decode())\n"
+    )
+
+
+def _write_share(share: Path) -> None:
+    for name in (*_UNIT_FILES, "hunter.sysusers"):
+        shutil.copy(_UNITS / name, share / name)
+    # The documented drop-in for an install in a virtual environment, plus a short watchdog
+    # so the test sees pings arrive and a frozen daemon killed quickly (without a core dump).
+    venv_bin = Path(sys.prefix) / "bin"
+    (share / "venv.conf").write_text(
+        f"[Service]\nEnvironment=PATH={venv_bin}:/usr/bin:/bin\nWatchdogSec=2s\nLimitCORE=0\n",
+        encoding="utf-8",
+    )
+
+
+def _install(c: _Container) -> None:
+    script = (
+        "set -e\n"
+        "install -m 0644 /mnt/share/hunter.socket /mnt/share/hunter-executors.socket "
+        "/mnt/share/hunter.service /etc/systemd/system/\n"
+        "install -D -m 0644 /mnt/share/hunter.sysusers /etc/sysusers.d/hunter.conf\n"
+        "install -D -m 0644 /mnt/share/venv.conf /etc/systemd/system/hunter.service.d/venv.conf\n"
+        "systemd-sysusers\n"
+        "systemctl daemon-reload\n"
+        "systemctl start hunter.socket hunter-executors.socket\n"
+    )
+    c.run("sh", "-c", script)
+
+
+def _journal_events(c: _Container) -> list[dict[str, object]]:
+    out = c.run("journalctl", "--no-pager", "-o", "cat", "-u", "hunter.service").stdout
+    events = []
+    for line in out.splitlines():
+        if line.startswith("{"):
+            events.append(orjson.loads(line))
+    return events
+
+
+def _event_names(c: _Container) -> set[str]:
+    return {str(e.get("event")) for e in _journal_events(c)}
+
+
+def _watchdog_pinged(c: _Container, before: str) -> bool:
+    now = c.show("hunter.service", "WatchdogTimestampMonotonic")["WatchdogTimestampMonotonic"]
+    return now not in {before, "0"}
+
+
+@pytest.mark.systemd
+@pytest.mark.skipif(_nspawn_missing_reason() is not None, reason=str(_nspawn_missing_reason()))
+def test_service_under_real_systemd(tmp_path: Path) -> None:
+    """Socket activation starts `hunter serve`; READY, STATUS, watchdog, reload and a clean stop."""
+    share = tmp_path / "share"
+    share.mkdir()
+    _write_share(share)
+    with _boot(share, tmp_path / "nspawn.log") as c:
+        _install(c)
+
+        # The sockets listen (owned by systemd, mode 0660, group hunter); the service waits.
+        modes = c.run(
+            "stat", "-c", "%a %U %G", "/run/hunter/control.sock", "/run/hunter/executors.sock"
+        )
+        assert modes.stdout.split("\n")[:2] == ["660 root hunter", "660 root hunter"]
+        assert c.show("hunter.service", "ActiveState")["ActiveState"] == "inactive"
+
+        # A client's first request starts the daemon through the socket, and is answered.
+        reply = c.run(sys.executable, "-c", _ping_script("/run/hunter/control.sock"))
+        assert json.loads(reply.stdout)["ok"] is True, reply.stdout
+
+        props = c.show(
+            "hunter.service",
+            "ActiveState",
+            "SubState",
+            "StatusText",
+            "NRestarts",
+            "MainPID",
+            "WatchdogTimestampMonotonic",
+        )
+        assert (props["ActiveState"], props["SubState"]) == ("active", "running"), c.diagnostics()
+        assert props["StatusText"], "the daemon sent no STATUS="
+        assert props["NRestarts"] == "0", c.diagnostics()
+        main_pid = props["MainPID"]
+
+        # StateDirectory/RuntimeDirectory reached the daemon through its config.
+        environ = c.run("cat", f"/proc/{main_pid}/environ").stdout.split("\0")
+        assert "STATE_DIRECTORY=/var/lib/hunter" in environ
+        assert "RUNTIME_DIRECTORY=/run/hunter" in environ
+        c.run("test", "-e", "/var/lib/hunter/state/intake.sqlite3")
+
+        # WATCHDOG=1 keeps arriving from the event loop (WatchdogSec=2s: a ping every 1 s).
+        _poll(
+            "a watchdog ping",
+            lambda: _watchdog_pinged(c, props["WatchdogTimestampMonotonic"]),
+            timeout_s=10,
+        )
+
+        # SIGHUP reloads without a restart (the daemon logs config_reloaded and keeps its pid).
+        c.run("systemctl", "reload", "hunter.service")
+        _poll("config_reloaded in the journal", lambda: "config_reloaded" in _event_names(c))
+        after_reload = c.show("hunter.service", "ActiveState", "MainPID", "NRestarts")
+        assert after_reload == {"ActiveState": "active", "MainPID": main_pid, "NRestarts": "0"}
+
+        # A daemon that stops pinging (frozen with SIGSTOP) is killed by the watchdog and
+        # restarted (Restart=on-failure); the new one serves through the same sockets.
+        c.run("kill", "-STOP", main_pid)
+        _poll(
+            "the watchdog restart",
+            lambda: (
+                c.show("hunter.service", "NRestarts", "SubState")
+                == {"NRestarts": "1", "SubState": "running"}
+            ),
+            timeout_s=20,
+        )
+        reply = c.run(sys.executable, "-c", _ping_script("/run/hunter/control.sock"))
+        assert json.loads(reply.stdout)["ok"] is True, reply.stdout
+        new_pid = c.show("hunter.service", "MainPID")["MainPID"]
+        assert new_pid != main_pid
+        watchdog_lines = c.run(
+            "journalctl", "--no-pager", "-o", "cat", "-u", "hunter.service", "--grep", "[Ww]atchdog"
+        ).stdout
+        assert "Watchdog timeout" in watchdog_lines, watchdog_lines
+
+        # SIGTERM (systemctl stop) drains and exits 0: Result=success.
+        c.run("systemctl", "stop", "hunter.service", timeout_s=60)
+        final = c.show(
+            "hunter.service",
+            "ActiveState",
+            "Result",
+            "ExecMainCode",
+            "ExecMainStatus",
+            "ExecMainPID",
+        )
+        assert final["ActiveState"] == "inactive", c.diagnostics()
+        assert final["Result"] == "success", c.diagnostics()
+        assert final["ExecMainPID"] == new_pid
+        assert (final["ExecMainCode"], final["ExecMainStatus"]) == ("1", "0"), final
+
+        # The journal holds JSON lines, one event each, with the daemon's lifecycle in it.
+        _poll("daemon_stopped in the journal", lambda: "daemon_stopped" in _event_names(c))
+        events = _journal_events(c)
+        names = {str(e.get("event")) for e in events}
+        assert {"daemon_ready", "shutdown_requested", "daemon_stopped"} <= names, sorted(names)
+        assert all("timestamp" in e and "level" in e and "logger" in e for e in events)
+
+        # The sockets stay with systemd, ready to start the daemon again.
+        assert c.show("hunter.socket", "ActiveState") == {"ActiveState": "active"}
+    assert c.nspawn.returncode == 0, (tmp_path / "nspawn.log").read_text()
