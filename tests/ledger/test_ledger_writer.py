@@ -1,0 +1,293 @@
+"""Tests of ledger.writer: locking, crash recovery, durability and failure handling."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+import pytest
+import structlog
+
+from ledger import (
+    InlineSyncer,
+    IntegrityError,
+    LedgerClosedError,
+    LedgerLockedError,
+    LedgerRecordError,
+    LedgerSyncError,
+    open_ledger,
+    read_head,
+    verify,
+)
+from ledger.chain import genesis_hash
+
+WriteLedger = Callable[..., None]
+
+
+def test_append_returns_sealed_entry(tmp_path: Path, quick_syncer: InlineSyncer) -> None:
+    """append assigns seq, links previous_hash, stamps ts_us and returns the entry."""
+    clock = iter([100, 50, 300])
+    with open_ledger(
+        tmp_path / "l.jsonl", ledger_id="L", syncer=quick_syncer, clock=lambda: next(clock)
+    ) as writer:
+        assert writer.head == (0, genesis_hash("L"))
+        first = writer.append({"kind": "a", "extra": {"nested": [1, "x"]}})
+        second = writer.append({"kind": "b"})
+        third = writer.append({"kind": "c"})
+    assert (first.seq, second.seq, third.seq) == (1, 2, 3)
+    assert first.previous_hash == genesis_hash("L")
+    assert second.previous_hash == first.entry_hash
+    assert [first.ts_us, second.ts_us, third.ts_us] == [100, 100, 300]  # never decreasing
+    assert first.get("extra") == {"nested": [1, "x"]}
+    assert first.to_dict()["ledger_id"] == "L"
+    assert verify(tmp_path / "l.jsonl").head_hash == third.entry_hash
+
+
+def test_reopen_continues_chain(tmp_path: Path, quick_syncer: InlineSyncer) -> None:
+    """A reopened ledger continues at the next seq."""
+    path = tmp_path / "l.jsonl"
+    with open_ledger(path, ledger_id="L", syncer=quick_syncer) as writer:
+        writer.append({"kind": "a"})
+    with open_ledger(path, ledger_id="L", syncer=quick_syncer) as writer:
+        assert writer.append({"kind": "b"}).seq == 2
+    assert verify(path).entries == 2
+
+
+def test_reopen_with_wrong_ledger_id_fails(tmp_path: Path, quick_syncer: InlineSyncer) -> None:
+    """The id given to open_ledger must match the file's entries."""
+    path = tmp_path / "l.jsonl"
+    with open_ledger(path, ledger_id="L", syncer=quick_syncer) as writer:
+        writer.append({"kind": "a"})
+    with pytest.raises(IntegrityError, match=r":1: seq 1: wrong ledger id"):
+        open_ledger(path, ledger_id="M", syncer=quick_syncer)
+
+
+def test_record_validation_errors(tmp_path: Path, quick_syncer: InlineSyncer) -> None:
+    """Bad records are refused with the field named, and nothing is written."""
+    with open_ledger(tmp_path / "l.jsonl", ledger_id="S/exec", syncer=quick_syncer) as writer:
+        with pytest.raises(LedgerRecordError, match=r"^record\.cost: float 0\.5 is not allowed"):
+            writer.append({"kind": "x", "cost": 0.5})
+        with pytest.raises(LedgerRecordError, match=r"^seq: is set by the ledger writer"):
+            writer.append({"kind": "x", "seq": 3})
+        with pytest.raises(LedgerRecordError, match=r"^status: required for an exec turn entry$"):
+            writer.append(
+                {
+                    "kind": "turn",
+                    "session_id": "S",
+                    "turn_number": 1,
+                    "query_hash": "q",
+                    "result_hash": "r",
+                }
+            )
+        assert writer.head[0] == 0
+    assert (tmp_path / "l.jsonl").read_bytes() == b""
+
+
+def test_second_writer_in_process_refused(tmp_path: Path, quick_syncer: InlineSyncer) -> None:
+    """A second open of the same file is refused naming this process's pid."""
+    path = tmp_path / "l.jsonl"
+    with open_ledger(path, ledger_id="L", syncer=quick_syncer), pytest.raises(
+        LedgerLockedError, match=rf"locked by another writer \(pid {os.getpid()}\)"
+    ):
+        open_ledger(path, ledger_id="L", syncer=quick_syncer)
+    with open_ledger(path, ledger_id="L", syncer=quick_syncer):
+        pass  # released on close
+
+
+def test_second_writer_process_refused(tmp_path: Path, quick_syncer: InlineSyncer) -> None:
+    """A writer in another process is refused and learns our pid."""
+    path = tmp_path / "l.jsonl"
+    script = (
+        "import sys\n"
+        "from ledger import open_ledger, LedgerLockedError\n"
+        "try:\n"
+        "    open_ledger(sys.argv[1], ledger_id='L')\n"
+        "except LedgerLockedError as exc:\n"
+        "    print(exc.pid)\n"
+    )
+    with open_ledger(path, ledger_id="L", syncer=quick_syncer):
+        result = subprocess.run(
+            [sys.executable, "-c", script, str(path)],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+    assert result.stdout.strip() == str(os.getpid())
+
+
+def test_closed_writer_refuses(tmp_path: Path, quick_syncer: InlineSyncer) -> None:
+    """After close, append raises LedgerClosedError (and close is idempotent)."""
+    writer = open_ledger(tmp_path / "l.jsonl", ledger_id="L", syncer=quick_syncer)
+    writer.close()
+    writer.close()
+    with pytest.raises(LedgerClosedError, match=r"ledger writer is closed$"):
+        writer.append({"kind": "a"})
+
+
+def test_torn_tail_moved_aside(tmp_path: Path, quick_syncer: InlineSyncer) -> None:
+    """A last line without newline goes to .broken (appended, with offset) and is truncated."""
+    path = tmp_path / "l.jsonl"
+    with open_ledger(path, ledger_id="L", syncer=quick_syncer) as writer:
+        writer.append({"kind": "a"})
+    intact = path.read_bytes()
+    for attempt, tail in enumerate((b'{"kind":"b","se', b"\x00\x00garbage")):
+        with path.open("ab") as file:
+            file.write(tail)
+        with structlog.testing.capture_logs() as logs:
+            writer = open_ledger(path, ledger_id="L", syncer=quick_syncer)
+        writer.close()
+        assert path.read_bytes() == intact
+        assert logs[0]["event"] == "ledger_torn_tail_moved"
+        assert logs[0]["offset"] == len(intact)
+        broken = (tmp_path / "l.jsonl.broken").read_bytes()
+        assert broken.count(b"# torn tail of l.jsonl: offset ") == attempt + 1
+        assert tail in broken
+    assert verify(path).entries == 1
+
+
+def test_complete_bad_line_is_not_repaired(tmp_path: Path, quick_syncer: InlineSyncer) -> None:
+    """A complete (newline-terminated) bad last line is an IntegrityError on open."""
+    path = tmp_path / "l.jsonl"
+    with open_ledger(path, ledger_id="L", syncer=quick_syncer) as writer:
+        writer.append({"kind": "a"})
+    data = path.read_bytes() + b'{"kind":"b"}\n'
+    path.write_bytes(data)
+    with pytest.raises(IntegrityError, match=r":2: seq \?: hash-less entry after a hashed one"):
+        open_ledger(path, ledger_id="L", syncer=quick_syncer)
+    assert path.read_bytes() == data
+    assert not (tmp_path / "l.jsonl.broken").exists()
+
+
+def test_open_refuses_truncated_ledger(
+    tmp_path: Path, quick_syncer: InlineSyncer, write_ledger: WriteLedger
+) -> None:
+    """Reopening a ledger truncated below its anchor fails instead of continuing."""
+    path = tmp_path / "l.jsonl"
+    write_ledger(path, 3)
+    path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[:2]))
+    with pytest.raises(IntegrityError, match=r"truncated below anchored head"):
+        open_ledger(path, ledger_id="SES-test/exec", syncer=quick_syncer)
+
+
+def test_head_anchored_after_each_sync(tmp_path: Path, quick_syncer: InlineSyncer) -> None:
+    """The head file follows the synced head."""
+    path = tmp_path / "l.jsonl"
+    with open_ledger(path, ledger_id="L", syncer=quick_syncer) as writer:
+        for expected in range(1, 4):
+            entry = writer.append({"kind": "a"})
+            head = read_head(tmp_path / "l.jsonl.head")
+            assert head is not None
+            assert (head.seq, head.entry_hash) == (expected, entry.entry_hash)
+
+
+def test_injected_fsync_failure_is_fatal(tmp_path: Path) -> None:
+    """A failed fdatasync fails the ledger for good: never retried, every append refused."""
+    calls: list[int] = []
+    fail = threading.Event()
+
+    def sync(fd: int) -> None:
+        calls.append(fd)
+        if fail.is_set():
+            raise OSError(5, "Input/output error")
+
+    writer = open_ledger(tmp_path / "l.jsonl", ledger_id="L", syncer=InlineSyncer(sync=sync))
+    writer.append({"kind": "a"})
+    fail.set()
+    with pytest.raises(LedgerSyncError, match=r"ledger failed, appends are refused: OSError"):
+        writer.append({"kind": "b"})
+    attempts = len(calls)
+    fail.clear()
+    with pytest.raises(LedgerSyncError, match=r"Input/output error"):
+        writer.append({"kind": "c"})
+    assert len(calls) == attempts  # not retried
+    assert writer.failed
+    writer.close()
+
+
+def test_threads_share_syncs_inline(tmp_path: Path) -> None:
+    """Concurrent appenders on one ledger are all acknowledged, seqs contiguous."""
+    path = tmp_path / "l.jsonl"
+    calls: list[int] = []
+
+    def sync(fd: int) -> None:
+        calls.append(fd)
+        os.fdatasync(fd)
+
+    with open_ledger(path, ledger_id="L", syncer=InlineSyncer(sync=sync)) as writer:
+        seqs: list[int] = []
+        lock = threading.Lock()
+
+        def work() -> None:
+            for _ in range(20):
+                entry = writer.append({"kind": "a"})
+                with lock:
+                    seqs.append(entry.seq)
+
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert sorted(seqs) == list(range(1, 161))
+    assert verify(path).entries == 160
+    assert len(calls) <= 160
+
+
+_CHILD = """
+import os, sys
+from ledger import open_ledger
+path, size = sys.argv[1], int(sys.argv[2])
+out = os.fdopen(int(sys.argv[3]), "w", buffering=1)
+with open_ledger(path, ledger_id="KILL/exec") as writer:
+    while True:
+        entry = writer.append({"kind": "blob", "data": "x" * size})
+        out.write(f"{entry.seq}\\n")
+"""
+
+
+@pytest.mark.slow
+def test_sigkill_mid_append_loses_no_acknowledged_entry(tmp_path: Path) -> None:
+    """SIGKILL at random points: reopen recovers, every acknowledged entry verifies."""
+    rng = random.Random(4)
+    path = tmp_path / "kill.jsonl"
+    acknowledged = 0
+    torn = 0
+    for _round in range(30):
+        size = rng.choice((10, 1000, 200_000, 2_000_000))
+        read_fd, write_fd = os.pipe()
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(path), str(size), str(write_fd)],
+            pass_fds=(write_fd,),
+        )
+        os.close(write_fd)
+        with os.fdopen(read_fd) as acks:
+            wanted = rng.randint(1, 3)
+            for _ in range(wanted):
+                line = acks.readline()
+                assert line, "child died early"
+                acknowledged = max(acknowledged, int(line))
+            spin = rng.randint(0, 20_000)
+            while spin:  # land the kill at a random point of the next append
+                spin -= 1
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+            for line in acks:  # acknowledgements written before the kill landed
+                acknowledged = max(acknowledged, int(line))
+        if path.read_bytes() and not path.read_bytes().endswith(b"\n"):
+            torn += 1
+        with open_ledger(path, ledger_id="KILL/exec") as writer:
+            assert writer.head[0] >= acknowledged
+        report = verify(path)
+        assert report.entries >= acknowledged
+    broken = tmp_path / "kill.jsonl.broken"
+    assert (torn == 0) == (not broken.exists())
+    seqs = [orjson.loads(line)["seq"] for line in path.read_bytes().splitlines()]
+    assert seqs == list(range(1, len(seqs) + 1))

@@ -1,0 +1,100 @@
+"""Realized-write enumeration: hashes, special files, no symlink following, swaps (FR-RT-015)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import threading
+from pathlib import Path
+
+from sandbox.enumerate import enumerate_writes
+
+
+def test_regular_files_are_hashed_with_size(tmp_path: Path) -> None:
+    """Every regular file is listed with its relative path, sha256 and size, sorted."""
+    out = tmp_path / "out"
+    (out / "d" / "e").mkdir(parents=True)
+    (out / "b.txt").write_bytes(b"bee")
+    (out / "d" / "e" / "a.bin").write_bytes(b"\0" * 3_000_000)
+    surface = enumerate_writes({"output": out, "tmp": tmp_path / "missing"})
+    assert surface.problems == ()
+    assert [(w.area, w.path, w.size) for w in surface.writes] == [
+        ("output", "b.txt", 3),
+        ("output", "d/e/a.bin", 3_000_000),
+    ]
+    assert surface.writes[0].sha256 == hashlib.sha256(b"bee").hexdigest()
+    assert surface.writes[1].sha256 == hashlib.sha256(b"\0" * 3_000_000).hexdigest()
+    assert surface.total_bytes == 3_000_003
+    assert set(surface.in_area("output")) == {"b.txt", "d/e/a.bin"}
+
+
+def test_special_files_are_problems_and_never_opened(tmp_path: Path) -> None:
+    """Symlinks (to files and dirs), hard links, FIFOs and sockets are reported, not read."""
+    out = tmp_path / "out"
+    out.mkdir()
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "key").write_text("k")
+    (out / "flink").symlink_to(secret / "key")
+    (out / "dlink").symlink_to(secret)
+    (out / "h1").write_text("x")
+    os.link(out / "h1", out / "h2")
+    os.mkfifo(out / "fifo")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(out / "sock"))
+        surface = enumerate_writes({"output": out})
+    kinds = {p.path: p.kind for p in surface.problems}
+    assert kinds == {
+        "flink": "symlink",
+        "dlink": "symlink",
+        "h1": "hardlink",
+        "h2": "hardlink",
+        "fifo": "fifo",
+        "sock": "socket",
+    }
+    assert surface.writes == ()
+
+
+def test_symlink_swap_during_enumeration_never_reads_outside(tmp_path: Path) -> None:
+    """A racer swapping files and dirs for symlinks never gets outside content hashed."""
+    out = tmp_path / "out"
+    out.mkdir()
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "f").write_bytes(b"SECRET")
+    secret_hash = hashlib.sha256(b"SECRET").hexdigest()
+    stop = threading.Event()
+
+    def racer() -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            for name in ("f", "d"):
+                path = out / name
+                tmp = out / f".{name}{i}"
+                if i % 2:
+                    tmp.symlink_to(secret / "f" if name == "f" else secret)
+                elif name == "f":
+                    tmp.write_bytes(b"mine")
+                else:
+                    tmp.mkdir()
+                    (tmp / "f").write_bytes(b"mine")
+                if name == "d" and path.is_dir() and not path.is_symlink():
+                    for child in path.iterdir():
+                        child.unlink()
+                    path.rmdir()
+                os.replace(tmp, path) if not (path.is_dir() and not path.is_symlink()) else None
+
+    thread = threading.Thread(target=racer)
+    thread.start()
+    seen_problem = False
+    try:
+        for _ in range(300):
+            surface = enumerate_writes({"output": out})
+            assert all(w.sha256 != secret_hash for w in surface.writes)
+            seen_problem = seen_problem or bool(surface.problems)
+    finally:
+        stop.set()
+        thread.join()
+    assert seen_problem
