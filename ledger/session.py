@@ -13,12 +13,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 
-import anyio.to_thread
-
 from ledger.entries import KIND_SESSION_OPENED, KIND_TURN, KIND_VIOLATION, LedgerEntry
 from ledger.errors import IntegrityError, LedgerRecordError
 from ledger.files import make_dirs
-from ledger.syncer import InlineSyncer, Syncer
+from ledger.syncer import GroupSyncer, InlineSyncer, Syncer, running_asyncio
 from ledger.verify import session_ledger_paths
 from ledger.writer import Clock, LedgerWriter, wall_clock_us
 
@@ -246,6 +244,37 @@ class SessionLedgers:
         evidence_extra: Mapping[str, object] | None = None,
     ) -> tuple[LedgerEntry, LedgerEntry]:
         """Write the turn's exec and evidence entries; return once both are durable."""
+        return self._write_pair(
+            *self._turn_records(
+                turn_number=turn_number,
+                query_hash=query_hash,
+                result_hash=result_hash,
+                status=status,
+                declared_reads=declared_reads,
+                declared_writes=declared_writes,
+                external_calls=external_calls,
+                capability_violations=capability_violations,
+                work_order_id=work_order_id,
+                exec_extra=exec_extra,
+                evidence_extra=evidence_extra,
+            )
+        )
+
+    def _turn_records(
+        self,
+        *,
+        turn_number: int,
+        query_hash: str,
+        result_hash: str,
+        status: str,
+        declared_reads: Iterable[object],
+        declared_writes: Iterable[object],
+        external_calls: Iterable[object],
+        capability_violations: Iterable[Mapping[str, object]],
+        work_order_id: str | None,
+        exec_extra: Mapping[str, object] | None,
+        evidence_extra: Mapping[str, object] | None,
+    ) -> tuple[dict[str, object], dict[str, object]]:
         exec_record = _merge(
             {
                 "kind": KIND_TURN,
@@ -270,7 +299,7 @@ class SessionLedgers:
         if work_order is not None:
             evidence_record["work_order_id"] = work_order
         _merge(evidence_record, evidence_extra)
-        return self._write_pair(exec_record, evidence_record)
+        return exec_record, evidence_record
 
     def record_violation(
         self,
@@ -284,6 +313,29 @@ class SessionLedgers:
         timestamp_us: int | None = None,
     ) -> LedgerEntry:
         """Write a ``capability_violation`` evidence entry now (durable on return)."""
+        return self.evidence.append(
+            self._violation_record(
+                turn_number=turn_number,
+                operation=operation,
+                target=target,
+                capability=capability,
+                detail=detail,
+                work_order_id=work_order_id,
+                timestamp_us=timestamp_us,
+            )
+        )
+
+    def _violation_record(
+        self,
+        *,
+        turn_number: int,
+        operation: str,
+        target: str,
+        capability: str,
+        detail: str,
+        work_order_id: str | None,
+        timestamp_us: int | None,
+    ) -> dict[str, object]:
         violation = {
             "operation": operation,
             "target": target,
@@ -300,7 +352,7 @@ class SessionLedgers:
         work_order = self.work_order_id if work_order_id is None else work_order_id
         if work_order is not None:
             record["work_order_id"] = work_order
-        return self.evidence.append(record)
+        return record
 
     def checkpoint(self) -> tuple[LedgerEntry, LedgerEntry]:
         """Append a checkpoint to each ledger (HO2)."""
@@ -341,7 +393,32 @@ class SessionLedgers:
         exec_extra: Mapping[str, object] | None = None,
         evidence_extra: Mapping[str, object] | None = None,
     ) -> tuple[LedgerEntry, LedgerEntry]:
-        """`record_turn` in a worker thread (not abandoned on cancellation)."""
+        """`record_turn` for async callers.
+
+        With a `GroupSyncer` under asyncio both lines are written in the calling thread and the
+        task awaits durability without occupying a worker thread (many turns share one sync
+        batch); otherwise `record_turn` runs in a worker thread (not abandoned on cancel).
+        """
+        if isinstance(self._syncer, GroupSyncer) and running_asyncio():
+            exec_record, evidence_record = self._turn_records(
+                turn_number=turn_number,
+                query_hash=query_hash,
+                result_hash=result_hash,
+                status=status,
+                declared_reads=declared_reads,
+                declared_writes=declared_writes,
+                external_calls=external_calls,
+                capability_violations=capability_violations,
+                work_order_id=work_order_id,
+                exec_extra=exec_extra,
+                evidence_extra=evidence_extra,
+            )
+            exec_entry = self.exec.write_entry(exec_record)
+            evidence_entry = self.evidence.write_entry(evidence_record)
+            await self._syncer.make_durable_async(
+                ((self.exec, exec_entry.seq), (self.evidence, evidence_entry.seq))
+            )
+            return exec_entry, evidence_entry
         call = functools.partial(
             self.record_turn,
             turn_number=turn_number,
@@ -356,6 +433,8 @@ class SessionLedgers:
             exec_extra=exec_extra,
             evidence_extra=evidence_extra,
         )
+        import anyio.to_thread  # lazy: keeps `import ledger` light for the CLI
+
         return await anyio.to_thread.run_sync(call)
 
     async def arecord_violation(
@@ -369,23 +448,27 @@ class SessionLedgers:
         work_order_id: str | None = None,
         timestamp_us: int | None = None,
     ) -> LedgerEntry:
-        """`record_violation` in a worker thread."""
-        call = functools.partial(
-            self.record_violation,
-            turn_number=turn_number,
-            operation=operation,
-            target=target,
-            capability=capability,
-            detail=detail,
-            work_order_id=work_order_id,
-            timestamp_us=timestamp_us,
+        """`record_violation` for async callers (see `LedgerWriter.aappend`)."""
+        return await self.evidence.aappend(
+            self._violation_record(
+                turn_number=turn_number,
+                operation=operation,
+                target=target,
+                capability=capability,
+                detail=detail,
+                work_order_id=work_order_id,
+                timestamp_us=timestamp_us,
+            )
         )
-        return await anyio.to_thread.run_sync(call)
 
     async def acheckpoint(self) -> tuple[LedgerEntry, LedgerEntry]:
         """`checkpoint` in a worker thread."""
+        import anyio.to_thread  # lazy: keeps `import ledger` light for the CLI
+
         return await anyio.to_thread.run_sync(self.checkpoint)
 
     async def aclose(self) -> None:
         """`close` in a worker thread."""
+        import anyio.to_thread
+
         await anyio.to_thread.run_sync(self.close)

@@ -22,6 +22,8 @@ sync is never retried, and every later append raises `LedgerSyncError`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -42,12 +44,16 @@ __all__ = [
     "Syncable",
     "Syncer",
     "SyncerStatistics",
+    "Waiter",
+    "dispatch",
+    "running_asyncio",
 ]
 
 _log = structlog.get_logger("ledger")
 
 SyncFunction = Callable[[int], None]
 SYNCFS_MIN_LEDGERS: Final = 4
+GATHER_S: Final = 0.0002
 
 
 class Syncable(Protocol):
@@ -68,16 +74,25 @@ class Syncable(Protocol):
         """Held by the leader of an inline sync round."""
         ...
 
-    def sync_target(self) -> tuple[int, int] | None:
-        """``(fd, written seq)`` when something written is not durable yet, else ``None``."""
+    def sync_target(self) -> tuple[int, int, str] | None:
+        """Write queued lines; ``(fd, seq, hash)`` when something is not durable yet."""
         ...
 
-    def mark_synced(self, seq: int) -> None:
-        """Everything up to ``seq`` is durable: anchor the head, wake waiters."""
+    def mark_synced(self, seq: int, entry_hash: str) -> list[Waiter]:
+        """Everything up to ``seq`` is durable: anchor the head, wake blocked threads, return
+        the async waiters now due."""
         ...
 
-    def mark_failed(self, cause: str) -> None:
-        """A sync failed: fail the ledger for good, wake waiters."""
+    def add_waiter(self, seq: int, waiter: Waiter) -> bool:
+        """Register an async waiter for ``seq`` (False: already durable or failed)."""
+        ...
+
+    def check_synced(self, seq: int) -> None:
+        """Raise `LedgerSyncError` unless ``seq`` is durable."""
+        ...
+
+    def mark_failed(self, cause: str) -> list[Waiter]:
+        """A sync failed: fail the ledger for good, wake threads, return async waiters."""
         ...
 
     def wait_synced(self, seq: int) -> None:
@@ -114,6 +129,35 @@ def _load_syncfs() -> SyncFunction | None:
 _SYNCFS: Final = _load_syncfs()
 
 
+Waiter = tuple[asyncio.AbstractEventLoop, Callable[[], None]]
+
+
+def _run_all(callbacks: list[Callable[[], None]]) -> None:
+    for callback in callbacks:
+        callback()
+
+
+def dispatch(waiters: Sequence[Waiter]) -> None:
+    """Run async waiters' callbacks in their loops: one thread-safe wake-up per loop."""
+    if not waiters:
+        return
+    by_loop: dict[asyncio.AbstractEventLoop, list[Callable[[], None]]] = {}
+    for loop, callback in waiters:
+        by_loop.setdefault(loop, []).append(callback)
+    for loop, callbacks in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the loop was closed: nobody waits any more
+            loop.call_soon_threadsafe(_run_all, callbacks)
+
+
+def running_asyncio() -> bool:
+    """True when called from a task on a running asyncio loop (anyio's asyncio backend)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -128,15 +172,19 @@ class InlineSyncer:
         """Sync each ledger up to its seq (one fdatasync covers every waiting appender)."""
         for ledger, seq in items:
             with ledger.sync_lock:
-                target = ledger.sync_target()
+                try:
+                    target = ledger.sync_target()
+                except OSError as exc:
+                    dispatch(ledger.mark_failed(f"write: {_describe(exc)}"))
+                    target = None
                 if target is not None:
-                    fd, written = target
+                    fd, written, digest = target
                     try:
                         self._sync(fd)
                     except OSError as exc:
-                        ledger.mark_failed(_describe(exc))
+                        dispatch(ledger.mark_failed(_describe(exc)))
                     else:
-                        ledger.mark_synced(written)
+                        dispatch(ledger.mark_synced(written, digest))
             ledger.wait_synced(seq)
 
 
@@ -167,6 +215,7 @@ class GroupSyncer:
         syncfs: SyncFunction | None = None,
         mode: Literal["auto", "fdatasync"] = "auto",
         syncfs_min_ledgers: int = SYNCFS_MIN_LEDGERS,
+        gather_s: float = GATHER_S,
         name: str = "ledger-group-syncer",
     ) -> None:
         self._sync: SyncFunction = os.fdatasync if sync is None else sync
@@ -175,6 +224,7 @@ class GroupSyncer:
         else:
             self._syncfs = syncfs if mode == "auto" else None
         self._syncfs_min = max(1, syncfs_min_ledgers)
+        self._gather_s = gather_s
         self._name = name
         self._cond = threading.Condition(threading.Lock())
         self._dirty: dict[Syncable, None] = {}
@@ -211,6 +261,36 @@ class GroupSyncer:
 
     def make_durable(self, items: Sequence[tuple[Syncable, int]]) -> None:
         """Queue the ledgers for the next batch and block until each seq is durable."""
+        self._enqueue(items)
+        for ledger, seq in items:
+            ledger.wait_synced(seq)
+
+    async def make_durable_async(self, items: Sequence[tuple[Syncable, int]]) -> None:
+        """`make_durable` for a task on an asyncio loop, without a thread per waiter.
+
+        The syncing thread wakes the task with ``loop.call_soon_threadsafe``. Cancelling the
+        task abandons the wait, not the entries (they stay written and become durable).
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        pending = [len(items)]
+
+        def one_done() -> None:  # in the loop's thread
+            pending[0] -= 1
+            if pending[0] <= 0 and not future.done():
+                future.set_result(None)
+
+        waiter: Waiter = (loop, one_done)
+        self._enqueue(items)
+        for ledger, seq in items:
+            if not ledger.add_waiter(seq, waiter):
+                pending[0] -= 1
+        if pending[0] > 0:
+            await future
+        for ledger, seq in items:
+            ledger.check_synced(seq)
+
+    def _enqueue(self, items: Sequence[tuple[Syncable, int]]) -> None:
         with self._cond:
             if self._closed:
                 raise LedgerClosedError(items[0][0].path if items else "<group syncer>")
@@ -223,8 +303,6 @@ class GroupSyncer:
             for ledger, _seq in items:
                 self._dirty[ledger] = None
             self._cond.notify()
-        for ledger, seq in items:
-            ledger.wait_synced(seq)
 
     def close(self) -> None:
         """Finish the pending batch and stop the thread (idempotent)."""
@@ -236,26 +314,43 @@ class GroupSyncer:
             thread.join()
 
     def _run(self) -> None:
+        previous = 0
         while True:
             with self._cond:
                 while not self._dirty and not self._closed:
                     self._cond.wait()
                 if not self._dirty:
                     return
+                if (
+                    self._gather_s > 0
+                    and len(self._dirty) < self._syncfs_min <= previous
+                    and not self._closed
+                ):
+                    # Busy (the last batch was large) but few ledgers are dirty yet: give the
+                    # appenders a moment to join this batch (PostgreSQL's commit_delay).
+                    self._cond.wait(self._gather_s)
                 batch = list(self._dirty)
                 self._dirty.clear()
+            previous = len(batch)
             self._sync_batch(batch)
 
     def _sync_batch(self, batch: list[Syncable]) -> None:
-        targets: list[tuple[Syncable, int, int]] = []
+        targets: list[tuple[Syncable, int, int, str]] = []
+        due: list[Waiter] = []
+        failures = 0
         for ledger in batch:
-            target = ledger.sync_target()
+            try:
+                target = ledger.sync_target()
+            except OSError as exc:
+                failures += 1
+                due.extend(ledger.mark_failed(f"write: {_describe(exc)}"))
+                continue
             if target is not None:
-                targets.append((ledger, target[0], target[1]))
-        by_device: dict[int, list[tuple[Syncable, int, int]]] = {}
+                targets.append((ledger, *target))
+        by_device: dict[int, list[tuple[Syncable, int, int, str]]] = {}
         for item in targets:
             by_device.setdefault(item[0].device, []).append(item)
-        fdatasyncs = syncfs_calls = failures = 0
+        fdatasyncs = syncfs_calls = 0
         for group in by_device.values():
             if self._syncfs is not None and len(group) >= self._syncfs_min:
                 syncfs_calls += 1
@@ -263,21 +358,22 @@ class GroupSyncer:
                     self._syncfs(group[0][1])
                 except OSError as exc:
                     failures += len(group)
-                    for ledger, _fd, _seq in group:
-                        ledger.mark_failed(f"syncfs: {_describe(exc)}")
+                    for ledger, _fd, _seq, _digest in group:
+                        due.extend(ledger.mark_failed(f"syncfs: {_describe(exc)}"))
                     continue
-                for ledger, _fd, seq in group:
-                    ledger.mark_synced(seq)
+                for ledger, _fd, seq, digest in group:
+                    due.extend(ledger.mark_synced(seq, digest))
                 continue
-            for ledger, fd, seq in group:
+            for ledger, fd, seq, digest in group:
                 fdatasyncs += 1
                 try:
                     self._sync(fd)
                 except OSError as exc:
                     failures += 1
-                    ledger.mark_failed(_describe(exc))
+                    due.extend(ledger.mark_failed(_describe(exc)))
                 else:
-                    ledger.mark_synced(seq)
+                    due.extend(ledger.mark_synced(seq, digest))
+        dispatch(due)
         if failures:
             _log.error("ledger_sync_failed", ledgers=failures)
         with self._cond:

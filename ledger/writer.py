@@ -29,7 +29,14 @@ from ledger.entries import LedgerEntry, validate_ledger_id, validate_record
 from ledger.errors import LedgerClosedError, LedgerLockedError, LedgerSyncError
 from ledger.files import fsync_dir, make_dirs
 from ledger.heads import Head, HeadAnchor, HeadStore, read_head, resolve_head_path
-from ledger.syncer import InlineSyncer, Syncer
+from ledger.syncer import (
+    GroupSyncer,
+    InlineSyncer,
+    Syncer,
+    Waiter,
+    dispatch,
+    running_asyncio,
+)
 from ledger.verify import scan_bytes
 
 __all__ = ["Clock", "LedgerWriter", "open_ledger", "wall_clock_us"]
@@ -121,6 +128,8 @@ class LedgerWriter:
         self._sync_lock = threading.Lock()
         self._closed = False
         self._failure: str | None = None
+        self._waiters: list[tuple[int, Waiter]] = []
+        self._pending: list[bytes] = []
         self.device = 0
         self.legacy_entries = 0
         self.head_path = path
@@ -159,7 +168,7 @@ class LedgerWriter:
         self._written = (self._seq, self._hash)
         self._synced_seq = self._seq
         self._anchor = HeadAnchor(head_path)
-        self._anchor.write(Head(self._seq, self._hash))
+        self._anchor.write(Head(self._seq, self._hash))  # the recovered content is durable
         self._anchor.sync()
         self._anchor_synced_at = time.monotonic()
         self.head_path = head_path
@@ -206,6 +215,22 @@ class LedgerWriter:
         self._syncer.make_durable(((self, entry.seq),))
         return entry
 
+    async def aappend(self, record: Mapping[str, object]) -> LedgerEntry:
+        """`append` for async callers.
+
+        With a `GroupSyncer` under asyncio the line is written in the calling thread and the
+        task awaits durability without holding a worker thread, so thousands of appends can be
+        in flight per sync batch; otherwise `append` runs in a worker thread.
+        """
+        syncer = self._syncer
+        if isinstance(syncer, GroupSyncer) and running_asyncio():
+            entry = self.write_entry(record)
+            await syncer.make_durable_async(((self, entry.seq),))
+            return entry
+        import anyio.to_thread
+
+        return await anyio.to_thread.run_sync(self.append, record)
+
     def append_many(self, records: Iterable[Mapping[str, object]]) -> list[LedgerEntry]:
         """Seal and write several records; return once all are durable (one sync round)."""
         entries = [self.write_entry(record) for record in records]
@@ -214,8 +239,10 @@ class LedgerWriter:
         return entries
 
     def write_entry(self, record: Mapping[str, object]) -> LedgerEntry:
-        """Seal and write one record *without* waiting for durability.
+        """Seal one record and queue its line, *without* waiting for durability.
 
+        The line is written to the file by the next sync round (one ``write`` per ledger per
+        round, just before its fdatasync), so nothing unacknowledged costs a system call here.
         Callers that batch (`SessionLedgers.record_turn`) follow with `wait_durable`.
         """
         fields = normalize(record)
@@ -231,14 +258,7 @@ class LedgerWriter:
             fields["previous_hash"] = self._hash
             fields["ts_us"] = ts
             line, digest = seal(fields)
-            try:
-                written = os.write(self._fd, line)
-            except OSError as exc:
-                self._fail_locked(f"write: {type(exc).__name__}: {exc}")
-                raise LedgerSyncError(self._path, self._failure or "write failed") from exc
-            if written != len(line):
-                self._fail_locked(f"short write: {written} of {len(line)} bytes")
-                raise LedgerSyncError(self._path, self._failure or "short write")
+            self._pending.append(line)
             self._seq = seq
             self._hash = digest
             self._last_ts = ts
@@ -253,6 +273,11 @@ class LedgerWriter:
         """
         with self._lock:
             self._check_usable()
+            try:
+                self._flush_locked()
+            except OSError as exc:
+                dispatch(self._fail_locked(f"write: {type(exc).__name__}: {exc}"))
+                raise LedgerSyncError(self._path, self._failure or "write failed") from exc
             size = os.fstat(self._fd).st_size
             data = os.pread(self._fd, size, 0)
         scan = scan_bytes(data, self._path, ledger_id=self.ledger_id, collect=True)
@@ -272,7 +297,10 @@ class LedgerWriter:
             seq = self._written[0]
         try:
             if pending:
-                self._syncer.make_durable(((self, seq),))
+                try:
+                    self._syncer.make_durable(((self, seq),))
+                except LedgerClosedError:  # the shared syncer stopped first: sync here
+                    InlineSyncer().make_durable(((self, seq),))
         finally:
             self._release()
 
@@ -283,26 +311,60 @@ class LedgerWriter:
         """Held by the leader of an inline sync round."""
         return self._sync_lock
 
-    def sync_target(self) -> tuple[int, int] | None:
-        """``(fd, written seq)`` if something written is not yet durable."""
+    def sync_target(self) -> tuple[int, int, str] | None:
+        """Write the queued lines; return ``(fd, seq, entry_hash)`` of the last one if something
+        is not yet durable. Raises ``OSError`` if the write fails (the syncer fails the ledger).
+        """
         with self._lock:
             if self._failure is not None or self._fd < 0:
                 return None
+            self._flush_locked()
             if self._written[0] <= self._synced_seq:
                 return None
-            return self._fd, self._written[0]
+            return self._fd, self._written[0], self._written[1]
 
-    def mark_synced(self, seq: int) -> None:
-        """Record durability up to ``seq``, anchor the head, wake waiters."""
+    def _flush_locked(self) -> None:
+        if not self._pending:
+            return
+        data = b"".join(self._pending) if len(self._pending) > 1 else self._pending[0]
+        self._pending.clear()
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            if written <= 0:
+                raise OSError(0, "write wrote nothing")
+            view = view[written:]
+
+    def add_waiter(self, seq: int, waiter: Waiter) -> bool:
+        """Hand ``waiter`` back from `mark_synced`/`mark_failed` once ``seq`` is durable or the
+        ledger failed; return False, without registering, if that is already the case."""
+        with self._lock:
+            if self._synced_seq >= seq or self._failure is not None:
+                return False
+            self._waiters.append((seq, waiter))
+            return True
+
+    def check_synced(self, seq: int) -> None:
+        """Raise `LedgerSyncError` unless ``seq`` is durable."""
+        with self._lock:
+            if self._synced_seq < seq:
+                raise LedgerSyncError(self._path, self._failure or "not synced")
+
+    def mark_synced(self, seq: int, entry_hash: str) -> list[Waiter]:
+        """Record durability up to ``seq`` (whose hash is ``entry_hash``), anchor the head,
+        wake blocked threads; return the async waiters now due (the syncer dispatches them)."""
+        ready: list[Waiter] = []
         with self._lock:
             if seq <= self._synced_seq or self._failure is not None:
-                return
+                return ready
             self._synced_seq = seq
-            head = self._written if self._written[0] == seq else None
+            if self._waiters:
+                ready = [waiter for wanted, waiter in self._waiters if wanted <= seq]
+                self._waiters = [item for item in self._waiters if item[0] > seq]
             anchor = self._anchor
-            if anchor is not None and head is not None:
+            if anchor is not None:
                 try:
-                    anchor.write(Head(head[0], head[1]))
+                    anchor.write(Head(seq, entry_hash))
                     now = time.monotonic()
                     if now - self._anchor_synced_at >= ANCHOR_SYNC_INTERVAL_S:
                         anchor.sync()
@@ -310,11 +372,12 @@ class LedgerWriter:
                 except OSError as exc:
                     _log.error("ledger_anchor_failed", path=str(self._path), error=str(exc))
             self._cond.notify_all()
+        return ready
 
-    def mark_failed(self, cause: str) -> None:
-        """A sync failed: the ledger refuses every later append."""
+    def mark_failed(self, cause: str) -> list[Waiter]:
+        """A sync failed: the ledger refuses every later append; return the async waiters."""
         with self._lock:
-            self._fail_locked(cause)
+            return self._fail_locked(cause)
 
     def wait_synced(self, seq: int) -> None:
         """Block until ``seq`` is durable or the ledger failed."""
@@ -332,11 +395,13 @@ class LedgerWriter:
         if self._closed:
             raise LedgerClosedError(self._path)
 
-    def _fail_locked(self, cause: str) -> None:
+    def _fail_locked(self, cause: str) -> list[Waiter]:
         if self._failure is None:
             self._failure = cause
             _log.error("ledger_failed", path=str(self._path), cause=cause)
+        waiters, self._waiters = self._waiters, []
         self._cond.notify_all()
+        return [waiter for _seq, waiter in waiters]
 
     def _release(self) -> None:
         with self._lock:

@@ -152,10 +152,19 @@ def detect_layout() -> CgroupLayout:
     return CgroupLayout(unified=unified, unified_controllers=frozenset(controllers), v1=v1)
 
 
+def _read(path: Path) -> str:
+    """Read a small cgroup file with raw syscalls (hot path: several reads per turn)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 65536).decode("ascii")
+    finally:
+        os.close(fd)
+
+
 def _read_kv(path: Path) -> dict[str, int]:
     out: dict[str, int] = {}
     try:
-        text = path.read_text(encoding="ascii")
+        text = _read(path)
     except OSError:
         return out
     for line in text.splitlines():
@@ -230,9 +239,11 @@ class TurnCgroup:
     def members(self) -> list[int]:
         """Pids currently in the attempt's cgroup."""
         pids: set[int] = set()
-        for leaf in self.dirs.values():
+        # Every process joins all leaves, so the v2 leaf alone lists them when present.
+        leaves = [self.dirs["unified"]] if "unified" in self.dirs else list(self.dirs.values())
+        for leaf in leaves:
             try:
-                text = (leaf / "cgroup.procs").read_text(encoding="ascii")
+                text = _read(leaf / "cgroup.procs")
             except OSError:
                 continue
             pids.update(int(x) for x in text.split())
@@ -250,9 +261,17 @@ class TurnCgroup:
     def kill_all(self) -> None:
         """Kill every member: ``cgroup.kill`` when there is one, else SIGKILL each member."""
         leaf = self.dirs.get("unified")
-        if leaf is not None and (leaf / "cgroup.kill").exists():
-            (leaf / "cgroup.kill").write_text("1")
-            return
+        if leaf is not None:
+            try:
+                fd = os.open(leaf / "cgroup.kill", os.O_WRONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                pass
+            else:
+                try:
+                    os.write(fd, b"1")
+                finally:
+                    os.close(fd)
+                return
         # v1 only: freeze-free best effort; repeat until no member is left (see wait_empty).
         self.signal_all(signal.SIGKILL)
 

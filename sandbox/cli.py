@@ -50,7 +50,8 @@ def _quiet_logging(verbose: bool) -> None:
 
     if not structlog.is_configured():
         structlog.configure(
-            logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+            # resolve sys.stderr at each use (it may be replaced, e.g. under test capture)
+            logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),
             wrapper_class=structlog.make_filtering_bound_logger(
                 logging.INFO if verbose else logging.WARNING
             ),

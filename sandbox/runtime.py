@@ -134,6 +134,8 @@ CAPABILITY_REJECTED: Final = "CAPABILITY_REJECTED"
 SANDBOX_UNAVAILABLE: Final = "SANDBOX_UNAVAILABLE"
 SPAWN_FAILED: Final = "SPAWN_FAILED"
 PROMOTION_FAILED: Final = "PROMOTION_FAILED"
+TURN_CANCELLED: Final = "TURN_CANCELLED"
+TURN_ERROR: Final = "TURN_ERROR"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,7 +169,9 @@ class RuntimeConfig:
 
     def __post_init__(self) -> None:
         if self.run_as_uid is not None and self.run_as_uid <= 0:
-            raise ValueError("run_as_uid must be an unprivileged uid (> 0): turns never run as root")
+            raise ValueError(
+                "run_as_uid must be an unprivileged uid (> 0): turns never run as root"
+            )
         first, last = self.uid_range
         if not 0 < first <= last:
             raise ValueError(f"uid_range must be 0 < first <= last, got {self.uid_range}")
@@ -419,6 +423,8 @@ class Runtime:
         for sub in ("", "tmp", "output"):
             d = self.root / sub
             d.mkdir(mode=0o711, parents=True, exist_ok=True)
+            if sub and d.stat().st_uid == os.geteuid():
+                d.chmod(0o711)  # others may traverse to their session dir, never list
         self.levels, self.missing = self._probe()
         _log.info("sandbox_enforcement", root=str(self.root), **self.levels)
 
@@ -439,11 +445,8 @@ class Runtime:
         if abi < 6:
             missing["landlock_scope"] = f"Landlock ABI {abi} < 6 (signals, abstract sockets)"
         if is_root:
-            if self.config.run_as_uid == 0:
-                missing["uid_drop"] = "run_as_uid is 0"
-                levels["uid_drop"] = "unavailable"
-            else:
-                levels["uid_drop"] = "per-session" if self.config.run_as_uid is None else "fixed"
+            # run_as_uid=0 is refused by RuntimeConfig: turns never run as root.
+            levels["uid_drop"] = "per-session" if self.config.run_as_uid is None else "fixed"
             blocker = _searchable_by_others(self.root)
             if blocker is not None:
                 missing["root_traversal"] = (
@@ -664,6 +667,8 @@ class Session:
         self._ruleset_fd = -1
         self._ruleset_notes: dict[str, str] = {}
         self._area_inodes: dict[str, tuple[int, int]] = {}
+        self._cgroup: TurnCgroup | None = None
+        self._turn_recorded = False
         self._closed = False
         cfg = runtime.config
         root = runtime.root
@@ -722,6 +727,30 @@ class Session:
             if (st.st_ino, st.st_dev) != self._area_inodes.get(str(area), (st.st_ino, st.st_dev)):
                 self._invalidate_ruleset()
             self._area_inodes[str(area)] = (st.st_ino, st.st_dev)
+
+    def _turn_cgroup(self) -> TurnCgroup:
+        """The session's cgroup leaf, created on first use and reused by its attempts.
+
+        Only one attempt of a session runs at a time and each ends with the leaf empty, so
+        reuse is safe; limit counters are read as deltas around each attempt.
+        """
+        if self._cgroup is None:
+            limits = self.package.manifest.limits
+            cfg = self.runtime.config
+            self._cgroup = TurnCgroup.create(
+                self.runtime.layout,
+                f"{self.session_id}-{os.urandom(3).hex()}",
+                memory_bytes=(limits.memory_mb or cfg.memory_mb) << 20,
+                pids=limits.pids or cfg.pids,
+            )
+        return self._cgroup
+
+    def _drop_cgroup(self) -> None:
+        """Stop using the session's cgroup (kill what is left, remove it if empty)."""
+        cg, self._cgroup = self._cgroup, None
+        if cg is not None:
+            cg.kill_all()
+            cg.remove()
 
     def _invalidate_ruleset(self) -> None:
         if self._ruleset_fd >= 0:
@@ -891,16 +920,59 @@ class Session:
         async with self._lock:
             turn = turn_number if turn_number is not None else self.next_turn_number
             self.next_turn_number = max(self.next_turn_number, turn + 1)
-            return await self._run(
-                argv=list(argv),
-                declared_outputs=declared_outputs,
-                declared_inputs=tuple(declared_inputs),
-                phase=phase,
-                timeout_ms=timeout_ms,
-                turn=turn,
-                options=options or RetryOptions(),
-                delay=delay,
-                entropy_detector=entropy_detector,
+            self._turn_recorded = False
+            start_ns = time.monotonic_ns()
+            try:
+                return await self._run(
+                    argv=list(argv),
+                    declared_outputs=declared_outputs,
+                    declared_inputs=tuple(declared_inputs),
+                    phase=phase,
+                    timeout_ms=timeout_ms,
+                    turn=turn,
+                    options=options or RetryOptions(),
+                    delay=delay,
+                    entropy_detector=entropy_detector,
+                )
+            except BaseException as exc:
+                if not self._turn_recorded:
+                    with anyio.CancelScope(shield=True):
+                        await self._record_aborted(turn, list(argv), exc, start_ns)
+                raise
+
+    async def _record_aborted(
+        self, turn: int, argv: list[str], exc: BaseException, start_ns: int
+    ) -> None:
+        """Both ledger entries for a turn cut short by cancellation or an internal error.
+
+        The attempt's process tree is already dead (the attempt's cleanup runs shielded).
+        A failure to record is logged; it never replaces the original exception.
+        """
+        cancelled = isinstance(exc, anyio.get_cancelled_exc_class())
+        result = TurnResult(
+            session_id=self.session_id,
+            turn_number=turn,
+            status="terminated",
+            exit_code=None,
+            fault_type=None,
+            verdict=Verdict.TERMINATE.value,
+            reason_code=TURN_CANCELLED if cancelled else TURN_ERROR,
+            reason="the turn was cancelled" if cancelled else f"{type(exc).__name__}: {exc}",
+            attempts=(),
+            realized_writes=(),
+            violations=(),
+            promoted_outputs=(),
+            duration_ms=_ms_since(start_ns),
+            enforcement=dict(self.runtime.levels),
+        )
+        try:
+            await self._record(turn, {"argv": argv}, result, (), declared=(), header=None)
+        except Exception as record_exc:  # never mask the original exception
+            _log.error(
+                "turn_record_failed",
+                session_id=self.session_id,
+                turn_number=turn,
+                error=repr(record_exc),
             )
 
     async def _reject(
@@ -976,7 +1048,7 @@ class Session:
         }
         if header is not None:
             evidence_extra["prompt_header"] = header.to_dict()
-        return await self.ledgers.arecord_turn(
+        entries = await self.ledgers.arecord_turn(
             turn_number=turn,
             query_hash=_digest(request),
             result_hash=_digest(summary),
@@ -996,6 +1068,8 @@ class Session:
             },
             evidence_extra=evidence_extra,
         )
+        self._turn_recorded = True
+        return entries
 
     async def _run(
         self,
@@ -1254,12 +1328,8 @@ class Session:
         limits = self.package.manifest.limits
         self._prepare_dirs()
         levels = self._ensure_confinement()
-        cg = TurnCgroup.create(
-            self.runtime.layout,
-            f"{self.session_id}-{turn}-{attempt_no}-{os.urandom(3).hex()}",
-            memory_bytes=(limits.memory_mb or cfg.memory_mb) << 20,
-            pids=limits.pids or cfg.pids,
-        )
+        cg = self._turn_cgroup()
+        baseline = cg.resource_events()
         out_fd = os.memfd_create("hunter-stdout", os.MFD_CLOEXEC)
         err_fd = os.memfd_create("hunter-stderr", os.MFD_CLOEXEC)
         timed_out = False
@@ -1325,16 +1395,15 @@ class Session:
                         turn_number=turn,
                         pids=cg.members(),
                     )
-            events = cg.resource_events()
+                    self._drop_cgroup()
+            now = cg.resource_events()
+            events = {key: now[key] - baseline.get(key, 0) for key in now}
         except SpawnError as exc:
             close_quietly((out_fd, err_fd))
-            cg.remove()
             return self._spawn_failed(exc, attempt_no, start_ns, launcher)
         except BaseException:
             close_quietly((out_fd, err_fd))
-            cg.remove()
             raise
-        cg.remove()
         cap = limits.output_bytes or cfg.output_bytes
         stdout, out_trunc = _read_capped(out_fd, cap)
         stderr, err_trunc = _read_capped(err_fd, cap)
@@ -1346,9 +1415,11 @@ class Session:
             sig = os.WTERMSIG(status)
         elif os.WIFEXITED(status):
             exit_code = os.WEXITSTATUS(status)
-        surface = await anyio.to_thread.run_sync(
-            enumerate_writes, {"output": self.output_dir, "tmp": self.tmp_dir}
-        )
+        areas = {"output": self.output_dir, "tmp": self.tmp_dir}
+        if _all_empty(areas.values()):
+            surface = WriteSurface((), ())  # nothing to walk: skip the worker thread
+        else:
+            surface = await anyio.to_thread.run_sync(enumerate_writes, areas)
         disk_limit = (limits.disk_mb or cfg.disk_mb) << 20
         fsize = (limits.file_size_mb or cfg.file_size_mb) << 20
         exhausted = (
@@ -1496,6 +1567,7 @@ class Session:
         self._closed = True
         close_quietly([fd for fd in (self._netns_fd, self._ruleset_fd) if fd >= 0])
         self._netns_fd = self._ruleset_fd = -1
+        self._drop_cgroup()
         if self.uid > 0:
             self.runtime.release_uid(self.uid)
         self.ledgers.close()
@@ -1509,6 +1581,17 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _all_empty(directories: Iterable[Path]) -> bool:
+    for directory in directories:
+        try:
+            with os.scandir(directory) as entries:
+                if next(entries, None) is not None:
+                    return False
+        except FileNotFoundError:
+            continue
+    return True
 
 
 def _plain(value: object) -> object:

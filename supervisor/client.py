@@ -100,7 +100,10 @@ class ControlClient:
             await self._stream.aclose()
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
-        return await self._tg.__aexit__(exc_type, exc, tb)
+        # The reader task handles its own errors; the body's exception (if any) propagates
+        # unwrapped instead of inside an exception group.
+        await self._tg.__aexit__(None, None, None)
+        return None
 
     async def _reader(self, stream: anyio.abc.SocketStream) -> None:
         reader = FrameReader(stream, max_bytes=self._max_frame_bytes)

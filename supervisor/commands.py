@@ -9,8 +9,8 @@ Exit codes
 * 0 — done (with ``--wait``: the turn succeeded)
 * 1 — the daemon refused the request (the message names the problem), or the turn failed
 * 2 — usage error (bad flags)
-* 3 — the turn timed out; 4 — capability/security violation; 5 — retry budget exhausted;
-  6 — escalated (parked for an operator); 7 — terminated, cancelled or rejected
+* 3 — the turn timed out; 4 — capability/security violation or rejected; 5 — budget exhausted;
+  6 — escalated (parked for an operator); 7 — terminated or cancelled
   (these match `hunter turn` of the sandbox runtime)
 * 10 — no daemon answers on the socket (it says which socket and how to start one)
 * `hunter serve`: 0 after a drain, 1 forced by a second signal, 2 bad config, 3 root already
@@ -42,7 +42,7 @@ STATE_EXIT_CODES: Final[dict[str, int]] = {
     "escalated": 6,
     "terminated": 7,
     "cancelled": 7,
-    "rejected": 7,
+    "rejected": 4,
 }
 
 DEFAULT_ROOT: Final = Path(".hunter")

@@ -10,8 +10,10 @@ Precedence, lowest first:
    `HUNTER_LOG__FORMAT`, `HUNTER_EXECUTORS__HEARTBEAT_INTERVAL_S`;
 5. explicit overrides (command-line flags such as `--root` and `--log-format`).
 
-Every key is declared once, below, with its type, default, bounds and meaning; the same table
-drives parsing, validation, `Config.to_dict()`, `diff_reloadable()` and docs/configuration.md.
+Every key is declared once, below, with its type, default, bounds, meaning and whether a SIGHUP
+reload applies it; that table drives parsing, validation, `Config.to_dict()` and
+`diff_reloadable()`, and docs/configuration.md has one row per key (checked by the tests).
+`add_parser()` registers `hunter config show|check`.
 Any problem (unknown key, wrong type, out of range, unreadable or invalid TOML) raises
 `ConfigError` naming the dotted key and the problem; the CLI turns it into exit code 2 before
 anything starts. Relative paths are taken relative to the current directory and made absolute

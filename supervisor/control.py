@@ -178,6 +178,8 @@ class ControlServer:
         async with lock:
             with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                 await write_frame(stream, response)
+        if frame.get("op") == "drain" and response["ok"] and self._on_drain is not None:
+            self._on_drain()  # after the answer is on its way: the drain may close this stream
 
     async def handle(self, frame: Mapping[str, Any]) -> dict[str, object]:
         """Answer one request frame (never raises for bad input)."""
@@ -249,6 +251,12 @@ class ControlServer:
             params, default_timeout_ms=self._scheduler.settings.default_timeout_ms
         )
         turn, created = await self._scheduler.submit(request)
+        wait = params.get("wait_s")
+        if wait is not None:
+            # submit-and-wait in one round trip: answers once the turn is final or parked
+            if isinstance(wait, bool) or not isinstance(wait, int | float):
+                raise RequestError("bad_request", "wait_s: must be a number of seconds")
+            turn = await self._scheduler.wait_turn(turn.turn_id, timeout_s=float(wait))
         return {"turn": _turn(turn), "created": created}
 
     async def _turn_get(self, params: Mapping[str, Any]) -> object:
@@ -291,6 +299,7 @@ class ControlServer:
         return {
             "daemon": {"pid": os.getpid(), "draining": stats.draining, **self._info},
             "scheduler": stats.to_dict(),
+            "intake": asdict(self._scheduler.intake_statistics()),
             "turns_by_state": counts,
             "in_flight": self._scheduler.in_flight(),
             "hub": _plain(asdict(hub_stats)),
@@ -340,8 +349,7 @@ class ControlServer:
     async def _drain(self, params: Mapping[str, Any]) -> object:
         if self._on_drain is None:
             raise RequestError("bad_request", "drain: this server cannot be drained remotely")
-        self._on_drain()
-        return {"draining": True}
+        return {"draining": True}  # the drain starts once this answer is written
 
 
 def _plain(value: object) -> object:

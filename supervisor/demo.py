@@ -281,7 +281,9 @@ class DemoStack:
             self.page_base_url = line.decode().strip()
         if wait_ready:
             async with ControlClient(self.control_socket) as client:
-                await client.call("executors.wait", executor_id=executor_id, timeout_s=10)
+                await client.call(
+                    "executors.wait", executor_id=executor_id, status=None, timeout_s=10
+                )
         return proc
 
     async def stop_executor(self, executor_id: str, sig: signal.Signals = signal.SIGTERM) -> None:
@@ -518,6 +520,12 @@ async def _run_batch(
     return [r for r in results if r is not None]
 
 
+def _result_text(r: DemoResult) -> str:
+    if not r.ok:
+        return f"{r.turn['state']} (expected {r.expected})"
+    return r.expected if "->" in r.expected else str(r.turn["state"])
+
+
 def format_results(results: Sequence[DemoResult]) -> str:
     from supervisor.commands import table
 
@@ -536,7 +544,7 @@ def format_results(results: Sequence[DemoResult]) -> str:
                     a.get("fault_type") or (a.get("outcome") or "-"),
                     a.get("decision") or "-",
                     a.get("reason_code") or "-",
-                    (t["state"] + ("" if r.ok else f" (expected {r.expected})")) if first else "",
+                    _result_text(r) if first else "",
                 )
             )
     return table(

@@ -55,6 +55,7 @@ from supervisor.frames import (
     FrameReader,
     FrameTooLarge,
     FrameTruncated,
+    FrameWriter,
     encode_frame,
 )
 from supervisor.peercred import PeerCredentials, stream_peer_credentials
@@ -281,11 +282,11 @@ class _Conn:
         "reserved",
         "scope",
         "self_status",
-        "send_lock",
         "slots",
         "software",
         "stream",
         "unacked",
+        "writer",
     )
 
     def __init__(
@@ -304,7 +305,7 @@ class _Conn:
         self.software = software
         self.creds = creds
         self.stream = stream
-        self.send_lock = anyio.Lock(fast_acquire=True)
+        self.writer = FrameWriter(stream)
         self.in_flight: dict[str, _Pending] = {}
         self.unacked: dict[str, _Pending] = {}  # cancelled, answer (ack) not yet received
         self.recent: collections.deque[str] = collections.deque(maxlen=_RECENT_IDS)
@@ -344,8 +345,7 @@ class _Conn:
         )
 
     async def send(self, data: bytes) -> None:
-        async with self.send_lock:
-            await self.stream.send(data)
+        await self.writer.send(data)
 
 
 def _now_us() -> int:
@@ -521,8 +521,11 @@ class ExecutorHub:
             await self._changed.wait()
 
     async def drain(self) -> None:
-        """Stop accepting new executors and wait until no attempt is running."""
-        self._closing = True
+        """Wait until no attempt is running (the caller stops submitting first).
+
+        Executors stay connected and queued attempts are still dispatched; bound the wait with
+        a cancel scope (the daemon's drain grace) and then call ``aclose()``.
+        """
         while self._active_attempts:
             self._idle = anyio.Event()
             await self._idle.wait()
@@ -656,6 +659,8 @@ class ExecutorHub:
         iid = envelope.instruction_id
         pending = _Pending(envelope, conn)
         conn.in_flight[iid] = pending
+        if conn.load >= conn.slots:
+            self._notify()  # READY -> BUSY (wait_for_executor watchers)
         frame = encode_frame(instruction_message(instruction_to_wire(envelope)))
         sent_at = time.monotonic()
         deadline = anyio.current_time() + envelope.timeout_ms / 1000
@@ -676,10 +681,14 @@ class ExecutorHub:
                     self._disconnect(conn, HubReason.EXECUTOR_DISCONNECTED, f"send failed: {exc!r}")
                 await pending.event.wait()
         except BaseException:
-            # Cancelled from outside (shutdown): forget the attempt; a late answer is dropped.
+            # Cancelled from outside (shutdown, turn cancelled): tell the executor, so its slot
+            # is freed by its answer like after a deadline; the answer is dropped as late.
             if conn.in_flight.pop(iid, None) is pending:
-                conn.recent.append(iid)
-                self._slot_freed(conn)
+                pending.cancelled = True
+                if not conn.closed:
+                    conn.unacked[iid] = pending
+                    with anyio.move_on_after(self.settings.cancel_grace_s, shield=True):
+                        await self._send_cancel(conn, envelope, reason="cancelled")
             raise
         if pending.outcome is None:
             await self._time_out(conn, pending, sent_at)
@@ -721,17 +730,7 @@ class ExecutorHub:
         conn.unacked[iid] = pending
         grace = self.settings.cancel_grace_s
         with anyio.move_on_after(grace):
-            try:
-                await conn.send(encode_frame(Cancel(instruction_id=iid).to_wire()))
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                self._disconnect(conn, HubReason.EXECUTOR_DISCONNECTED, f"send failed: {exc!r}")
-            else:
-                self._log.info(
-                    "cancel_sent",
-                    executor_id=conn.executor_id,
-                    instruction_id=iid,
-                    execution_id=envelope.execution_id,
-                )
+            await self._send_cancel(conn, envelope, reason="deadline")
             await pending.event.wait()
         if conn.unacked.get(iid) is pending and not conn.closed:
             conn.error_detail = (
@@ -745,6 +744,23 @@ class ExecutorHub:
                 detail=conn.error_detail,
             )
             self._notify()
+
+    async def _send_cancel(
+        self, conn: _Conn, envelope: ExecutorInstructionEnvelope, *, reason: str
+    ) -> None:
+        iid = envelope.instruction_id
+        try:
+            await conn.send(encode_frame(Cancel(instruction_id=iid, reason=reason).to_wire()))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            self._disconnect(conn, HubReason.EXECUTOR_DISCONNECTED, f"send failed: {exc!r}")
+        else:
+            self._log.info(
+                "cancel_sent",
+                executor_id=conn.executor_id,
+                instruction_id=iid,
+                execution_id=envelope.execution_id,
+                reason=reason,
+            )
 
     def _report(
         self,
@@ -770,6 +786,8 @@ class ExecutorHub:
     # ------------------------------------------------------------------ slots and dispatch
     def _slot_freed(self, conn: _Conn) -> None:
         """Hand free slots of ``conn`` to the oldest waiters of the commands it supports."""
+        if conn.load == conn.slots - 1:
+            self._notify()  # BUSY -> READY (wait_for_executor watchers)
         while not conn.closed and conn.load < conn.slots:
             best: _Waiter | None = None
             best_queue: collections.deque[_Waiter] | None = None
@@ -929,6 +947,7 @@ class ExecutorHub:
         try:
             async with anyio.create_task_group() as tg:
                 conn.scope = tg.cancel_scope
+                tg.start_soon(conn.writer.run)
                 tg.start_soon(self._heartbeats, conn)
                 reason, detail = await self._read_loop(conn, reader)
                 tg.cancel_scope.cancel()
@@ -1018,8 +1037,12 @@ class ExecutorHub:
                     f"no frame for {silent:.1f}s (limit {limit:g}s): executor OFFLINE",
                 )
                 return
-            with anyio.move_on_after(limit):
-                await conn.send(encode_frame(Heartbeat(ts_us=_now_us()).to_wire()))
+            try:
+                with anyio.move_on_after(limit):
+                    await conn.send(encode_frame(Heartbeat(ts_us=_now_us()).to_wire()))
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                self._disconnect(conn, HubReason.EXECUTOR_DISCONNECTED, f"send failed: {exc!r}")
+                return
 
     async def _read_loop(self, conn: _Conn, reader: FrameReader) -> tuple[str, str]:
         """Read frames until the connection ends; returns (reason code, detail)."""
@@ -1199,7 +1222,10 @@ class ExecutorHub:
             self._slot_freed(conn)
 
     def _quarantine_conn(self, conn: _Conn, iid: str, detail: str) -> None:
-        until = time.monotonic() + self.settings.quarantine_s
+        now = time.monotonic()
+        self._quarantine = {k: t for k, t in self._quarantine.items() if t > now}
+        self._quarantine_peers = {k: t for k, t in self._quarantine_peers.items() if t > now}
+        until = now + self.settings.quarantine_s
         self._quarantine[conn.executor_id] = until
         if conn.creds is not None:
             self._quarantine_peers[(conn.creds.uid, conn.creds.pid)] = until

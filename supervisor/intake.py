@@ -44,10 +44,12 @@ import orjson
 __all__ = [
     "FINAL_STATES",
     "AttemptRow",
+    "CommitterStatistics",
     "Intake",
     "IntakeClosedError",
     "IntakeCommitter",
     "IntakeError",
+    "Pending",
     "SessionRow",
     "SessionState",
     "TurnKind",
@@ -726,11 +728,28 @@ class Intake:
 
 
 @dataclass(slots=True)
-class _Pending:
+class Pending:
+    """An operation queued on the committer; `result` waits until its batch is committed."""
+
     op: Callable[[], object]
     done: anyio.Event
+    on_commit: Callable[[], None] | None = None
     ok: bool = False
     value: object = None
+
+    def _resolve(self, ok: bool, value: object) -> None:
+        self.ok = ok
+        self.value = value
+        if ok and self.on_commit is not None:
+            self.on_commit()
+        self.done.set()
+
+    async def result(self) -> object:
+        await self.done.wait()
+        if not self.ok:
+            assert isinstance(self.value, BaseException)
+            raise self.value
+        return self.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -747,7 +766,7 @@ class IntakeCommitter:
     def __init__(self, intake: Intake, *, max_batch: int = 512) -> None:
         self.intake = intake
         self._max_batch = max_batch
-        self._queue: list[_Pending] = []
+        self._queue: list[Pending] = []
         self._wakeup = anyio.Event()
         self._closed = False
         self._batches = 0
@@ -764,16 +783,18 @@ class IntakeCommitter:
 
     async def call(self, op: Callable[[], T]) -> T:
         """Run *op* inside the next committed batch; returns its value or raises its exception."""
+        return await self.enqueue(op).result()  # type: ignore[return-value]
+
+    def enqueue(
+        self, op: Callable[[], object], *, on_commit: Callable[[], None] | None = None
+    ) -> Pending:
+        """Queue *op* without waiting; ``on_commit`` runs (in the event loop) once it is durable."""
         if self._closed:
             raise IntakeClosedError("intake committer is closed")
-        pending = _Pending(op=op, done=anyio.Event())
+        pending = Pending(op=op, done=anyio.Event(), on_commit=on_commit)
         self._queue.append(pending)
         self._wakeup.set()
-        await pending.done.wait()
-        if not pending.ok:
-            assert isinstance(pending.value, BaseException)
-            raise pending.value
-        return pending.value  # type: ignore[return-value]
+        return pending
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -791,11 +812,10 @@ class IntakeCommitter:
         finally:
             self._closed = True
             for pending in self._queue:
-                pending.value = IntakeClosedError("intake committer stopped")
-                pending.done.set()
+                pending._resolve(False, IntakeClosedError("intake committer stopped"))
             self._queue.clear()
 
-    async def _commit(self, batch: list[_Pending]) -> None:
+    async def _commit(self, batch: list[Pending]) -> None:
         ops = [p.op for p in batch]
         try:
             # Shielded: a batch that reached the database finishes and its callers learn the
@@ -804,13 +824,10 @@ class IntakeCommitter:
                 results = await anyio.to_thread.run_sync(self.intake.run_batch, ops)
         except Exception as exc:  # every waiting caller gets it
             for p in batch:
-                p.value = exc
-                p.done.set()
+                p._resolve(False, exc)
             return
         self._batches += 1
         self._ops += len(batch)
         self._largest = max(self._largest, len(batch))
         for p, (ok, value) in zip(batch, results, strict=True):
-            p.ok = ok
-            p.value = value
-            p.done.set()
+            p._resolve(ok, value)

@@ -82,8 +82,8 @@ _bridge: _StdlibBridge | None = None
 
 def drop_below_level(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
     """Drop the event (structlog.DropEvent) when its level is below the configured one."""
-    level = event_dict.get("level") or _METHOD_LEVEL.get(method_name, method_name)
-    if LEVELS.get(cast("str", level), _stdlib_logging.INFO) < _settings.level:
+    level = _METHOD_LEVEL.get(method_name, method_name)
+    if LEVELS.get(level, _stdlib_logging.INFO) < _settings.level:
         raise structlog.DropEvent
     return event_dict
 

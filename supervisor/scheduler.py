@@ -29,6 +29,7 @@ Design notes
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as dt
 import functools
@@ -55,6 +56,7 @@ from sandbox.retry_protocol import AgentPhase, RetryOptions
 from sandbox.sandbox_types import ExecutionFaultType
 from supervisor.intake import (
     AttemptRow,
+    CommitterStatistics,
     Intake,
     IntakeCommitter,
     SessionRow,
@@ -84,6 +86,7 @@ __all__ = [
 ]
 
 _MAX_TIMEOUT_MS = 600_000
+_RECENT_TURNS = 4096
 
 
 class RequestError(Exception):
@@ -525,6 +528,7 @@ class Scheduler:
         self._accepted_total = 0
         self._finished_total = 0
         self._finished_by_state: dict[str, int] = {}
+        self._recent: collections.OrderedDict[int, TurnRow] = collections.OrderedDict()
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -610,6 +614,10 @@ class Scheduler:
             finished_by_state=dict(self._finished_by_state),
             draining=self._draining,
         )
+
+    def intake_statistics(self) -> CommitterStatistics:
+        """Group-commit counters of the intake (batches, operations, largest batch)."""
+        return self._committer.statistics()
 
     def in_flight(self) -> list[dict[str, object]]:
         return [
@@ -724,15 +732,15 @@ class Scheduler:
             )
             if existing is not None:
                 return existing, False
-        row = await self._get_session_row(request.session_id)
-        if row.state is not SessionState.OPEN:
-            raise RequestError(
-                "session_closed",
-                f"session {request.session_id} is closed; open a new one",
-                session_id=request.session_id,
-            )
         session = self._sessions.get(request.session_id)
         if session is None:
+            row = await self._get_session_row(request.session_id)
+            if row.state is not SessionState.OPEN:
+                raise RequestError(
+                    "session_closed",
+                    f"session {request.session_id} is closed; open a new one",
+                    session_id=request.session_id,
+                )
             raise RequestError(
                 "session_unavailable",
                 f"session {request.session_id} is not loaded in this daemon",
@@ -786,7 +794,20 @@ class Scheduler:
         """Declared outputs as the sandbox runtime takes them (role defaults to "output")."""
         return [{"path": d.path, "role": d.role or "output"} for d in declared]
 
+    def _remember(self, turn: TurnRow) -> None:
+        """Keep recently finished turns in memory so that waits and gets skip the database
+        (a final turn never changes again)."""
+        if not turn.final:
+            return
+        self._recent[turn.turn_id] = turn
+        self._recent.move_to_end(turn.turn_id)
+        while len(self._recent) > _RECENT_TURNS:
+            self._recent.popitem(last=False)
+
     async def get_turn(self, turn_id: int) -> TurnRow:
+        cached = self._recent.get(turn_id)
+        if cached is not None and cached.turn_id not in self._active:
+            return cached
         try:
             return await self._committer.call(lambda: self._intake.op_get_turn(turn_id))
         except UnknownTurnError:
@@ -809,19 +830,7 @@ class Scheduler:
                 active = self._active.get(turn_id)
                 if active is None or active.settled.is_set() or active.state in until:
                     break
-                changed = active.changed
-                async with anyio.create_task_group() as tg:
-
-                    async def settled(a: _Active = active) -> None:
-                        await a.settled.wait()
-                        tg.cancel_scope.cancel()
-
-                    async def moved(event: anyio.Event = changed) -> None:
-                        await event.wait()
-                        tg.cancel_scope.cancel()
-
-                    tg.start_soon(settled)
-                    tg.start_soon(moved)
+                await active.changed.wait()
         return await self.get_turn(turn_id)
 
     async def cancel_turn(self, turn_id: int) -> TurnRow:
@@ -961,6 +970,7 @@ class Scheduler:
                     del self._active[active.turn_id]
                 active.settled.set()
                 active.finished.set()
+                active.changed.set()
 
     async def _park(self, turn: TurnRow, active: _Active) -> TurnRow:
         """Wait for an operator's decision on an escalated turn (`resolve_escalation`)."""
@@ -1032,6 +1042,11 @@ class Scheduler:
         self._attempts_running += 1
         self._idle = anyio.Event() if self._idle.is_set() else self._idle
 
+    def _stop_counting(self, counting: bool) -> bool:
+        if counting:
+            self._attempt_ended()
+        return False
+
     def _attempt_ended(self) -> None:
         self._attempts_running -= 1
         if self._attempts_running == 0:
@@ -1076,159 +1091,181 @@ class Scheduler:
             self._log.info("attempt_interrupted", attempt=attempt)
         elif recovered and turn.state is TurnState.WAITING_RETRY:
             await self._sleep_until(turn.next_attempt_us)
-        while True:
-            if pending is None:
-                if self._draining:
-                    # Leave the turn where it is (accepted / waiting_retry); a restart resumes it.
-                    return turn
-                attempt += 1
-                active.attempt = attempt
-                instruction_id = f"INS-{turn.turn_id}-{attempt}"
-                envelope = build_executor_instruction(
-                    instruction_id=instruction_id,
-                    execution_id=execution_id,
-                    command_type=ins.command_type,
-                    target_url=ins.target_url,
-                    target_selector=ins.target_selector,
-                    timestamp=_iso_now(),
-                    timeout_ms=ins.timeout_ms,
-                    parameters=dict(ins.parameters),
-                )
-                last_envelope = instruction_to_wire(envelope)
-                started_us = now_us()
-                self._attempt_started()
-                try:
-                    await self._committer.call(
-                        functools.partial(
-                            self._intake.op_start_attempt,
-                            turn.turn_id,
-                            attempt=attempt,
-                            instruction_id=instruction_id,
-                        )
-                    )
-                    active.move(TurnState.RUNNING)
-                    with bind_ids(instruction_id=instruction_id):
-                        self._log.info(
-                            "attempt_started",
-                            attempt=attempt,
-                            command_type=ins.command_type.value,
-                        )
-                    report = await self._hub.run_attempt(envelope)
-                finally:
-                    self._attempt_ended()
-                active.executor_id = report.executor_id
-                response = report.response
-                pending = (
-                    report.outcome,
-                    AttemptRow(
-                        turn_id=turn.turn_id,
-                        attempt=attempt,
-                        started_us=started_us,
-                        executor_id=report.executor_id,
+        counting = False
+        try:
+            while True:
+                if pending is None:
+                    if self._draining:
+                        # Leave the turn as it is (accepted / waiting_retry): a restart resumes it.
+                        return turn
+                    attempt += 1
+                    active.attempt = attempt
+                    instruction_id = f"INS-{turn.turn_id}-{attempt}"
+                    envelope = build_executor_instruction(
                         instruction_id=instruction_id,
-                        detail=_attempt_detail(report.safety_reason_code, report.detail),
-                        duration_ms=report.duration_ms,
-                    ),
-                )
-                result = _response_result(response, report)
-            else:
-                result = {"detail": pending[1].detail}
-            outcome, row = pending
-            pending = None
-            decision = decide_attempt(
-                outcome,
-                phase=spec.phase,
-                attempt_number=row.attempt,
-                options=options,
-                execution_id=execution_id,
-                instruction_id=row.instruction_id or f"INS-{turn.turn_id}-{row.attempt}",
-            )
-            finished = now_us()
-            row = dataclasses.replace(
-                row,
-                finished_us=finished,
-                outcome=outcome.kind.name,
-                fault_type=_enum_value(outcome.fault_type),
-                exit_code=outcome.exit_code,
-                decision=decision.verdict.name,
-                reason_code=decision.reason_code,
-                reason=decision.reason,
-                duration_ms=row.duration_ms
-                if row.duration_ms is not None
-                else (finished - row.started_us) // 1000,
-            )
-            log_ids = {
-                "instruction_id": row.instruction_id,
-                "executor_id": row.executor_id,
-            }
-            with bind_ids(**{k: v for k, v in log_ids.items() if v is not None}):
-                if outcome.kind is OutcomeKind.FAULT:
-                    self._log.info(
-                        "fault_classified",
-                        attempt=row.attempt,
-                        fault_type=row.fault_type,
-                        decision=row.decision,
-                        reason_code=row.reason_code,
-                        duration_ms=row.duration_ms,
-                        detail=row.detail,
+                        execution_id=execution_id,
+                        command_type=ins.command_type,
+                        target_url=ins.target_url,
+                        target_selector=ins.target_selector,
+                        timestamp=_iso_now(),
+                        timeout_ms=ins.timeout_ms,
+                        parameters=dict(ins.parameters),
                     )
-                if decision.verdict is Verdict.RETRY:
-                    next_us = now_us() + decision.delay_ms * 1000
+                    last_envelope = instruction_to_wire(envelope)
+                    started_us = now_us()
+                    self._attempt_started()
+                    counting = True  # until the outcome is durable (drain waits for that)
+                    try:
+                        # The `running` row is committed while the instruction is already on its
+                        # way (one fsync less on the turn's path); the outcome is recorded only
+                        # after it is durable. A crash before that commit leaves the turn
+                        # `accepted`/`waiting_retry`, and the restart simply runs the attempt again.
+                        start_commit = self._committer.enqueue(
+                            functools.partial(
+                                self._intake.op_start_attempt,
+                                turn.turn_id,
+                                attempt=attempt,
+                                instruction_id=instruction_id,
+                            ),
+                            on_commit=functools.partial(active.move, TurnState.RUNNING),
+                        )
+                        with bind_ids(instruction_id=instruction_id):
+                            self._log.info(
+                                "attempt_started",
+                                attempt=attempt,
+                                command_type=ins.command_type.value,
+                            )
+                        report = await self._hub.run_attempt(envelope)
+                    finally:
+                        await start_commit.result()
+                    active.executor_id = report.executor_id
+                    response = report.response
+                    pending = (
+                        report.outcome,
+                        AttemptRow(
+                            turn_id=turn.turn_id,
+                            attempt=attempt,
+                            started_us=started_us,
+                            executor_id=report.executor_id,
+                            instruction_id=instruction_id,
+                            detail=_attempt_detail(report.safety_reason_code, report.detail),
+                            duration_ms=report.duration_ms,
+                        ),
+                    )
+                    result = _response_result(response, report)
+                else:
+                    result = {"detail": pending[1].detail}
+                outcome, row = pending
+                pending = None
+                decision = decide_attempt(
+                    outcome,
+                    phase=spec.phase,
+                    attempt_number=row.attempt,
+                    options=options,
+                    execution_id=execution_id,
+                    instruction_id=row.instruction_id or f"INS-{turn.turn_id}-{row.attempt}",
+                )
+                finished = now_us()
+                row = dataclasses.replace(
+                    row,
+                    finished_us=finished,
+                    outcome=outcome.kind.name,
+                    fault_type=_enum_value(outcome.fault_type),
+                    exit_code=outcome.exit_code,
+                    decision=decision.verdict.name,
+                    reason_code=decision.reason_code,
+                    reason=decision.reason,
+                    duration_ms=row.duration_ms
+                    if row.duration_ms is not None
+                    else (finished - row.started_us) // 1000,
+                )
+                log_ids = {
+                    "instruction_id": row.instruction_id,
+                    "executor_id": row.executor_id,
+                }
+                with bind_ids(**{k: v for k, v in log_ids.items() if v is not None}):
+                    if outcome.kind is OutcomeKind.FAULT:
+                        self._log.info(
+                            "fault_classified",
+                            attempt=row.attempt,
+                            fault_type=row.fault_type,
+                            decision=row.decision,
+                            reason_code=row.reason_code,
+                            duration_ms=row.duration_ms,
+                            detail=row.detail,
+                        )
+                    if decision.verdict is Verdict.RETRY:
+                        next_us = now_us() + decision.delay_ms * 1000
+                        turn = await self._committer.call(
+                            functools.partial(
+                                self._intake.op_record_attempts,
+                                [row],
+                                turn.turn_id,
+                                TurnState.WAITING_RETRY,
+                                next_attempt_us=next_us,
+                                fault_type=_enum_value(outcome.fault_type),
+                            )
+                        )
+                        active.move(TurnState.WAITING_RETRY)
+                        counting = self._stop_counting(counting)
+                        self._log.info(
+                            "retry_scheduled",
+                            attempt=row.attempt,
+                            delay_ms=decision.delay_ms,
+                            reason_code=decision.reason_code,
+                        )
+                        if decision.delay_ms:
+                            await anyio.sleep(decision.delay_ms / 1000)
+                        continue
+                    state = _final_state(outcome, decision)
+                    result = {**result, "last_instruction": last_envelope}
+                    ending: dict[str, Any] = {
+                        "verdict": decision.verdict.name,
+                        "reason_code": decision.reason_code,
+                        "reason": decision.reason,
+                        "fault_type": _enum_value(outcome.fault_type),
+                        "result": result,
+                    }
+                    # Ledgers first, then the intake: a crash in between re-runs the attempt after
+                    # the restart (the ledger then shows both), it never leaves a turn without its
+                    # ledger entries.
+                    await self._record_end(
+                        dataclasses.replace(
+                            turn,
+                            state=state,
+                            attempts=(*(a for a in turn.attempts if a.attempt != row.attempt), row),
+                            **ending,
+                        ),
+                        status=state.value,
+                    )
                     turn = await self._committer.call(
                         functools.partial(
-                            self._intake.op_record_attempts,
-                            [row],
-                            turn.turn_id,
-                            TurnState.WAITING_RETRY,
-                            next_attempt_us=next_us,
-                            fault_type=_enum_value(outcome.fault_type),
+                            self._intake.op_record_attempts, [row], turn.turn_id, state, **ending
                         )
                     )
-                    active.move(TurnState.WAITING_RETRY)
-                    self._log.info(
-                        "retry_scheduled",
-                        attempt=row.attempt,
-                        delay_ms=decision.delay_ms,
-                        reason_code=decision.reason_code,
-                    )
-                    if decision.delay_ms:
-                        await anyio.sleep(decision.delay_ms / 1000)
-                    continue
-                state = _final_state(outcome, decision)
-                result = {**result, "last_instruction": last_envelope}
-                turn = await self._committer.call(
-                    functools.partial(
-                        self._intake.op_record_attempts,
-                        [row],
-                        turn.turn_id,
-                        state,
-                        verdict=decision.verdict.name,
-                        reason_code=decision.reason_code,
-                        reason=decision.reason,
-                        fault_type=_enum_value(outcome.fault_type),
-                        result=result,
-                    )
-                )
-                active.move(state)
-                await self._record_end(turn, status=state.value)
-                if state is TurnState.ESCALATED:
-                    self._log.info(
-                        "turn_escalated",
-                        attempt=row.attempt,
-                        fault_type=row.fault_type,
-                        reason_code=decision.reason_code,
-                    )
-                else:
-                    self._log.info(
-                        "turn_finished",
-                        state=state.value,
-                        attempts=row.attempt,
-                        decision=decision.verdict.name,
-                        reason_code=decision.reason_code,
-                        duration_ms=(now_us() - turn.accepted_us) // 1000,
-                    )
-                    self._count_finished(turn)
-                return turn
+                    self._remember(turn)
+                    active.move(state)
+                    counting = self._stop_counting(counting)
+                    if state is TurnState.ESCALATED:
+                        self._log.info(
+                            "turn_escalated",
+                            attempt=row.attempt,
+                            fault_type=row.fault_type,
+                            reason_code=decision.reason_code,
+                        )
+                    else:
+                        self._log.info(
+                            "turn_finished",
+                            state=state.value,
+                            attempts=row.attempt,
+                            decision=decision.verdict.name,
+                            reason_code=decision.reason_code,
+                            duration_ms=(now_us() - turn.accepted_us) // 1000,
+                        )
+                        self._count_finished(turn)
+                    return turn
+        finally:
+            self._stop_counting(counting)
 
     async def _record_end(self, turn: TurnRow, *, status: str) -> None:
         """Write the turn's exec and evidence ledger entries (instruction turns)."""
@@ -1354,25 +1391,25 @@ class Scheduler:
                     turn_number=turn.turn_number,
                     options=options,
                 )
+                state = _process_status_to_state(str(result.status))
+                rows = _process_attempt_rows(turn.turn_id, first, started_us, result)
+                turn = await self._committer.call(
+                    functools.partial(
+                        self._intake.op_record_attempts,
+                        rows,
+                        turn.turn_id,
+                        state,
+                        verdict=_enum_value(getattr(result, "verdict", None)),
+                        reason_code=getattr(result, "reason_code", None),
+                        reason=getattr(result, "reason", None),
+                        fault_type=_enum_value(getattr(result, "fault_type", None)),
+                        result=_process_result_dict(result),
+                    )
+                )
             finally:
                 self._process_running -= 1
                 self._attempt_ended()
-        state = _process_status_to_state(str(result.status))
-        rows = _process_attempt_rows(turn.turn_id, first, started_us, result)
-        result_dict = _process_result_dict(result)
-        turn = await self._committer.call(
-            functools.partial(
-                self._intake.op_record_attempts,
-                rows,
-                turn.turn_id,
-                state,
-                verdict=_enum_value(getattr(result, "verdict", None)),
-                reason_code=getattr(result, "reason_code", None),
-                reason=getattr(result, "reason", None),
-                fault_type=_enum_value(getattr(result, "fault_type", None)),
-                result=result_dict,
-            )
-        )
+        self._remember(turn)
         active.move(state)
         for r in rows:
             if r.fault_type is not None:

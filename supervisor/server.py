@@ -223,6 +223,9 @@ class Daemon:
         self.scheduler: Scheduler | None = None
         self.hub: ExecutorHub | None = None
         self.ready = anyio.Event()
+        #: set after each SIGHUP reload (then replaced), for tools and tests
+        self.reloaded = anyio.Event()
+        self.reloads = 0
 
     def request_drain(self) -> None:
         """Start the drain (as SIGTERM does)."""
@@ -379,9 +382,12 @@ class Daemon:
             )
         if self.hub is not None and any(k.startswith("executors.") for k in diff.reloadable):
             self.hub.settings = hub_settings(applied)
-        self._log.info("config_reloaded", applied=list(diff.reloadable))
+        self.reloads += 1
+        self._log.info("config_reloaded", applied=list(diff.reloadable), reloads=self.reloads)
         if diff.restart_required:
             self._log.warning("config_reload_partial", restart_required=list(diff.restart_required))
+        event, self.reloaded = self.reloaded, anyio.Event()
+        event.set()
 
 
 def run_daemon(

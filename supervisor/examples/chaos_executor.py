@@ -223,6 +223,7 @@ class ChaosExecutor(Executor):
             await connection.send_raw(struct.pack(">I", limit + 1) + b"{" + b" " * 1024)
         elif behaviour == "truncated":
             await connection.send_raw(struct.pack(">I", 100) + b'{"type": "resp')
+            await connection.flush()
             sys.stderr.flush()
             os._exit(71)
         else:

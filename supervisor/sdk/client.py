@@ -17,7 +17,7 @@ import anyio
 import anyio.abc
 import structlog
 
-from supervisor.frames import FrameError, FrameReader, encode_frame
+from supervisor.frames import FrameError, FrameReader, FrameWriter, encode_frame
 from supervisor.protocol import (
     PROTOCOL_VERSION,
     Heartbeat,
@@ -74,7 +74,7 @@ class Connection:
         self.stream = stream
         self.reader = FrameReader(stream, max_bytes=max_frame_bytes)
         self.welcome: Welcome | None = None
-        self._send_lock = anyio.Lock(fast_acquire=True)
+        self._writer = FrameWriter(stream)
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._last_rx = time.monotonic()
         self._tg: anyio.abc.TaskGroup | None = None
@@ -86,8 +86,7 @@ class Connection:
 
     async def send_raw(self, data: bytes) -> None:
         """Send raw bytes (test executors use it to send broken frames)."""
-        async with self._send_lock:
-            await self.stream.send(data)
+        await self._writer.send(data)
 
     async def send_status(self, status: Status) -> None:
         """Tell the daemon whether this executor takes new work."""
@@ -126,10 +125,16 @@ class Connection:
             raise RuntimeError("handshake() first")
         async with anyio.create_task_group() as tg:
             self._tg = tg
+            tg.start_soon(self._writer.run)
             tg.start_soon(self._heartbeats, welcome)
             self.closed_reason = await self._read_loop()
             tg.cancel_scope.cancel()
         return self.closed_reason
+
+    def _close(self) -> None:
+        """End this connection: cancel its tasks; run_executor then closes the socket."""
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
 
     async def _heartbeats(self, welcome: Welcome) -> None:
         interval = welcome.heartbeat_interval_ms / 1000
@@ -140,10 +145,13 @@ class Connection:
             if silent > limit:
                 self.closed_reason = f"no frame from the daemon for {silent:.1f}s"
                 _log.warning("daemon_silent", executor_id=self.executor.executor_id)
-                await self.stream.aclose()
+                self._close()
                 return
-            with anyio.move_on_after(limit):
-                await self.send_message(Heartbeat(ts_us=time.time_ns() // 1000).to_wire())
+            try:
+                with anyio.move_on_after(limit):
+                    await self.send_message(Heartbeat(ts_us=time.time_ns() // 1000).to_wire())
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                return  # the reader sees the end of the connection
 
     async def _read_loop(self) -> str:
         tg = self._tg
@@ -204,7 +212,10 @@ class Connection:
             self._scopes.pop(iid, None)
         await self._answer(iid, result)
         if self.executor.stop_requested:
-            await self.stream.aclose()
+            with anyio.move_on_after(_HANDSHAKE_TIMEOUT_S):
+                await self._writer.flush()
+            self.closed_reason = "shutdown requested"
+            self._close()
 
     async def _answer(self, iid: str, result: Result | Mapping[str, Any]) -> None:
         body = result.to_wire(iid) if isinstance(result, Result) else dict(result)
@@ -212,6 +223,10 @@ class Connection:
             await self.send_message(response_message(body))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             _log.info("response_undeliverable", instruction_id=iid)
+
+    async def flush(self) -> None:
+        """Wait until every message sent so far has been handed to the kernel."""
+        await self._writer.flush()
 
 
 async def run_executor(

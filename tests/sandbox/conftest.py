@@ -6,10 +6,11 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from sandbox import landlock
 from sandbox.cgroups import detect_layout
@@ -28,12 +29,32 @@ def sandbox_unavailable_reason() -> str | None:
     return None
 
 
-_REASON = sandbox_unavailable_reason()
-needs_sandbox = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
-needs_python = pytest.mark.skipif(
-    not os.access(SYSTEM_PYTHON, os.X_OK),
-    reason=f"{SYSTEM_PYTHON} (a system interpreter the unprivileged turn uid can read) is absent",
-)
+@pytest.fixture(scope="session")
+def sandbox_reason() -> str | None:
+    """Computed once: why real sandboxed turns cannot run here."""
+    return sandbox_unavailable_reason()
+
+
+@pytest.fixture
+def sandboxed(sandbox_reason: str | None) -> None:
+    """Skip (with the reason) where root, Landlock >= 6 or cgroup v2 are missing."""
+    if sandbox_reason is not None:
+        pytest.skip(sandbox_reason)
+
+
+@pytest.fixture
+def system_python() -> str:
+    """A Python the unprivileged turn uid can run (the venv's lives under /root, mode 0700)."""
+    if not os.access(SYSTEM_PYTHON, os.X_OK):
+        pytest.skip(f"{SYSTEM_PYTHON} is absent (CI: apt-get install python3)")
+    return SYSTEM_PYTHON
+
+
+@pytest.fixture(autouse=True)
+def _reset_structlog() -> Iterator[None]:
+    """The CLI configures structlog; put the defaults back after every test."""
+    yield
+    structlog.reset_defaults()
 
 
 @pytest.fixture
@@ -55,11 +76,8 @@ def root(world: Path) -> Path:
     return path
 
 
-Installer = Callable[..., Path]
-
-
 @pytest.fixture
-def install(root: Path) -> Installer:
+def install(root: Path) -> Callable[..., Path]:
     """Install a package: ``install("pkg", capabilities={...}, limits={...})``."""
 
     def _install(package_id: str, **manifest: object) -> Path:
@@ -75,17 +93,3 @@ def install(root: Path) -> Installer:
         return directory
 
     return _install
-
-
-def read_ledger(path: Path) -> list[dict[str, object]]:
-    """Parse a JSONL ledger file."""
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-
-
-def turn_entries(session_dir: Path, turn_number: int) -> dict[str, list[Mapping[str, object]]]:
-    """Entries of one turn in both ledgers, by ledger name."""
-    out: dict[str, list[Mapping[str, object]]] = {}
-    for name in ("exec", "evidence"):
-        entries = read_ledger(session_dir / "ledger" / f"{name}.jsonl")
-        out[name] = [e for e in entries if e.get("turn_number") == turn_number]
-    return out

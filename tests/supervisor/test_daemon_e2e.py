@@ -52,7 +52,6 @@ async def stack(root: Path) -> AsyncIterator[DemoStack]:
         await s.aclose()
     report = verify_root(root, workers=1)
     assert report.ok, report.errors
-    assert report.reports, "no ledgers were written"
 
 
 async def chaos(s: DemoStack, executor_id: str, command: str, behaviour: str) -> None:

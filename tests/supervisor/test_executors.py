@@ -638,7 +638,7 @@ async def test_heartbeat_loss_marks_offline_and_in_flight_crash(socket_dir: Path
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(one)
-            await anyio.wait_all_tasks_blocked()
+            await h.hub.wait_for_executor("frozen-1", status=ExecutorStatus.BUSY)
             process.send_signal(signal.SIGSTOP)
         missed = h.log.find("heartbeat_missed", executor_id="frozen-1")
         info = h.hub.executor("frozen-1")

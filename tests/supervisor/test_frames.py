@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable
+from typing import Any
 
 import anyio
 import orjson
@@ -17,6 +18,7 @@ from supervisor.frames import (
     FrameReader,
     FrameTooLarge,
     FrameTruncated,
+    FrameWriter,
     decode_body,
     encode_frame,
     read_frame,
@@ -135,6 +137,36 @@ async def test_write_frame_sends_one_chunk_over_a_socket_pair() -> None:
     async with left, right:
         await write_frame(left, {"type": "status", "status": "READY"})
         assert await read_frame(FrameReader(right)) == {"type": "status", "status": "READY"}
+
+
+async def test_frame_writer_never_interleaves_concurrent_large_frames() -> None:
+    """Concurrent FrameWriter sends of frames larger than the socket buffer arrive whole."""
+    left, right = await _socket_pair()
+    writer = FrameWriter(left)
+    received: list[dict[str, Any]] = []
+
+    async def sender(tag: str) -> None:
+        for n in range(4):
+            await writer.send_frame({"tag": tag, "n": n, "blob": tag * 300_000})
+
+    async with left, right, anyio.create_task_group() as tg:
+        tg.start_soon(sender, "a")
+        tg.start_soon(sender, "b")
+        reader = FrameReader(right, max_bytes=1_000_000)
+        for _ in range(8):
+            received.append(await reader.read())
+    assert all(f["blob"] == f["tag"] * 300_000 for f in received)
+    assert sorted((f["tag"], f["n"]) for f in received) == [(t, n) for t in "ab" for n in range(4)]
+
+
+async def test_frame_writer_reports_a_closed_peer() -> None:
+    """Sending to a peer that has gone away raises BrokenResourceError."""
+    left, right = await _socket_pair()
+    await right.aclose()
+    async with left:
+        writer = FrameWriter(left)
+        with pytest.raises(anyio.BrokenResourceError):
+            await writer.send(encode_frame({"x": "y" * 10_000}))
 
 
 async def _socket_pair() -> tuple[anyio.abc.SocketStream, anyio.abc.SocketStream]:

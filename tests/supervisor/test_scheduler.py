@@ -88,6 +88,7 @@ class FakeSession:
         self.session_id = ledgers.session_id
         self.process_status = process_status
         self.process_calls: list[dict[str, Any]] = []
+        self.blocked = anyio.Event()
 
     def check_turn_request(
         self, argv: Sequence[str], declared_outputs: object, *, turn_number: int | None = None
@@ -97,6 +98,11 @@ class FakeSession:
 
     async def run_process_turn(self, argv: Sequence[str], **kwargs: Any) -> FakeTurnResult:
         self.process_calls.append({"argv": list(argv), **kwargs})
+        if argv[0] == "explode":
+            raise RuntimeError("the sandbox broke")
+        if argv[0] == "block":
+            self.blocked.set()
+            await anyio.sleep_forever()
         await self.ledgers.arecord_turn(
             turn_number=kwargs["turn_number"],
             query_hash=_h(argv),
@@ -479,3 +485,57 @@ def test_spec_round_trip() -> None:
     assert again.instruction == request.instruction
     assert again.phase == request.phase
     assert again.kind is TurnKind.INSTRUCTION
+
+
+async def test_error_in_a_turn_ends_that_turn_only(tmp_path: Path) -> None:
+    """An unexpected error while running a turn terminates it; the scheduler keeps working."""
+    async with rig(tmp_path) as r:
+        sid = await _open(r)
+        broken = await _run(
+            r, {"session_id": sid, "kind": "process", "argv": ["explode"], "declared_outputs": []}
+        )
+        assert (broken.state, broken.reason_code) == (TurnState.TERMINATED, "INTERNAL_ERROR")
+        assert broken.reason == "RuntimeError: the sandbox broke"
+        fine = await _run(r, _instruction(sid))
+        assert fine.state is TurnState.SUCCEEDED
+
+
+async def test_drain_waits_until_the_outcome_is_recorded(tmp_path: Path) -> None:
+    """An attempt that answers within the grace period is recorded before drain returns."""
+    hub = FakeHub(gate=anyio.Event())
+    async with rig(tmp_path, hub) as r:
+        sid = await _open(r)
+        turn, _ = await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+        await hub.started.wait()
+        async with anyio.create_task_group() as tg:
+
+            async def drain() -> None:
+                assert await r.scheduler.drain(30) is True
+
+            tg.start_soon(drain)
+            await r.scheduler.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
+            assert hub.gate is not None
+            hub.gate.set()
+        assert r.intake.get_turn(turn.turn_id).state is TurnState.SUCCEEDED
+
+
+async def test_restart_reruns_interrupted_process_turn(tmp_path: Path) -> None:
+    """A process turn interrupted by a restart is a CRASH; its retry gets the rest of the
+    attempt budget."""
+    async with rig(tmp_path) as r:
+        sid = await _open(r)
+        params = {"session_id": sid, "kind": "process", "argv": ["block"], "declared_outputs": []}
+        turn, _ = await r.scheduler.submit(parse_turn_request(params))
+        await r.runtime.sessions[sid].blocked.wait()
+    with Intake.open(tmp_path / "state" / "intake.sqlite3") as intake:
+        intake.set_state(turn.turn_id, TurnState.RUNNING)
+        conn = intake._conn
+        conn.execute("UPDATE turns SET spec = ? WHERE turn_id = ?", (
+            orjson.dumps({**dict(turn.spec), "argv": ["true"]}), turn.turn_id,
+        ))  # fmt: skip
+    async with rig(tmp_path) as r2:
+        done = await r2.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+        assert done.state is TurnState.SUCCEEDED
+        assert next((a.fault_type, a.decision) for a in done.attempts) == ("CRASH", "RETRY")
+        (call,) = r2.runtime.sessions[sid].process_calls
+        assert call["options"].max_attempts == 2

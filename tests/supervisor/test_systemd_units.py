@@ -199,6 +199,8 @@ def _boot(share: Path, log: Path) -> Iterator[_Container]:
         "--console=read-only",
         f"--bind={share}:/mnt/share",
         *(f"--bind-ro={p}" for p in _bind_paths()),
+        # nspawn's own seccomp allow list lacks Landlock; the daemon's sandbox uses it.
+        "--system-call-filter=landlock_create_ruleset landlock_add_rule landlock_restrict_self",
         "systemd.firstboot=off",
     ]
     with log.open("wb") as out:
@@ -275,6 +277,7 @@ def _ping_script(socket_path: str) -> str:
 def _write_share(share: Path) -> None:
     for name in (*_UNIT_FILES, "hunter.sysusers"):
         shutil.copy(_UNITS / name, share / name)
+    shutil.copy(_REPO / "examples" / "packages" / "demo" / "manifest.json", share / "manifest.json")
     # The documented drop-in for an install in a virtual environment, plus a short watchdog
     # so the test sees pings arrive and a frozen daemon killed quickly (without a core dump).
     venv_bin = Path(sys.prefix) / "bin"
@@ -291,6 +294,7 @@ def _install(c: _Container) -> None:
         "/mnt/share/hunter.service /etc/systemd/system/\n"
         "install -D -m 0644 /mnt/share/hunter.sysusers /etc/sysusers.d/hunter.conf\n"
         "install -D -m 0644 /mnt/share/venv.conf /etc/systemd/system/hunter.service.d/venv.conf\n"
+        "install -D -m 0644 /mnt/share/manifest.json /var/lib/hunter/installed/demo/manifest.json\n"
         "systemd-sysusers\n"
         "systemctl daemon-reload\n"
         "systemctl start hunter.socket hunter-executors.socket\n"
@@ -414,4 +418,19 @@ def test_service_under_real_systemd(tmp_path: Path) -> None:
 
         # The sockets stay with systemd, ready to start the daemon again.
         assert c.show("hunter.socket", "ActiveState") == {"ActiveState": "active"}
+
+        # The hardened unit runs a sandboxed process turn (uid drop, Landlock, namespaces,
+        # rlimits); the client's first request starts the daemon again through the socket.
+        hunter = str(Path(sys.prefix) / "bin" / "hunter")
+        control = ("--socket", "/run/hunter/control.sock")
+        opened = c.run(hunter, "session", "open", "demo", *control, "--json")
+        session_id = json.loads(opened.stdout)["session_id"]
+        script = 'echo hello > "$HUNTER_OUTPUT_DIR/result.txt"'
+        submit = (hunter, "submit", *control, "--session", session_id, "--wait", "--json")
+        out = "--declare-output=result.txt:report"
+        proc = c.run(*submit, out, "--", "sh", "-c", script, timeout_s=60, check=False)
+        turn = json.loads(proc.stdout)
+        stderr = [a.get("stderr") for a in turn.get("result", {}).get("attempts", [])]
+        assert turn["state"] == "succeeded", (turn["state"], turn.get("reason_code"), stderr)
+        c.run("systemctl", "stop", "hunter.service", timeout_s=60)
     assert c.nspawn.returncode == 0, (tmp_path / "nspawn.log").read_text()

@@ -7,6 +7,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 import anyio
+import anyio.lowlevel
 
 from sandbox.session_ids import SESSION_ID_RE, is_session_id, new_session_id
 
@@ -34,7 +35,7 @@ async def test_no_collisions_across_many_tasks() -> None:
     async def make() -> None:
         for _ in range(200):
             ids.append(new_session_id())
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
 
     async with anyio.create_task_group() as tg:
         for _ in range(20):

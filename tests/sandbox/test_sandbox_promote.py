@@ -54,8 +54,8 @@ def test_changed_file_is_refused(tmp_path: Path) -> None:
     """A file replaced after enumeration is not promoted."""
     out = make_output(tmp_path)
     writes = enumerate_writes({"output": out}).writes
-    (out / "a.txt").unlink()
-    (out / "a.txt").write_text("swapped")
+    (out / "new").write_text("swapped")
+    os.replace(out / "new", out / "a.txt")
     with pytest.raises(PromotionError, match=r"^a\.txt: changed since it was enumerated$"):
         promote_outputs(out, writes, tmp_path / "ws")
 

@@ -7,11 +7,11 @@ import json
 import os
 import socket
 import stat
-import subprocess
-import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import anyio
 import psutil
 import pytest
 
@@ -19,18 +19,28 @@ from sandbox.attempt_policy import AgentPhase, RetryOptions
 from sandbox.errors import CapabilityViolation, DeclarationError, SandboxUnavailableError
 from sandbox.retry_protocol import CountingEntropyDetector
 from sandbox.runtime import Runtime, RuntimeConfig, Session, TurnResult
-from tests.sandbox.conftest import (
-    SYSTEM_PYTHON,
-    Installer,
-    needs_python,
-    needs_sandbox,
-    read_ledger,
-    turn_entries,
-)
 
-pytestmark = needs_sandbox
+pytestmark = pytest.mark.usefixtures("sandboxed")
 
 TIMEOUT_MS = 10_000
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def read_ledger(path: Path) -> list[dict[str, Any]]:
+    """Parse a JSONL ledger file."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def turn_entries(session_dir: Path, turn_number: int) -> dict[str, list[dict[str, Any]]]:
+    """Entries of one turn in both ledgers, by ledger name."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name in ("exec", "evidence"):
+        entries = read_ledger(session_dir / "ledger" / f"{name}.jsonl")
+        out[name] = [e for e in entries if e.get("turn_number") == turn_number]
+    return out
+
+
+Installer = Callable[..., Path]
 
 
 @pytest.fixture
@@ -71,7 +81,7 @@ async def py(session: Session, code: str, **kwargs: object) -> TurnResult:
     return await session.run_process_turn([SYSTEM_PYTHON, "-c", code], **kwargs)  # type: ignore[arg-type]
 
 
-def assert_recorded(session: Session, turn_number: int, status: str) -> dict[str, object]:
+def assert_recorded(session: Session, turn_number: int, status: str) -> dict[str, Any]:
     """Both ledgers hold the turn's entry with *status*; return the evidence turn entry."""
     entries = turn_entries(session.ledgers.session_dir, turn_number)
     exec_turns = [e for e in entries["exec"] if e.get("kind") == "turn"]
@@ -85,13 +95,18 @@ def assert_recorded(session: Session, turn_number: int, status: str) -> dict[str
     return evidence
 
 
-def violation_entries(session: Session, turn_number: int) -> list[dict[str, object]]:
+def relative(path: Path, start: Path) -> str:
+    """``path`` relative to ``start`` (with ``..`` segments)."""
+    return os.path.relpath(path, start)
+
+
+def violation_entries(session: Session, turn_number: int) -> list[dict[str, Any]]:
     """The capability_violation evidence entries of a turn."""
     entries = turn_entries(session.ledgers.session_dir, turn_number)["evidence"]
     return [dict(e) for e in entries if e.get("kind") == "capability_violation"]
 
 
-# -- a plain turn -----------------------------------------------------------------------------
+# -- a plain turn ------------------------------------------------------------------
 
 
 async def test_turn_runs_as_unprivileged_uid_with_fresh_env(session: Session) -> None:
@@ -103,7 +118,7 @@ async def test_turn_runs_as_unprivileged_uid_with_fresh_env(session: Session) ->
     assert groups == str(session.gid)
     assert cwd == str(session.output_dir)
     evidence = assert_recorded(session, 1, "succeeded")
-    assert evidence["enforcement"]["landlock"].startswith("abi-")  # type: ignore[index]
+    assert evidence["enforcement"]["landlock"].startswith("abi-")
 
 
 async def test_secret_in_parent_environment_is_not_visible(
@@ -119,7 +134,7 @@ async def test_secret_in_parent_environment_is_not_visible(
     assert env["PYTHONDONTWRITEBYTECODE"] == "1"
 
 
-@needs_python
+@pytest.mark.usefixtures("system_python")
 async def test_tmpdir_is_honoured_by_python_tempfile(session: Session) -> None:
     """Python's tempfile puts files in tmp/<sid> and writing there works."""
     code = (
@@ -136,7 +151,7 @@ async def test_tmpdir_is_honoured_by_python_tempfile(session: Session) -> None:
     assert [w.area for w in result.realized_writes] == ["tmp"]
 
 
-# -- writes outside the sandbox -------------------------------------------------------------------
+# -- writes outside the sandbox ------------------------------------------------------------------
 
 
 async def test_write_outside_by_absolute_path_is_denied(session: Session, outside: Path) -> None:
@@ -150,7 +165,7 @@ async def test_write_outside_by_absolute_path_is_denied(session: Session, outsid
 
 async def test_write_outside_by_dotdot_is_denied(session: Session, outside: Path) -> None:
     """A relative path climbing out of the sandbox with .. cannot be created."""
-    rel = os.path.relpath(outside / "dotdot", session.output_dir)
+    rel = relative(outside / "dotdot", session.output_dir)
     assert rel.startswith("..")
     result = await sh(session, f"echo x > {rel}")
     assert result.status == "failed"
@@ -206,7 +221,7 @@ async def test_write_into_proc_self_is_denied(session: Session, outside: Path) -
     assert result.stderr.count("Permission denied") == 2
 
 
-# -- reads ------------------------------------------------------------------------------------------
+# -- reads ------------------------------------------------------------------
 
 
 async def test_forbidden_file_inside_readable_tree_cannot_be_read(
@@ -249,7 +264,7 @@ async def test_read_outside_read_roots_is_denied(session: Session, world: Path) 
     assert "not yours" not in result.stdout
 
 
-# -- execute ----------------------------------------------------------------------------------------
+# -- execute ------------------------------------------------------------------
 
 
 async def test_command_not_in_execute_is_rejected_and_recorded(
@@ -274,7 +289,7 @@ async def test_command_not_in_execute_is_rejected_and_recorded(
             result.raise_for_violation()
         assert_recorded(session, 1, "rejected")
         (entry,) = violation_entries(session, 1)
-        recorded = entry["capability_violations"][0]  # type: ignore[index]
+        recorded = entry["capability_violations"][0]
         assert recorded["operation"] == "execute"
         assert recorded["capability"] == "capabilities.execute"
         assert isinstance(recorded["timestamp_us"], int)
@@ -305,14 +320,12 @@ async def test_forbidden_command_is_rejected(runtime: Runtime, install: Installe
         },
     )
     with runtime.open_session("nocurl") as session:
-        result = await session.run_process_turn(
-            ["env"], declared_outputs=[], timeout_ms=TIMEOUT_MS
-        )
+        result = await session.run_process_turn(["env"], declared_outputs=[], timeout_ms=TIMEOUT_MS)
         assert result.status == "rejected"
         assert result.violations[0].capability == "capabilities.forbidden"
 
 
-# -- declarations -----------------------------------------------------------------------------------
+# -- declarations ------------------------------------------------------------------
 
 
 async def test_missing_declared_outputs_field_is_rejected(session: Session) -> None:
@@ -356,13 +369,13 @@ def test_check_turn_request_records_then_raises(session: Session) -> None:
     with pytest.raises(CapabilityViolation, match=r"^execute 'nope-not-a-command' violates"):
         session.check_turn_request(["nope-not-a-command"], [], turn_number=7)
     (entry,) = violation_entries(session, 7)
-    assert entry["capability_violations"][0]["target"] == "nope-not-a-command"  # type: ignore[index]
+    assert entry["capability_violations"][0]["target"] == "nope-not-a-command"
 
 
 # -- network, sockets, signals -------------------------------------------------------------------
 
 
-@needs_python
+@pytest.mark.usefixtures("system_python")
 async def test_tcp_connect_is_denied(session: Session) -> None:
     """No TCP: a listener on the host's loopback is unreachable."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
@@ -385,7 +398,7 @@ async def test_tcp_connect_is_denied(session: Session) -> None:
             server.accept()
 
 
-@needs_python
+@pytest.mark.usefixtures("system_python")
 async def test_udp_packet_never_reaches_the_host(session: Session) -> None:
     """No UDP: sendto fails in the empty network namespace and no packet arrives."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as server:
@@ -406,7 +419,7 @@ async def test_udp_packet_never_reaches_the_host(session: Session) -> None:
             server.recv(100)
 
 
-@needs_python
+@pytest.mark.usefixtures("system_python")
 async def test_unix_sockets_of_the_supervisor_are_unreachable(
     runtime: Runtime, session: Session, world: Path
 ) -> None:
@@ -448,10 +461,32 @@ async def test_unix_sockets_of_the_supervisor_are_unreachable(
             server.close()
 
 
+@pytest.mark.usefixtures("system_python")
+async def test_abstract_unix_socket_of_the_host_is_unreachable(session: Session) -> None:
+    """An abstract-namespace socket of the supervisor cannot be connected to."""
+    name = f"hunter-test-{os.getpid()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind("\0" + name)
+        server.listen()
+        server.setblocking(False)
+        code = (
+            "import socket\n"
+            "s = socket.socket(socket.AF_UNIX)\n"
+            "try:\n"
+            f"    s.connect('\\0{name}'); print('connected')\n"
+            "except OSError as e:\n"
+            "    print('errno', e.errno)\n"
+        )
+        result = await py(session, code)
+        assert result.stdout.startswith("errno"), result.stdout + result.stderr
+        with pytest.raises(BlockingIOError):
+            server.accept()
+
+
 async def test_processes_outside_cannot_be_signalled(session: Session) -> None:
     """Neither root's processes nor a process of the turn's own uid outside it can be killed."""
-    as_root = subprocess.Popen(["sleep", "60"])  # noqa: S607 - test helper on PATH
-    same_uid = subprocess.Popen(  # noqa: S607 - test helper on PATH
+    as_root = await anyio.open_process(["sleep", "60"])
+    same_uid = await anyio.open_process(
         ["sleep", "60"], user=session.uid, group=session.gid, extra_groups=[]
     )
     try:
@@ -460,18 +495,19 @@ async def test_processes_outside_cannot_be_signalled(session: Session) -> None:
         )
         assert "a=1" in result.stdout
         assert "b=1" in result.stdout
-        assert as_root.poll() is None
-        assert same_uid.poll() is None
+        assert as_root.returncode is None
+        assert same_uid.returncode is None
     finally:
         for proc in (as_root, same_uid):
             proc.kill()
-            proc.wait()
+            await proc.wait()
+            await proc.aclose()
 
 
-# -- limits and the process tree ----------------------------------------------------------------
+# -- limits and the process tree ------------------------------------------------------------------
 
 
-@needs_python
+@pytest.mark.usefixtures("system_python")
 async def test_timeout_kills_setsid_double_fork_grandchild(session: Session) -> None:
     """A grandchild that called setsid and double-forked dies with the turn."""
     code = (
@@ -498,7 +534,7 @@ async def test_timeout_kills_setsid_double_fork_grandchild(session: Session) -> 
     assert_recorded(session, 1, "timeout")
 
 
-@needs_python
+@pytest.mark.usefixtures("system_python")
 async def test_fork_bomb_hits_the_pids_limit(runtime: Runtime, install: Installer) -> None:
     """Forking past the pids limit is RESOURCE_EXHAUSTED (escalated), and nothing survives."""
     install(
@@ -527,7 +563,7 @@ async def test_fork_bomb_hits_the_pids_limit(runtime: Runtime, install: Installe
         assert_recorded(session, 1, "escalated")
 
 
-@needs_python
+@pytest.mark.usefixtures("system_python")
 async def test_memory_hog_hits_the_memory_limit(runtime: Runtime, install: Installer) -> None:
     """Allocating past the memory limit is RESOURCE_EXHAUSTED."""
     install(
@@ -562,7 +598,7 @@ async def test_disk_fill_hits_the_file_size_limit(runtime: Runtime, install: Ins
         assert big.size == 1 << 20
 
 
-# -- the write surface -----------------------------------------------------------------------------
+# -- the write surface ------------------------------------------------------------------
 
 
 async def test_exact_match_promotes_outputs(session: Session) -> None:
@@ -581,7 +617,15 @@ async def test_exact_match_promotes_outputs(session: Session) -> None:
     assert not st.st_mode & stat.S_IWOTH
     assert (session.workspace / "sub" / "b.txt").read_text() == "deep\n"
     evidence = assert_recorded(session, 1, "succeeded")
-    assert [w["path"] for w in evidence["realized_writes"]] == ["a.txt", "sub/b.txt"]  # type: ignore[index]
+    assert [w["path"] for w in evidence["realized_writes"]] == ["a.txt", "sub/b.txt"]
+    header = evidence["prompt_header"]
+    assert header["session_id"] == session.session_id
+    assert header["turn_number"] == 1
+    assert header["declared_outputs"] == [
+        {"path": "a.txt", "role": "report"},
+        {"path": "sub/b.txt", "role": "x"},
+    ]
+    assert "context_as_of" in header
     assert evidence["declared_writes"] == [
         {"path": "a.txt", "role": "report"},
         {"path": "sub/b.txt", "role": "x"},
@@ -603,7 +647,7 @@ async def test_undeclared_write_blocks_promotion(session: Session) -> None:
     assert violation.detail == "undeclared write"
     assert len(violation_entries(session, 1)) == 1
     evidence = assert_recorded(session, 1, "violation")
-    assert evidence["capability_violations"][0]["target"] == "extra.txt"  # type: ignore[index]
+    assert evidence["capability_violations"][0]["target"] == "extra.txt"
 
 
 async def test_missing_declared_output_blocks_promotion(session: Session) -> None:
@@ -709,6 +753,49 @@ async def test_strict_refuses_when_a_mechanism_is_missing(
             assert result.enforcement["enforcement"] == "best-effort"
 
 
+async def test_sessions_run_turns_concurrently(runtime: Runtime, install: Installer) -> None:
+    """Many sessions run turns at once, each under its own uid, all recorded."""
+    install("pkg")
+    sessions = [runtime.open_session("pkg") for _ in range(6)]
+    results: list[TurnResult] = []
+
+    async def work(session: Session) -> None:
+        for _ in range(3):
+            results.append(
+                await sh(
+                    session,
+                    "echo $HUNTER_SESSION_ID > id.txt; id -u >> id.txt",
+                    declared_outputs=[{"path": "id.txt", "role": "id"}],
+                )
+            )
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for session in sessions:
+                tg.start_soon(work, session)
+        assert len({s.uid for s in sessions}) == len(sessions)
+        assert [r.status for r in results] == ["succeeded"] * 18
+        for session in sessions:
+            sid, uid = (session.workspace / "id.txt").read_text().split()
+            assert (sid, int(uid)) == (session.session_id, session.uid)
+            assert session.next_turn_number == 4
+    finally:
+        for session in sessions:
+            session.close()
+
+
+async def test_cancelled_turn_is_recorded_and_its_tree_killed(session: Session) -> None:
+    """Cancelling a running turn kills its processes and still writes both ledger entries."""
+    with anyio.move_on_after(0.5):
+        await sh(session, "sleep 30 & sleep 30")
+    assert_recorded(session, 1, "terminated")
+    exec_turn = turn_entries(session.ledgers.session_dir, 1)["exec"][0]
+    assert exec_turn["reason_code"] == "TURN_CANCELLED"
+    cgroup = session._cgroup
+    assert cgroup is not None
+    assert cgroup.members() == []
+
+
 def test_run_as_root_is_refused() -> None:
     """A configuration that would run turns as root is rejected."""
     with pytest.raises(ValueError, match=r"^run_as_uid must be an unprivileged uid"):
@@ -732,4 +819,3 @@ async def test_turn_result_to_dict_is_json(session: Session) -> None:
     data = json.loads(json.dumps(result.to_dict()))
     assert data["status"] == "succeeded"
     assert data["attempts"][0]["stdout"] == "hi\n"
-    assert sys.getrecursionlimit() > 0

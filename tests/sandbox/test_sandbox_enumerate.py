@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import shutil
 import socket
 import threading
 from pathlib import Path
@@ -64,27 +66,34 @@ def test_symlink_swap_during_enumeration_never_reads_outside(tmp_path: Path) -> 
     secret.mkdir()
     (secret / "f").write_bytes(b"SECRET")
     secret_hash = hashlib.sha256(b"SECRET").hexdigest()
+    (out / "d").mkdir()
     stop = threading.Event()
 
     def racer() -> None:
         i = 0
         while not stop.is_set():
             i += 1
-            for name in ("f", "d"):
-                path = out / name
-                tmp = out / f".{name}{i}"
+            with contextlib.suppress(OSError):
+                tmp = out / f".f{i}"
                 if i % 2:
-                    tmp.symlink_to(secret / "f" if name == "f" else secret)
-                elif name == "f":
+                    tmp.symlink_to(secret / "f")
+                else:
                     tmp.write_bytes(b"mine")
+                os.replace(tmp, out / "f")
+            with contextlib.suppress(OSError):
+                tmp = out / f".d{i}"
+                if i % 2:
+                    tmp.symlink_to(secret)
                 else:
                     tmp.mkdir()
                     (tmp / "f").write_bytes(b"mine")
-                if name == "d" and path.is_dir() and not path.is_symlink():
-                    for child in path.iterdir():
-                        child.unlink()
-                    path.rmdir()
-                os.replace(tmp, path) if not (path.is_dir() and not path.is_symlink()) else None
+                trash = out / f".trash{i}"
+                os.rename(out / "d", trash)
+                os.rename(tmp, out / "d")
+                if trash.is_symlink():
+                    trash.unlink()
+                else:
+                    shutil.rmtree(trash)
 
     thread = threading.Thread(target=racer)
     thread.start()

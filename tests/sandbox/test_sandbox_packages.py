@@ -62,7 +62,9 @@ def test_missing_package_raises_package_not_found(tmp_path: Path) -> None:
 def test_invalid_json_names_file_and_position(tmp_path: Path) -> None:
     """Broken JSON is a ManifestError with the file, ``$`` and the parser's position."""
     path = write(tmp_path, "bad", '{"capabilities": [}')
-    with pytest.raises(ManifestError, match=r"^.*manifest\.json: \$: invalid JSON at line 1") as info:
+    with pytest.raises(
+        ManifestError, match=r"^.*manifest\.json: \$: invalid JSON at line 1"
+    ) as info:
         load_manifest(path)
     assert info.value.path == str(path)
     assert info.value.json_path == "$"

@@ -1,0 +1,224 @@
+"""Benchmark of the whole daemon against a raw anyio length-prefixed echo (same run).
+
+Run: ``.venv/bin/python benchmarks/bench_daemon.py`` (well under two minutes on 2 cores).
+
+1. Baseline: the raw anyio echo of ``bench_executors.py`` (two processes, ~290-byte
+   length-prefixed orjson frames): p50/p99 round trip and throughput with 64 in flight.
+2. Daemon: a real ``hunter serve`` process with durable intake (SQLite WAL, synchronous=FULL,
+   group commit) and session ledgers (exec + evidence, group-committed fdatasync) on; 8 no-op
+   SDK executor processes (8 slots each). A client process submits instruction turns over
+   ``control.sock`` with ``turn.submit`` + ``wait_s`` (one round trip per turn: accepted
+   durably, dispatched, answered, decided, ledgers written, answered to the client).
+   * latency: one turn in flight at a time, p50/p99 of submit -> final answer;
+   * throughput: 64 turns in flight (8 connections x 8 pipelined) for a fixed time.
+   The daemon logs at level "warning" here (at "info" it writes ~6 JSON lines per turn).
+
+Targets (issue 5): daemon turn p50 <= 4x the raw round trip; >= 10,000 turns/s at 64 in
+flight with 8 executors. The report says where the time goes (intake commits per turn, CPU
+of the daemon and executor processes).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import anyio
+import anyio.abc
+import psutil
+
+from supervisor.client import ControlClient
+from supervisor.demo import DemoStack, prepare_root
+
+HERE = Path(__file__).resolve().parent
+LATENCY_TURNS = 400
+WARMUP_TURNS = 50
+THROUGHPUT_SECONDS = 6.0
+IN_FLIGHT = 64
+CONNECTIONS = 8
+EXECUTORS = 8
+SLOTS = 8
+
+BENCH_CONFIG = """\
+drain_grace_s = 5.0
+[executors]
+queue_capacity = 100000
+heartbeat_interval_s = 5.0
+[log]
+format = "json"
+level = "warning"
+"""
+
+TURN: dict[str, Any] = {
+    "kind": "instruction",
+    "command_type": "READ",
+    "target_selector": "#main-content .article-title",
+    "timeout_ms": 5000,
+    "parameters": {"attribute": "data-title", "max_items": 10},
+    "declared_outputs": [],
+}
+
+
+def _load_executor_bench() -> ModuleType:
+    """bench_executors.py (the hub engineer's raw echo baseline and no-op executors)."""
+    spec = importlib.util.spec_from_file_location("bench_executors", HERE / "bench_executors.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def daemon_figures(directory: Path, bench: ModuleType) -> dict[str, float]:
+    root = directory / "root"
+    config = prepare_root(root, fresh=True, config_text=BENCH_CONFIG)
+    stack = DemoStack(root=root, config_path=config)
+    executors: anyio.abc.Process | None = None
+    try:
+        daemon = await stack.start_daemon()
+        ids = [f"noop-{i}" for i in range(EXECUTORS)]
+        executors = await bench.spawn(
+            "--role", "noop", "--socket", str(stack.executor_socket),
+            "--ids", ",".join(ids), "--slots", str(SLOTS),
+        )  # fmt: skip
+        async with ControlClient(stack.control_socket) as client:
+            for executor_id in ids:
+                await client.call("executors.wait", executor_id=executor_id, timeout_s=20)
+            sid = (await client.call("session.open", package_id="demo"))["session_id"]
+
+            samples: list[float] = []
+            for i in range(WARMUP_TURNS + LATENCY_TURNS):
+                start = time.perf_counter()
+                result = await client.call("turn.submit", session_id=sid, wait_s=30, **TURN)
+                if i >= WARMUP_TURNS:
+                    samples.append(time.perf_counter() - start)
+                assert result["turn"]["state"] == "succeeded", result["turn"]
+            before = await client.call("status")
+
+        daemon_proc = psutil.Process(daemon.pid)
+        exec_proc = psutil.Process(executors.pid)
+        cpu0 = daemon_proc.cpu_times()
+        ecpu0 = exec_proc.cpu_times()
+        done = 0
+        failed = 0
+        deadline = time.perf_counter() + THROUGHPUT_SECONDS
+
+        async def connection() -> None:
+            nonlocal done, failed
+            async with ControlClient(stack.control_socket) as conn:
+
+                async def lane() -> None:
+                    nonlocal done, failed
+                    while time.perf_counter() < deadline:
+                        r = await conn.call("turn.submit", session_id=sid, wait_s=30, **TURN)
+                        if r["turn"]["state"] == "succeeded":
+                            done += 1
+                        else:
+                            failed += 1
+
+                async with anyio.create_task_group() as tg:
+                    for _ in range(IN_FLIGHT // CONNECTIONS):
+                        tg.start_soon(lane)
+
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for _ in range(CONNECTIONS):
+                tg.start_soon(connection)
+        elapsed = time.perf_counter() - start
+        cpu1 = daemon_proc.cpu_times()
+        ecpu1 = exec_proc.cpu_times()
+        async with ControlClient(stack.control_socket) as client:
+            after = await client.call("status")
+            verify = await client.call("ledger.verify", session_id=sid)
+        assert verify["ok"], verify
+        turns = after["intake"]["operations"] - before["intake"]["operations"]
+        batches = after["intake"]["batches"] - before["intake"]["batches"]
+        finished = done + failed
+        rss = daemon_proc.memory_info().rss
+    finally:
+        if executors is not None:
+            executors.kill()
+            await executors.wait()
+            await executors.aclose()
+        await stack.aclose()
+    daemon_cpu = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+    exec_cpu = (ecpu1.user + ecpu1.system) - (ecpu0.user + ecpu0.system)
+    return {
+        "p50_us": _pct(samples, 0.5) * 1e6,
+        "p99_us": _pct(samples, 0.99) * 1e6,
+        "throughput": done / elapsed,
+        "failed": failed,
+        "intake_ops_per_turn": turns / max(1, finished),
+        "intake_ops_per_batch": turns / max(1, batches),
+        "daemon_cpu_ms_per_turn": daemon_cpu * 1000 / max(1, finished),
+        "daemon_cpu_share": daemon_cpu / elapsed,
+        "executor_cpu_share": exec_cpu / elapsed,
+        "ledger_entries": sum(float(r["entries"]) for r in verify["ledgers"]),
+        "rss_mb": rss / 1e6,
+    }
+
+
+async def run_all() -> None:
+    bench = _load_executor_bench()
+    directory = Path(tempfile.mkdtemp(prefix="hh-bench-daemon-"))
+    os.chmod(directory, 0o711)  # process turns would run as another uid: keep it traversable
+    try:
+        started = time.perf_counter()
+        base = await bench.baseline(directory)
+        daemon = await daemon_figures(directory, bench)
+        total = time.perf_counter() - started
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    ratio = daemon["p50_us"] / base["p50_us"]
+    out = sys.stdout.write
+    out(f"daemon benchmark (python {sys.version.split()[0]}, {os.cpu_count()} cpus)\n")
+    out("baseline: raw anyio length-prefixed echo, two processes\n")
+    out(
+        f"  round trip p50 / p99                 {base['p50_us']:8.1f} / {base['p99_us']:8.1f} us\n"
+    )
+    out(f"  throughput, 64 in flight             {base['throughput']:8.0f} msg/s\n")
+    out("daemon: turn.submit(wait) -> intake -> hub -> no-op executor -> policy -> ledgers\n")
+    out(
+        f"  turn p50 / p99 (1 in flight)         {daemon['p50_us']:8.1f} / "
+        f"{daemon['p99_us']:8.1f} us\n"
+    )
+    out(f"  p50 ratio to raw round trip          {ratio:8.2f} x   (target <= 4)\n")
+    out(
+        f"  throughput, 64 in flight, 8 execs    {daemon['throughput']:8.0f} turns/s"
+        f"   (target >= 10000; {daemon['failed']:.0f} not succeeded)\n"
+    )
+    out("where the time goes (throughput phase)\n")
+    out(f"  daemon CPU per turn                  {daemon['daemon_cpu_ms_per_turn']:8.2f} ms\n")
+    daemon_share = daemon["daemon_cpu_share"] * 100
+    executor_share = daemon["executor_cpu_share"] * 100
+    out(f"  daemon process CPU                   {daemon_share:8.0f} % of one core\n")
+    out(f"  executor process CPU                 {executor_share:8.0f} % of one core\n")
+    out(f"  intake operations per turn           {daemon['intake_ops_per_turn']:8.2f}\n")
+    out(f"  intake operations per commit (fsync) {daemon['intake_ops_per_batch']:8.2f}\n")
+    out(f"  ledger entries written and verified  {daemon['ledger_entries']:8.0f}\n")
+    out(f"  daemon RSS                           {daemon['rss_mb']:8.1f} MB\n")
+    out(f"total benchmark time                   {total:8.1f} s\n")
+
+
+def main() -> int:
+    from supervisor.logging import configure_logging
+
+    configure_logging(fmt="json", level="error", stream=sys.stderr)
+    anyio.run(run_all)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

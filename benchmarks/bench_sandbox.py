@@ -1,0 +1,223 @@
+"""Sandbox benchmarks: a full sandboxed turn vs a bare spawn; enumeration vs a raw walk.
+
+Run: ``.venv/bin/python benchmarks/bench_sandbox.py`` (as root, on a machine with Landlock
+and cgroups; < 60 s). Targets (issue 4): a sandboxed turn of /bin/true at most 2.0x a bare
+posix_spawn of /bin/true; enumeration of 1,000 small files at least 80% of the throughput of
+a raw walk + read + sha256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import structlog
+
+from ledger import GroupSyncer
+from sandbox.enumerate import enumerate_writes
+from sandbox.runtime import Runtime, Session
+from sandbox.spawn import SpawnRequest, reap, spawn
+
+
+def bare_spawn() -> None:
+    """posix_spawn /bin/true and wait for it."""
+    pid = os.posix_spawn("/bin/true", ["true"], {})
+    os.waitpid(pid, 0)
+
+
+def median_ms(samples: list[float]) -> float:
+    """Median of samples in seconds, as milliseconds."""
+    return statistics.median(samples) * 1000
+
+
+def time_sync(fn: Callable[[], object], n: int) -> list[float]:
+    """Run fn n times; return the per-call durations."""
+    out: list[float] = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+async def time_turns(session: Session, n: int) -> list[float]:
+    """Run n sandboxed turns of /bin/true; return the per-turn durations."""
+    out: list[float] = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        result = await session.run_process_turn(["/bin/true"], declared_outputs=[], timeout_ms=5000)
+        out.append(time.perf_counter() - t0)
+        if result.status != "succeeded":
+            raise RuntimeError(f"turn failed: {result.to_dict()}")
+    return out
+
+
+def confined_spawn_timer(session: Session) -> Callable[[], None]:
+    """The launcher alone: /bin/true with the session's full confinement, spawned and reaped.
+
+    Same uid drop, network namespace, cgroup leaf, rlimits and Landlock ruleset as a turn,
+    without the turn's bookkeeping (checks, enumeration, ledgers).
+    """
+    session._prepare_dirs()
+    session._ensure_confinement()
+    cg = session._turn_cgroup()
+    stdin = session.runtime.stdin_fd()
+
+    def run() -> None:
+        fds = cg.open_procs_fds()
+        try:
+            child = spawn(
+                SpawnRequest(
+                    path="/usr/bin/true",
+                    argv=("/bin/true",),
+                    env=session._env(1),
+                    cwd=str(session.output_dir),
+                    stdin_fd=stdin,
+                    stdout_fd=stdin,
+                    stderr_fd=stdin,
+                    uid=session.uid,
+                    gid=session.gid,
+                    netns_fd=session._netns_fd,
+                    landlock_fd=session._ruleset_fd,
+                    cgroup_fds=tuple(fds),
+                    rlimits=session._rlimits(),
+                )
+            )
+        finally:
+            for fd in fds:
+                os.close(fd)
+        reap(child)
+        os.close(child.pidfd)
+
+    return run
+
+
+def raw_walk(directory: Path) -> int:
+    """Baseline: os.walk + open + read + sha256 of every file."""
+    count = 0
+    for dirpath, _dirs, files in os.walk(directory):
+        for name in files:
+            with open(os.path.join(dirpath, name), "rb") as handle:
+                hashlib.sha256(handle.read()).hexdigest()
+            count += 1
+    return count
+
+
+def make_files(directory: Path, n: int, size: int) -> None:
+    """n files of size bytes in 10 subdirectories."""
+    payload = os.urandom(size)
+    for i in range(n):
+        sub = directory / f"d{i % 10}"
+        sub.mkdir(exist_ok=True)
+        (sub / f"f{i}.bin").write_bytes(payload)
+
+
+def main() -> int:
+    """Run both benchmarks and print figures and ratios (``--json`` for machines)."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--turns", type=int, default=300)
+    parser.add_argument("--files", type=int, default=1000)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+
+    work = Path(tempfile.mkdtemp(prefix="hunter-bench-"))
+    work.chmod(0o711)
+    results: dict[str, float | str] = {}
+    try:
+        root = work / "root"
+        pkg = root / "installed" / "bench"
+        pkg.mkdir(parents=True)
+        manifest = {"capabilities": {"read": [], "write": ["**"], "execute": ["/bin/true"]}}
+        (pkg / "manifest.json").write_text(json.dumps(manifest))
+
+        async def sandboxed(*, group_commit: bool) -> list[float]:
+            syncer = GroupSyncer() if group_commit else None
+            try:
+                with Runtime(root, syncer=syncer) as runtime:
+                    results["enforcement"] = ",".join(
+                        f"{k}={v}" for k, v in sorted(runtime.levels.items())
+                    )
+                    with runtime.open_session("bench") as session:
+                        await time_turns(session, 20)  # warm up (ruleset, netns, cgroup)
+                        launcher = confined_spawn_timer(session)
+                        results["confined_spawn_ms"] = round(
+                            median_ms(time_sync(launcher, args.turns)), 3
+                        )
+                        return await time_turns(session, args.turns)
+            finally:
+                if syncer is not None:
+                    syncer.close()
+
+        time_sync(bare_spawn, 50)
+        bare = median_ms(time_sync(bare_spawn, args.turns))
+        turn = median_ms(anyio.run(functools.partial(sandboxed, group_commit=False)))
+        turn_group = median_ms(anyio.run(functools.partial(sandboxed, group_commit=True)))
+        results["bare_posix_spawn_ms"] = round(bare, 3)
+        results["confined_spawn_ratio"] = round(float(results["confined_spawn_ms"]) / bare, 2)
+        results["sandboxed_turn_ms"] = round(turn, 3)
+        results["turn_ratio"] = round(turn / bare, 2)
+        results["sandboxed_turn_group_commit_ms"] = round(turn_group, 3)
+        results["turn_group_commit_ratio"] = round(turn_group / bare, 2)
+
+        tree = work / "files"
+        tree.mkdir()
+        make_files(tree, args.files, 4096)
+        raw_walk(tree)
+        enumerate_writes({"output": tree})
+        raw = median_ms(time_sync(lambda: raw_walk(tree), 15))
+        ours = median_ms(time_sync(lambda: enumerate_writes({"output": tree}), 15))
+        results["raw_walk_ms"] = round(raw, 3)
+        results["enumerate_ms"] = round(ours, 3)
+        results["raw_walk_files_per_s"] = round(args.files / raw * 1000)
+        results["enumerate_files_per_s"] = round(args.files / ours * 1000)
+        results["enumerate_relative_throughput"] = round(raw / ours, 3)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print(f"enforcement: {results['enforcement']}")
+        print(
+            f"bare posix_spawn /bin/true           median {results['bare_posix_spawn_ms']:.3f} ms"
+        )
+        print(
+            f"confined spawn only (launcher)       median {results['confined_spawn_ms']:.3f} ms"
+            f"  ratio {results['confined_spawn_ratio']}x"
+        )
+        print(
+            f"full sandboxed turn of /bin/true     median {results['sandboxed_turn_ms']:.3f} ms"
+            f"  ratio {results['turn_ratio']}x (target <= 2.0x)"
+        )
+        print(
+            f"  same, ledgers with GroupSyncer     median "
+            f"{results['sandboxed_turn_group_commit_ms']:.3f} ms"
+            f"  ratio {results['turn_group_commit_ratio']}x"
+        )
+        print(
+            f"raw walk+read+sha256, {args.files} files  {results['raw_walk_ms']:.2f} ms "
+            f"({results['raw_walk_files_per_s']} files/s)"
+        )
+        print(
+            f"enumerate_writes,     {args.files} files  {results['enumerate_ms']:.2f} ms "
+            f"({results['enumerate_files_per_s']} files/s)"
+        )
+        print(
+            f"  relative throughput {results['enumerate_relative_throughput']:.0%} (target >= 80%)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
