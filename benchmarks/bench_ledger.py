@@ -226,7 +226,7 @@ def main() -> None:
             directory, args.seconds, ledgers=64, per_ledger=4, mode="auto"
         )
         tasks, tasks_detail = bench_group_commit_async(
-            directory, args.seconds, ledgers=64, per_ledger=16
+            directory, args.seconds, ledgers=64, per_ledger=8
         )
         plain, plain_detail = bench_group_commit(
             directory, args.seconds, ledgers=64, per_ledger=1, mode="fdatasync"
@@ -247,7 +247,7 @@ def main() -> None:
             f"   ratio {deep / single:5.1f}x  [{deep_detail}]"
         )
         print(
-            f"   c. 16 asyncio tasks per ledger (aappend):     {tasks:9.0f} /s"
+            f"   c. 8 asyncio tasks per ledger (aappend):      {tasks:9.0f} /s"
             f"   ratio {tasks / single:5.1f}x  [{tasks_detail}]"
         )
         print(

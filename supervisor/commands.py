@@ -238,7 +238,7 @@ def describe_turn(turn: dict[str, Any]) -> str:
     rows = [
         (
             a["attempt"],
-            a.get("executor_id") or "-",
+            a.get("executor_id") or ("sandbox" if turn["kind"] == "process" else "-"),
             a.get("outcome") or "-",
             a.get("fault_type") or "-",
             a.get("decision") or "-",

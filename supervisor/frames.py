@@ -208,8 +208,9 @@ class FrameWriter:
     * Corked, while ``run()`` is running in a task: a send within 200 µs of the previous one
       only queues the frame and wakes ``run()``, which writes everything queued during one
       event-loop pass with a single syscall (a send after a quiet spell is written at once, so
-      an idle connection pays no extra latency). On this machine a Unix-socket send that wakes the peer costs ~45 µs, so under
-      load corking divides the syscalls (and the peer's wake-ups) by the batch size. ``send()``
+      an idle connection pays no extra latency). On this machine a Unix-socket send that wakes
+      the peer costs ~45 µs, so under load corking divides the syscalls (and the peer's
+      wake-ups) by the batch size. ``send()``
       waits only when more than ``high_water`` bytes are queued (backpressure).
 
     Errors are the stream's: ``anyio.BrokenResourceError`` when the peer is gone,

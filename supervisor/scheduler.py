@@ -529,8 +529,17 @@ class Scheduler:
         self._finished_total = 0
         self._finished_by_state: dict[str, int] = {}
         self._recent: collections.OrderedDict[int, TurnRow] = collections.OrderedDict()
+        self._requests: dict[int, TurnRequest] = {}  # parsed requests of active turns
 
     # -- lifecycle ------------------------------------------------------------------------
+
+    def _spec(self, turn: TurnRow) -> TurnRequest:
+        """The turn's parsed request (parsed at submit; parsed again only after a restart)."""
+        request = self._requests.get(turn.turn_id)
+        if request is None:
+            request = parse_turn_request(turn.spec, session_id=turn.session_id)
+            self._requests[turn.turn_id] = request
+        return request
 
     @property
     def draining(self) -> bool:
@@ -762,7 +771,7 @@ class Scheduler:
             self._accepted_total += 1
             with bind_ids(session_id=turn.session_id, turn_number=turn.turn_number):
                 self._log.info("turn_accepted", turn_id=turn.turn_id, kind=turn.kind.value)
-            self._start_turn(turn, recovered=False)
+            self._start_turn(turn, recovered=False, request=request)
         return turn, created
 
     def _admit(self, command_type: ExecutorCommandType) -> None:
@@ -926,7 +935,9 @@ class Scheduler:
 
     # -- turn tasks -----------------------------------------------------------------------
 
-    def _start_turn(self, turn: TurnRow, *, recovered: bool) -> None:
+    def _start_turn(
+        self, turn: TurnRow, *, recovered: bool, request: TurnRequest | None = None
+    ) -> None:
         assert self._tg is not None, "scheduler is not running"
         active = _Active(
             turn_id=turn.turn_id,
@@ -937,6 +948,8 @@ class Scheduler:
             attempt=turn.attempt,
         )
         self._active[turn.turn_id] = active
+        if request is not None:
+            self._requests[turn.turn_id] = request
         self._tg.start_soon(self._turn_task, turn, active, recovered, name=f"turn-{turn.turn_id}")
 
     async def _turn_task(self, turn: TurnRow, active: _Active, recovered: bool) -> None:
@@ -968,6 +981,7 @@ class Scheduler:
             finally:
                 if self._active.get(active.turn_id) is active:
                     del self._active[active.turn_id]
+                    self._requests.pop(active.turn_id, None)
                 active.settled.set()
                 active.finished.set()
                 active.changed.set()
@@ -1062,7 +1076,7 @@ class Scheduler:
     # -- instruction turns ----------------------------------------------------------------
 
     async def _run_instruction(self, turn: TurnRow, active: _Active, recovered: bool) -> TurnRow:
-        spec = parse_turn_request(turn.spec, session_id=turn.session_id)
+        spec = self._spec(turn)
         assert spec.instruction is not None
         ins = spec.instruction
         options = self.settings.retry
@@ -1306,7 +1320,7 @@ class Scheduler:
     # -- process turns --------------------------------------------------------------------
 
     async def _run_process(self, turn: TurnRow, active: _Active, recovered: bool) -> TurnRow:
-        spec = parse_turn_request(turn.spec, session_id=turn.session_id)
+        spec = self._spec(turn)
         assert spec.process is not None
         session = self._sessions[turn.session_id]
         options = self.settings.retry
