@@ -99,11 +99,17 @@ async def daemon_figures(directory: Path, bench: ModuleType) -> dict[str, float]
             sid = (await client.call("session.open", package_id="demo"))["session_id"]
 
             samples: list[float] = []
+            phases: dict[str, list[float]] = {"intake": [], "attempt": [], "finish": []}
             for i in range(WARMUP_TURNS + LATENCY_TURNS):
                 start = time.perf_counter()
                 result = await client.call("turn.submit", session_id=sid, wait_s=30, **TURN)
                 if i >= WARMUP_TURNS:
                     samples.append(time.perf_counter() - start)
+                    t = result["turn"]
+                    (a,) = t["attempts"]
+                    phases["intake"].append((a["started_us"] - t["accepted_us"]) / 1e6)
+                    phases["attempt"].append((a["finished_us"] - a["started_us"]) / 1e6)
+                    phases["finish"].append((t["finished_us"] - a["finished_us"]) / 1e6)
                 assert result["turn"]["state"] == "succeeded", result["turn"]
             before = await client.call("status")
 
@@ -156,6 +162,9 @@ async def daemon_figures(directory: Path, bench: ModuleType) -> dict[str, float]
     daemon_cpu = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
     exec_cpu = (ecpu1.user + ecpu1.system) - (ecpu0.user + ecpu0.system)
     return {
+        "phase_intake_us": _pct(phases["intake"], 0.5) * 1e6,
+        "phase_attempt_us": _pct(phases["attempt"], 0.5) * 1e6,
+        "phase_finish_us": _pct(phases["finish"], 0.5) * 1e6,
         "p50_us": _pct(samples, 0.5) * 1e6,
         "p99_us": _pct(samples, 0.99) * 1e6,
         "throughput": done / elapsed,
@@ -170,6 +179,22 @@ async def daemon_figures(directory: Path, bench: ModuleType) -> dict[str, float]
     }
 
 
+def fsync_floor(directory: Path, rounds: int = 300) -> float:
+    """p50 of a 512-byte append + fdatasync on the benchmark's disk (seconds)."""
+    path = directory / "fsync.probe"
+    samples: list[float] = []
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for _ in range(rounds):
+            start = time.perf_counter()
+            os.write(fd, b"x" * 512)
+            os.fdatasync(fd)
+            samples.append(time.perf_counter() - start)
+    finally:
+        os.close(fd)
+    return _pct(samples, 0.5)
+
+
 async def run_all() -> None:
     bench = _load_executor_bench()
     directory = Path(tempfile.mkdtemp(prefix="hh-bench-daemon-"))
@@ -177,6 +202,7 @@ async def run_all() -> None:
     try:
         started = time.perf_counter()
         base = await bench.baseline(directory)
+        sync_s = fsync_floor(directory)
         daemon = await daemon_figures(directory, bench)
         total = time.perf_counter() - started
     finally:
@@ -195,11 +221,23 @@ async def run_all() -> None:
         f"{daemon['p99_us']:8.1f} us\n"
     )
     out(f"  p50 ratio to raw round trip          {ratio:8.2f} x   (target <= 4)\n")
+    rest = daemon["p50_us"] - (
+        daemon["phase_intake_us"] + daemon["phase_attempt_us"] + daemon["phase_finish_us"]
+    )
+    out(f"  p50 split: accept (fsync) + start    {daemon['phase_intake_us']:8.1f} us\n")
+    out(f"             attempt (hub+executor)    {daemon['phase_attempt_us']:8.1f} us\n")
+    out(f"             ledgers (fdatasync)       {daemon['phase_finish_us']:8.1f} us\n")
+    out(f"             final commit + replies    {rest:8.1f} us\n")
     out(
         f"  throughput, 64 in flight, 8 execs    {daemon['throughput']:8.0f} turns/s"
         f"   (target >= 10000; {daemon['failed']:.0f} not succeeded)\n"
     )
-    out("where the time goes (throughput phase)\n")
+    out("where the time goes\n")
+    out(f"  fdatasync p50 on this disk           {sync_s * 1e6:8.1f} us\n")
+    out(
+        "  syncs in series on a turn's path     3-4 (intake accept; exec+evidence ledgers;"
+        f" intake final) >= {3 * sync_s * 1e6:.0f} us\n"
+    )
     out(f"  daemon CPU per turn                  {daemon['daemon_cpu_ms_per_turn']:8.2f} ms\n")
     daemon_share = daemon["daemon_cpu_share"] * 100
     executor_share = daemon["executor_cpu_share"] * 100

@@ -277,13 +277,16 @@ async def hub_figures(directory: Path) -> dict[str, float]:
                     if report.outcome.fault_type is not None:
                         failures += 1
 
+            executors = [psutil.Process(p.pid) for p in processes[1:]]
             cpu_before = psutil.Process().cpu_times()
+            exec_before = [e.cpu_times() for e in executors]
             start = time.perf_counter()
             async with anyio.create_task_group() as workers:
                 for k in range(IN_FLIGHT):
                     workers.start_soon(worker, k)
             elapsed = time.perf_counter() - start
             cpu_after = psutil.Process().cpu_times()
+            exec_after = [e.cpu_times() for e in executors]
             await hub.aclose()
             tg.cancel_scope.cancel()
     finally:
@@ -294,12 +297,18 @@ async def hub_figures(directory: Path) -> dict[str, float]:
             await process.aclose()
         await listener.aclose()
     hub_cpu = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
+    exec_cpu = sum(
+        (a.user + a.system) - (b.user + b.system)
+        for a, b in zip(exec_after, exec_before, strict=True)
+    )
     return {
         "p50_us": _pct(samples, 0.5) * 1e6,
         "p99_us": _pct(samples, 0.99) * 1e6,
         "throughput": done / elapsed,
         "failures": failures,
         "hub_cpu_share": hub_cpu / elapsed,
+        "exec_cpu_share": exec_cpu / elapsed,
+        "cpu_us_per_attempt": (hub_cpu + exec_cpu) / max(1, done) * 1e6,
     }
 
 
@@ -382,6 +391,14 @@ async def run_all() -> None:
         f"   (target >= 10000; {hub['failures']:.0f} faults)\n"
     )
     out(f"  hub process CPU during throughput   {hub['hub_cpu_share'] * 100:8.0f} % of one core\n")
+    out(f"  executors' CPU (8 processes)        {hub['exec_cpu_share'] * 100:8.0f} % of one core\n")
+    cost = hub["cpu_us_per_attempt"]
+    out(
+        f"  CPU per attempt, hub + executor     {cost:8.1f} us"
+        f"   (=> {2e6 / cost:.0f} attempts/s if both cores were free)\n"
+    )
+    load = os.getloadavg()[0]
+    out(f"  load average at the end             {load:8.2f}   (other work on the box)\n")
     out("hub with many executors connected\n")
     out(f"  executors connected                 {rss['connected']:8.0f}\n")
     before, after = rss["rss_before_mb"], rss["rss_mb"]

@@ -102,7 +102,8 @@ def bench_group_commit(
             writer.close()
         stats = syncer.statistics()
     detail = (
-        f"batches {stats.batches}, fdatasync {stats.fdatasync_calls}, syncfs {stats.syncfs_calls}"
+        f"batches {stats.batches}, fdatasync {stats.fdatasync_calls}, syncfs {stats.syncfs_calls},"
+        f" {stats.sync_seconds:.1f} s in sync calls"
     )
     return sum(counts) / elapsed, detail
 
@@ -136,7 +137,8 @@ def bench_group_commit_async(
             writer.close()
         stats = syncer.statistics()
     detail = (
-        f"batches {stats.batches}, fdatasync {stats.fdatasync_calls}, syncfs {stats.syncfs_calls}"
+        f"batches {stats.batches}, fdatasync {stats.fdatasync_calls}, syncfs {stats.syncfs_calls},"
+        f" {stats.sync_seconds:.1f} s in sync calls"
     )
     return sum(counts) / elapsed, detail
 
@@ -185,8 +187,8 @@ def bench_verify_sessions(root: Path, sessions: int, turns: int) -> tuple[float,
                         "kind": "turn",
                         "session_id": f"SES-{index:03d}",
                         "turn_number": turn,
-                        "declared_reads": ["/work/in.txt"],
-                        "declared_writes": [{"path": "/work/out.txt", "role": "result"}],
+                        "declared_reads": ["inputs/in.txt"],
+                        "declared_writes": [{"path": "outputs/out.txt", "role": "result"}],
                         "external_calls": [],
                         "capability_violations": [],
                     }

@@ -1,7 +1,8 @@
 # Hash-chained, crash-safe session ledgers (exec.jsonl, evidence.jsonl) and their verification.
 # Layering: this package imports neither supervisor nor sandbox; both import it.
-# Modules: canonical (JSON rules) -> chain (hashes) -> entries (schema) -> heads (anchors) ->
-# verify -> checkpoints -> syncer/writer -> session; cli registers `hunter ledger ...`.
+# Modules, lower layers first: errors, canonical (JSON rules), chain (hashes), entries (schema),
+# files, heads (anchors), verify, checkpoints, syncer (group commit), writer, session;
+# cli registers `hunter ledger verify|show` (see docs/ledger.md).
 from ledger.checkpoints import SessionState, checkpoint_record, fold, replay, state_at
 from ledger.entries import (
     KIND_CHECKPOINT,

@@ -136,6 +136,8 @@ def _verify_command(args: argparse.Namespace) -> int:
     if isinstance(targets, str):
         return _usage(targets)
     _log_to_stderr()
+    if not targets:
+        sys.stderr.write("hunter ledger: no sessions found\n")
     workers = args.workers
     if workers is None and len(targets) < _PARALLEL_MIN_TARGETS:
         workers = 1

@@ -218,11 +218,19 @@ class SessionLedgers:
 
     # -- writing -------------------------------------------------------------------------------
 
+    def _queue_pair(
+        self, exec_record: Mapping[str, object], evidence_record: Mapping[str, object]
+    ) -> tuple[LedgerEntry, LedgerEntry]:
+        # Validate both before writing either, so a bad record never leaves a turn in one
+        # ledger only.
+        exec_fields = self.exec.prepare(exec_record)
+        evidence_fields = self.evidence.prepare(evidence_record)
+        return self.exec.write_prepared(exec_fields), self.evidence.write_prepared(evidence_fields)
+
     def _write_pair(
         self, exec_record: Mapping[str, object], evidence_record: Mapping[str, object]
     ) -> tuple[LedgerEntry, LedgerEntry]:
-        exec_entry = self.exec.write_entry(exec_record)
-        evidence_entry = self.evidence.write_entry(evidence_record)
+        exec_entry, evidence_entry = self._queue_pair(exec_record, evidence_record)
         self._syncer.make_durable(
             ((self.exec, exec_entry.seq), (self.evidence, evidence_entry.seq))
         )
@@ -413,8 +421,7 @@ class SessionLedgers:
                 exec_extra=exec_extra,
                 evidence_extra=evidence_extra,
             )
-            exec_entry = self.exec.write_entry(exec_record)
-            evidence_entry = self.evidence.write_entry(evidence_record)
+            exec_entry, evidence_entry = self._queue_pair(exec_record, evidence_record)
             await self._syncer.make_durable_async(
                 ((self.exec, exec_entry.seq), (self.evidence, evidence_entry.seq))
             )

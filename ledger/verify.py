@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -329,6 +330,10 @@ def verify_scan(
     head_path = resolve_head_path(path, head_store)
     anchor = read_head(head_path)
     data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        # A live ledger: a sync round's write may have been half-copied when we read. Read once
+        # more; a tail that is still incomplete is reported as torn.
+        data = path.read_bytes()
     scan = scan_bytes(data, path, ledger_id=ledger_id, anchor=anchor, collect=collect)
     warnings: list[str] = []
     if scan.legacy_entries:
@@ -415,7 +420,11 @@ def verify_many(
             if progress is not None:
                 progress(done, total)
     else:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+        # fork is cheapest (no re-import) and safe while this process has a single thread;
+        # with other threads running (a daemon's syncer) a forked child could inherit a held
+        # lock, so then spawn.
+        method = "fork" if threading.active_count() == 1 else "spawn"
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context(method)) as pool:
             futures = [pool.submit(_verify_target, target) for target in targets]
             for done, _future in enumerate(as_completed(futures), start=1):
                 if progress is not None:

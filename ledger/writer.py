@@ -45,6 +45,7 @@ _log = structlog.get_logger("ledger")
 
 Clock = Callable[[], int]
 ANCHOR_SYNC_INTERVAL_S: Final = 1.0
+MAX_PENDING_BYTES: Final = 1 << 20
 
 
 def wall_clock_us() -> int:
@@ -130,6 +131,7 @@ class LedgerWriter:
         self._failure: str | None = None
         self._waiters: list[tuple[int, Waiter]] = []
         self._pending: list[bytes] = []
+        self._pending_bytes = 0
         self.device = 0
         self.legacy_entries = 0
         self.head_path = path
@@ -152,11 +154,14 @@ class LedgerWriter:
         self.device = os.fstat(self._fd).st_dev
         size = os.fstat(self._fd).st_size
         data = os.pread(self._fd, size, 0) if size else b""
-        if data and not data.endswith(b"\n"):
-            data = _move_torn_tail(path, self._fd, data)
         head_path = resolve_head_path(path, head_store)
         anchored = read_head(head_path)
-        scan = scan_bytes(data, path, ledger_id=self.ledger_id, anchor=anchored)
+        complete = data[: data.rfind(b"\n") + 1]
+        # Verify everything before the torn tail first: a file that fails (e.g. an anchored
+        # entry lost its newline) is refused untouched; only then is the tail moved aside.
+        scan = scan_bytes(complete, path, ledger_id=self.ledger_id, anchor=anchored)
+        if len(complete) < len(data):
+            data = _move_torn_tail(path, self._fd, data)
         self.legacy_entries = scan.legacy_entries
         self._seq = scan.head_seq
         self._hash = (
@@ -245,9 +250,17 @@ class LedgerWriter:
         round, just before its fdatasync), so nothing unacknowledged costs a system call here.
         Callers that batch (`SessionLedgers.record_turn`) follow with `wait_durable`.
         """
+        return self.write_prepared(self.prepare(record))
+
+    def prepare(self, record: Mapping[str, object]) -> dict[str, object]:
+        """Normalize and validate a record for this ledger (raises `LedgerRecordError`)."""
         fields = normalize(record)
         assert isinstance(fields, dict)
         validate_record(self.ledger_id, fields)
+        return fields
+
+    def write_prepared(self, fields: dict[str, object]) -> LedgerEntry:
+        """`write_entry` for a record returned by `prepare` (which it takes over)."""
         with self._lock:
             self._check_usable()
             seq = self._seq + 1
@@ -259,6 +272,13 @@ class LedgerWriter:
             fields["ts_us"] = ts
             line, digest = seal(fields)
             self._pending.append(line)
+            self._pending_bytes += len(line)
+            if self._pending_bytes > MAX_PENDING_BYTES:  # bound memory when nobody waits
+                try:
+                    self._flush_locked()
+                except OSError as exc:
+                    dispatch(self._fail_locked(f"write: {type(exc).__name__}: {exc}"))
+                    raise LedgerSyncError(self._path, self._failure or "write failed") from exc
             self._seq = seq
             self._hash = digest
             self._last_ts = ts
@@ -328,6 +348,7 @@ class LedgerWriter:
             return
         data = b"".join(self._pending) if len(self._pending) > 1 else self._pending[0]
         self._pending.clear()
+        self._pending_bytes = 0
         view = memoryview(data)
         while view:
             written = os.write(self._fd, view)

@@ -485,6 +485,25 @@ def _cmd_drain(args: argparse.Namespace) -> int:
     return _run_client(args, body)
 
 
+def _cmd_config_show(args: argparse.Namespace) -> int:
+    import os
+
+    from supervisor.config import ConfigError, load_config
+
+    overrides: dict[str, object] = {}
+    if args.root:
+        overrides["root"] = Path(args.root)
+    try:
+        config = load_config(
+            Path(args.config) if args.config else None, env=os.environ, overrides=overrides
+        )
+    except ConfigError as exc:
+        _err(f"hunter config show: {exc}")
+        return EXIT_USAGE
+    _out(_json(config.to_dict()))
+    return EXIT_OK
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from supervisor.demo import run_demo
 
@@ -593,17 +612,27 @@ def add_parser(subparsers: Any) -> None:
     _client_options(p)
     p.set_defaults(handler=_cmd_drain)
 
+    p = subparsers.add_parser("config", help="show the effective configuration")
+    sp = p.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+    show = sp.add_parser(
+        "show", help="print the configuration `hunter serve` would use (defaults, file, env)"
+    )
+    show.add_argument("--root", metavar="DIR")
+    show.add_argument("--config", metavar="FILE")
+    show.set_defaults(handler=_cmd_config_show)
+
     p = subparsers.add_parser(
         "demo",
         help="run the end-to-end demo (daemon, executors, mixed batch, ledger check)",
-        description="Starts a daemon on a demo root (default ./.hunter-demo), example executors "
+        description="Starts a daemon on a demo root (default: a new temporary directory, "
+        "removed afterwards unless --keep or the demo fails), example executors "
         "(working and chaos), opens a session of the 'demo' package, submits a mixed batch, "
         "prints a table of outcomes and verifies every ledger. Exit 0 only if every outcome "
         "was the expected one.",
     )
-    p.add_argument("--root", metavar="DIR", help="demo root (default ./.hunter-demo)")
-    p.add_argument("--fresh", action="store_true", help="delete the demo root first")
-    p.add_argument("--keep", action="store_true", help="keep the demo root afterwards")
+    p.add_argument("--root", metavar="DIR", help="demo root (default: a new temporary dir)")
+    p.add_argument("--fresh", action="store_true", help="with --root: delete it first")
+    p.add_argument("--keep", action="store_true", help="keep the temporary root afterwards")
     p.set_defaults(handler=_cmd_demo)
 
 

@@ -11,9 +11,26 @@ A connection may carry many requests at once (each is served by its own task, so
 ``id``. An error always names what was wrong, where, and what to do; its ``code`` is stable (see
 `ERROR_CODES`). A malformed frame closes that connection only: nothing already accepted is lost.
 
-Operations: ``session.open``, ``session.close``, ``session.list``, ``turn.submit``, ``turn.get``,
-``turn.wait``, ``turn.cancel``, ``turns.list``, ``status``, ``executors.list``,
-``escalations.list``, ``escalations.resolve``, ``ledger.verify``, ``drain``, ``ping``.
+Operations (params -> result):
+
+* ``ping`` -> ``{pong, pid, protocol, root, control_socket}``
+* ``session.open`` {package_id, tier?, work_order_id?, workspace?} -> session;
+  ``session.close`` {session_id} -> session (refused while it has unfinished turns);
+  ``session.list`` -> {sessions}
+* ``turn.submit`` {session_id, kind: "instruction"|"process", declared_outputs (required; []
+  for instructions), declared_inputs?, phase?, idempotency_key?, timeout_ms?, wait_s?} plus
+  {command_type, target_url?, target_selector?, parameters?} or {argv} -> {turn, created}
+  (``created`` false: the idempotency key was seen before, this is that turn; ``wait_s``:
+  answer only once the turn is final or parked, at most that long)
+* ``turn.get`` {turn_id} -> {turn}; ``turn.wait`` {turn_id, timeout_s?, until?: [states]} ->
+  {turn} once final, escalated, or in one of ``until``; ``turn.cancel`` {turn_id} -> {turn};
+  ``turns.list`` {session_id?} -> {turns}
+* ``status`` -> {daemon, scheduler, intake, turns_by_state, in_flight, hub, executors}
+* ``executors.list`` -> {executors}; ``executors.wait`` {executor_id, status?, timeout_s?}
+* ``escalations.list`` -> {escalations}; ``escalations.resolve`` {turn_id, action:
+  "retry"|"terminate"} -> {turn}
+* ``ledger.verify`` {session_id?} -> {ok, ledgers, failures}
+* ``drain`` -> {draining: true} (the drain starts once the answer is written)
 """
 
 from __future__ import annotations
@@ -64,6 +81,12 @@ ERROR_CODES: Final[Mapping[str, str]] = {
 }
 
 Handler = Callable[[Mapping[str, Any]], Awaitable[object]]
+
+#: Operations that change state: they finish even if the client disconnects meanwhile
+#: (``turn.submit`` shields its own accept-and-schedule step, not its optional wait).
+_STATE_CHANGING: Final = frozenset(
+    {"session.open", "session.close", "turn.cancel", "escalations.resolve", "drain"}
+)
 
 
 def _turn_id(params: Mapping[str, Any]) -> int:
@@ -168,13 +191,19 @@ class ControlServer:
                         )
                     break
                 tg.start_soon(self._serve_request, stream, lock, frame)
-            # the client closed its side: let requests in progress finish and answer
+            # The client went away: nobody will read the answers. Waits and reads in progress
+            # are cancelled; requests that change state run to the end (they are shielded).
+            tg.cancel_scope.cancel()
         self._connections -= 1
 
     async def _serve_request(
         self, stream: anyio.abc.SocketStream, lock: anyio.Lock, frame: Mapping[str, Any]
     ) -> None:
-        response = await self.handle(frame)
+        if frame.get("op") in _STATE_CHANGING:
+            with anyio.CancelScope(shield=True):
+                response = await self.handle(frame)
+        else:
+            response = await self.handle(frame)
         async with lock:
             with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                 await write_frame(stream, response)
@@ -250,7 +279,8 @@ class ControlServer:
         request = parse_turn_request(
             params, default_timeout_ms=self._scheduler.settings.default_timeout_ms
         )
-        turn, created = await self._scheduler.submit(request)
+        with anyio.CancelScope(shield=True):  # accepted means scheduled, client or not
+            turn, created = await self._scheduler.submit(request)
         wait = params.get("wait_s")
         if wait is not None:
             # submit-and-wait in one round trip: answers once the turn is final or parked

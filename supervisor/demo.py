@@ -2,8 +2,10 @@
 
 What it does
 ------------
-1. Prepares a fresh root (default ``./.hunter-demo``; ``--fresh`` deletes it first, ``--root``
-   picks another) with a small config (short heartbeats, timeouts and backoff) and installs the
+1. Prepares a fresh root (default: a new temporary directory, mode 0711 so that process
+   turns, which run under their own uid, can reach it; removed afterwards unless ``--keep``;
+   ``--root DIR`` picks a directory instead, ``--fresh`` empties it first) with a small
+   config (short heartbeats, timeouts and backoff) and installs the
    example package ``demo`` (``examples/packages/demo/manifest.json``; a built-in copy is used
    when the source tree is not at hand).
 2. Starts a real daemon (``python -m supervisor serve``) and waits for its ``READY=1`` on a
@@ -34,6 +36,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,7 +57,6 @@ __all__ = [
     "run_demo",
 ]
 
-DEFAULT_DEMO_ROOT: Final = Path(".hunter-demo")
 
 #: The demo daemon's config: everything short so that faults play out in seconds.
 DEMO_CONFIG: Final = """\
@@ -684,12 +686,21 @@ def run_demo(*, root: Path | None, fresh: bool, keep: bool) -> int:
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
 
-    target = (root or DEFAULT_DEMO_ROOT).absolute()
+    base: Path | None = None
+    if root is None:
+        base = Path(tempfile.mkdtemp(prefix="hunter-demo-"))
+        os.chmod(base, 0o711)
+        target = base / "root"
+    else:
+        target = root.absolute()
     try:
         code = anyio.run(lambda: demo_main(target, fresh=fresh or root is None, show=show))
     except StartError as exc:
         sys.stderr.write(f"hunter demo: {exc}\n")
-        return 1
-    if not keep and code == 0 and root is None:
-        shutil.rmtree(target, ignore_errors=True)
+        code = 1
+    if base is not None:
+        if keep or code != 0:
+            show(f"demo root kept: {target} (logs: daemon.log, executor-*.log)")
+        else:
+            shutil.rmtree(base, ignore_errors=True)
     return code

@@ -344,8 +344,8 @@ class _Conn:
             and instruction_id not in self.unacked
         )
 
-    async def send(self, data: bytes) -> None:
-        await self.writer.send(data)
+    async def send(self, data: bytes, *, cork: bool | None = None) -> None:
+        await self.writer.send(data, cork=cork)
 
 
 def _now_us() -> int:
@@ -588,17 +588,23 @@ class ExecutorHub:
         return self._closing
 
     def _pick(self, command: ExecutorCommandType, instruction_id: str) -> _Conn | None:
-        """Least-loaded READY executor with a free slot for ``command`` (ties: fewest slots used
-        relative to capacity, then registration order)."""
+        """Least-loaded READY executor with a free slot for ``command`` (in-flight ÷ slots;
+        ties go to the first registered). Inlined ``_Conn.accepts``: this is the hot path."""
         best: _Conn | None = None
         best_ratio = 2.0
+        ready = ExecutorStatus.READY
         for conn in self._by_command[command]:
-            if conn.accepts(instruction_id):
-                ratio = conn.load / conn.slots
-                if ratio < best_ratio:
-                    best, best_ratio = conn, ratio
-                    if ratio == 0.0:
-                        break
+            if conn.closed or conn.error_detail or conn.self_status is not ready:
+                continue
+            in_flight, unacked = conn.in_flight, conn.unacked
+            load = len(in_flight) + len(unacked) + conn.reserved
+            if load >= conn.slots or instruction_id in in_flight or instruction_id in unacked:
+                continue
+            ratio = load / conn.slots
+            if ratio < best_ratio:
+                best, best_ratio = conn, ratio
+                if load == 0:
+                    break
         return best
 
     async def _wait_in_queue(self, command: ExecutorCommandType, iid: str) -> _Conn | None:
@@ -676,7 +682,8 @@ class ExecutorHub:
         try:
             with anyio.CancelScope(deadline=deadline):
                 try:
-                    await conn.send(frame)
+                    # Several in flight: more frames follow this loop pass, batch them.
+                    await conn.send(frame, cork=len(conn.in_flight) > 1)
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
                     self._disconnect(conn, HubReason.EXECUTOR_DISCONNECTED, f"send failed: {exc!r}")
                 await pending.event.wait()

@@ -49,12 +49,20 @@ _CORK_WINDOW_S: Final = 200e-6  # a send this soon after the previous one is bat
 
 
 def _raw_socket(stream: object) -> socket.socket | None:
-    """The non-blocking socket under an anyio socket stream, if there is one."""
-    extra = getattr(stream, "extra", None)
-    if extra is None:
+    """The socket under ``stream`` when reading/writing it directly is safe, else ``None``.
+
+    Only anyio's asyncio Unix socket stream qualifies: it drives a plain non-blocking socket
+    with no buffer of its own. (anyio's asyncio TCP streams sit on a transport that owns the
+    socket: bypassing it would lose or reorder bytes.)
+    """
+    kind = type(stream)
+    if kind.__name__ != "UNIXSocketStream" or kind.__module__ != "anyio._backends._asyncio":
         return None
-    sock = extra(SocketAttribute.raw_socket, None)
-    return sock if isinstance(sock, socket.socket) else None
+    extra = getattr(stream, "extra", None)
+    sock = extra(SocketAttribute.raw_socket, None) if extra is not None else None
+    if not isinstance(sock, socket.socket) or sock.family != socket.AF_UNIX:
+        return None
+    return sock
 
 
 class FrameError(Exception):
@@ -205,10 +213,10 @@ class FrameWriter:
     * Direct (default): a frame the kernel accepts at once is written straight to the socket
       (no event-loop round trip); anything else goes through the stream under a lock, so frames
       never interleave.
-    * Corked, while ``run()`` is running in a task: a send within 200 µs of the previous one
-      only queues the frame and wakes ``run()``, which writes everything queued during one
-      event-loop pass with a single syscall (a send after a quiet spell is written at once, so
-      an idle connection pays no extra latency). On this machine a Unix-socket send that wakes
+    * Corked, while ``run()`` is running in a task: a corked send (see ``send``) only queues the
+      frame and wakes ``run()``, which writes everything queued during one event-loop pass with
+      a single syscall; an uncorked send is written at once, so a lone request pays no extra
+      latency. On this machine a Unix-socket send that wakes
       the peer costs ~45 µs, so under load corking divides the syscalls (and the peer's
       wake-ups) by the batch size. ``send()``
       waits only when more than ``high_water`` bytes are queued (backpressure).
@@ -249,19 +257,24 @@ class FrameWriter:
         self._error: Exception | None = None
         self._last = 0.0
 
-    async def send(self, data: bytes) -> None:
-        """Send ``data`` (one or more complete frames) without interleaving with other sends."""
+    async def send(self, data: bytes, *, cork: bool | None = None) -> None:
+        """Send ``data`` (one or more complete frames) without interleaving with other sends.
+
+        ``cork`` (corked mode only): True queues the data for the next batch, False writes it
+        at once (after anything already queued), None decides by time: a send within 200 µs of
+        the previous one is queued. Callers that know more traffic is coming (the hub with
+        several instructions in flight on a connection) pass True.
+        """
         if self._error is not None:
             raise self._error
         if not self._running:
             await self._write(data)
             return
         now = time.monotonic()
-        idle = now - self._last > _CORK_WINDOW_S
+        if cork is None:
+            cork = now - self._last <= _CORK_WINDOW_S
         self._last = now
-        if idle and not self._chunks and not self._busy:
-            # Nothing sent lately: write at once (latency); the next sends within the window
-            # are corked (throughput).
+        if not cork and not self._chunks and not self._busy:
             await self._write(data)
             return
         self._chunks.append(data)

@@ -20,7 +20,7 @@ Design notes
   retry, or ``terminated``).
 * **Recovery.** A turn found in ``running`` when the daemon starts was interrupted mid-attempt; the
   scheduler records that attempt as a CRASH fault and sends it through the policy
-  (`interrupted_turns`). ``accepted`` and ``waiting_retry`` turns are simply scheduled again.
+  (`unfinished_turns`). ``accepted`` and ``waiting_retry`` turns are simply scheduled again.
 
 One connection, used by one thread at a time (the committer serialises every call). Plain
 synchronous methods are there for tests and tools; the daemon goes through the committer.
@@ -768,6 +768,9 @@ class IntakeCommitter:
         self._max_batch = max_batch
         self._queue: list[Pending] = []
         self._wakeup = anyio.Event()
+        # Its own thread token: commits never queue behind other blocking work (ledger appends
+        # wait for their fsync on worker threads of the default limiter).
+        self._limiter = anyio.CapacityLimiter(1)
         self._closed = False
         self._batches = 0
         self._ops = 0
@@ -821,7 +824,9 @@ class IntakeCommitter:
             # Shielded: a batch that reached the database finishes and its callers learn the
             # result; cancelling mid-commit would leave callers not knowing what was written.
             with anyio.CancelScope(shield=True):
-                results = await anyio.to_thread.run_sync(self.intake.run_batch, ops)
+                results = await anyio.to_thread.run_sync(
+                    self.intake.run_batch, ops, limiter=self._limiter
+                )
         except Exception as exc:  # every waiting caller gets it
             for p in batch:
                 p._resolve(False, exc)

@@ -6,18 +6,25 @@ Design notes
   fire-and-forget). A turn task is wrapped in its own cancel scope so `cancel_turn` can stop just
   that turn.
 * **Instruction turns.** Each attempt builds a fresh `ExecutorInstructionEnvelope` (instruction id
-  ``INS-<turn>-<attempt>``, execution id ``EXE-<turn>``), marks the turn ``running`` in the intake
-  (durably, before anything is sent), hands it to the hub (which queues it for a READY executor,
-  enforces the deadline and maps the response to an `AttemptOutcome`), then asks
-  `decide_attempt` what next: RETRY sleeps the backoff in this task (a retry may go to another
-  executor), SUCCEED/TERMINATE/EXHAUSTED end the turn, ESCALATE parks it until an operator
-  resolves it.
+  ``INS-<turn>-<attempt>``, execution id ``EXE-<turn>``) and hands it to the hub (which queues it
+  for a READY executor, enforces the deadline and maps the response to an `AttemptOutcome`);
+  the intake row moves to ``running`` in a commit that overlaps the dispatch (one fsync less on
+  the turn's path) and is durable before the outcome is recorded. Then `decide_attempt` says what
+  next: RETRY sleeps the backoff in this task (a retry may go to another executor),
+  SUCCEED/TERMINATE/EXHAUSTED end the turn, ESCALATE parks it until an operator resolves it.
+  A crash before the ``running`` commit leaves the turn ``accepted``/``waiting_retry``; the
+  restart then simply runs that attempt again (executors see at-least-once delivery either way).
+* **Idempotent submission** happens before admission: a resubmitted key returns its turn even
+  when the queue is full.
 * **Process turns** go to `Session.run_process_turn`, which runs its own attempts through the same
   policy (and writes its own ledger entries), so the scheduler does not retry them again. Process
   turns of one session run one at a time (they share the session's sandbox directories); across
   sessions at most ``process_slots`` run at once.
 * **Ledgers.** Every turn that ends (or is parked) gets its exec and evidence entries; instruction
-  turns via `Session.record_instruction_turn` with one external call per attempt.
+  turns via `Session.record_instruction_turn` with one external call per attempt. The ledger
+  entries are written before the intake's final state: a crash in between re-runs the attempt
+  after the restart (the ledger then holds both entries); a turn never ends without its entries.
+  An escalated turn gets entries when it is parked and again when the operator resolves it.
 * **Drain.** `drain` stops new attempts from starting and waits (up to a grace deadline) for the
   attempts in progress. Whatever is still running when the daemon then cancels everything stays
   ``running`` in the intake, and the next start treats it as an interrupted attempt: a CRASH fault
@@ -701,6 +708,7 @@ class Scheduler:
             )
         row = await self._committer.call(lambda: self._intake.op_close_session(session_id))
         session = self._sessions.pop(session_id, None)
+        self._session_locks.pop(session_id, None)
         if session is not None:
             await anyio.to_thread.run_sync(session.close)
         with bind_ids(session_id=session_id):
@@ -709,12 +717,6 @@ class Scheduler:
 
     async def list_sessions(self) -> list[SessionRow]:
         return await self._committer.call(self._intake.op_list_sessions)
-
-    def session_dirs(self) -> dict[str, Any]:
-        return {
-            sid: getattr(getattr(s, "ledgers", None), "session_dir", None)
-            for sid, s in self._sessions.items()
-        }
 
     async def _get_session_row(self, session_id: str) -> SessionRow:
         try:
@@ -758,7 +760,7 @@ class Scheduler:
         if request.instruction is not None:
             self._admit(request.instruction.command_type)
         if request.process is not None:
-            self._check_process(session, request)
+            await self._check_process(session, request)
         turn, created = await self._committer.call(
             lambda: self._intake.op_accept_turn(
                 session_id=request.session_id,
@@ -788,11 +790,15 @@ class Scheduler:
                 command_type=command_type.value,
             ) from None
 
-    def _check_process(self, session: SessionLike, request: TurnRequest) -> None:
+    async def _check_process(self, session: SessionLike, request: TurnRequest) -> None:
+        """Capability check at intake (a violation is written to the evidence ledger, durably,
+        so it runs on a worker thread)."""
         assert request.process is not None
         try:
-            session.check_turn_request(
-                list(request.process.argv), self._runtime_outputs(request.declared_outputs)
+            await anyio.to_thread.run_sync(
+                session.check_turn_request,
+                list(request.process.argv),
+                self._runtime_outputs(request.declared_outputs),
             )
         except Exception as exc:
             code = _error_code(exc, default="turn_rejected")
@@ -998,7 +1004,7 @@ class Scheduler:
         self._log.info("escalation_resolved", action=active.resolution)
         if active.resolution == "terminate":
             active.move(TurnState.TERMINATED)
-            await self._record_end(turn, status=TurnState.TERMINATED.value)
+            await self._record_end(turn, status=TurnState.TERMINATED.value, any_kind=True)
             self._count_finished(turn)
             return turn
         # retry: a fresh attempt budget, as if the turn had just been accepted
@@ -1044,7 +1050,7 @@ class Scheduler:
         )
         active.move(TurnState.CANCELLED)
         self._log.info("turn_finished", state="cancelled", attempts=len(turn.attempts))
-        await self._record_end(turn, status=TurnState.CANCELLED.value)
+        await self._record_end(turn, status=TurnState.CANCELLED.value, any_kind=True)
         self._count_finished(turn)
 
     def _count_finished(self, turn: TurnRow) -> None:
@@ -1281,9 +1287,11 @@ class Scheduler:
         finally:
             self._stop_counting(counting)
 
-    async def _record_end(self, turn: TurnRow, *, status: str) -> None:
-        """Write the turn's exec and evidence ledger entries (instruction turns)."""
-        if turn.kind is not TurnKind.INSTRUCTION:
+    async def _record_end(self, turn: TurnRow, *, status: str, any_kind: bool = False) -> None:
+        """Write the turn's exec and evidence ledger entries: instruction turns always; process
+        turns (whose runtime writes their entries) only for the daemon's own decisions such as
+        an operator's terminate (*any_kind*)."""
+        if turn.kind is not TurnKind.INSTRUCTION and not any_kind:
             return
         session = self._sessions.get(turn.session_id)
         if session is None:

@@ -21,7 +21,8 @@ Lifecycle
    Turns waiting for a retry or not yet started simply resume after the restart.
 
 Exit codes: 0 after a drain (clean or with parked attempts), 1 when a second signal forced the
-exit, 2 for a configuration/usage problem, 3 when another daemon already serves the root.
+exit or the daemon failed (the message and the ``daemon_failed`` log event say why), 2 for a
+configuration/usage problem, 3 when another daemon already serves the root.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Any, Final
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 
 from supervisor.config import Config, ConfigError, diff_reloadable, load_config
 from supervisor.control import ControlServer
@@ -63,6 +65,8 @@ EXIT_OK: Final = 0
 EXIT_FORCED: Final = 1
 EXIT_USAGE: Final = 2
 EXIT_ALREADY_RUNNING: Final = 3
+#: Worker threads for blocking calls (ledger appends waiting for their fsync, sandbox setup).
+WORKER_THREADS: Final = 256
 
 
 class DaemonAlreadyRunning(Exception):
@@ -235,6 +239,10 @@ class Daemon:
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> int:
         config = self.config
+        # Ledger appends hold a worker thread until their group fsync: allow more of them in
+        # flight than anyio's default of 40 (they are blocked on I/O, not using CPU).
+        limiter = anyio.to_thread.current_default_thread_limiter()
+        limiter.total_tokens = max(limiter.total_tokens, WORKER_THREADS)
         with _root_lock(config.root):
             return await self._run_locked(config, task_status)
 
@@ -301,13 +309,13 @@ class Daemon:
             info={"root": str(config.root), "control_socket": str(config.control_socket)},
         )
         async with anyio.create_task_group() as tg:
+            if self._handle_signals:  # first, so that a signal during start-up drains cleanly
+                await tg.start(self._signals, tg.cancel_scope)
             await tg.start(committer.run)
             await tg.start(scheduler.run)
             async with listeners.executors, listeners.control:
                 await tg.start(hub.serve, listeners.executors)
                 await tg.start(control.serve, listeners.control)
-                if self._handle_signals:
-                    await tg.start(self._signals, tg.cancel_scope)
                 if watchdog_interval() is not None:
                     await tg.start(watchdog_loop)
                 stats = scheduler.statistics()
@@ -420,4 +428,8 @@ def run_daemon(
         sys.stderr.write(f"hunter serve: {exc}\n")
         return EXIT_ALREADY_RUNNING
     except KeyboardInterrupt:  # a signal before the receiver was installed
+        return EXIT_FORCED
+    except Exception as exc:  # start-up failed (socket path, sandbox, disk): say so, exit 1
+        get_logger("supervisor.server").exception("daemon_failed", error=str(exc))
+        sys.stderr.write(f"hunter serve: cannot run the daemon: {type(exc).__name__}: {exc}\n")
         return EXIT_FORCED

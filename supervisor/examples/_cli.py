@@ -12,10 +12,12 @@ import structlog
 
 from supervisor.sdk import ExecutorRejected
 
-__all__ = ["EXIT_REJECTED", "configure_example_logging", "run_until_signal"]
+__all__ = ["EXIT_REJECTED", "EXIT_UNREACHABLE", "configure_example_logging", "run_until_signal"]
 
 #: Exit code when the daemon refused the executor for good.
 EXIT_REJECTED = 3
+#: Exit code when the daemon's socket cannot be reached (with --no-reconnect).
+EXIT_UNREACHABLE = 4
 
 
 def configure_example_logging(level: str) -> None:
@@ -56,6 +58,9 @@ def run_until_signal(main: Callable[[], Awaitable[None]]) -> int:
             except ExecutorRejected as exc:
                 sys.stderr.write(f"rejected by the daemon: {exc}\n")
                 return EXIT_REJECTED
+            except OSError as exc:  # --no-reconnect and the daemon's socket is not there
+                sys.stderr.write(f"cannot reach the daemon: {exc}\n")
+                return EXIT_UNREACHABLE
             finally:
                 tg.cancel_scope.cancel()
         return 0

@@ -4,6 +4,7 @@
 # Layering: imports supervisor.frames / supervisor.protocol and the pure sandbox policy types,
 # never the daemon's hub.
 from supervisor.sdk.backoff import Backoff as Backoff
+from supervisor.sdk.client import Connection as Connection
 from supervisor.sdk.client import ExecutorRejected as ExecutorRejected
 from supervisor.sdk.client import run_executor as run_executor
 from supervisor.sdk.executor import Executor as Executor
@@ -14,6 +15,7 @@ from supervisor.sdk.executor import sha256_hex as sha256_hex
 
 __all__ = [
     "Backoff",
+    "Connection",
     "Executor",
     "ExecutorRejected",
     "Instruction",

@@ -8,6 +8,7 @@ one task per running instruction (each in its own cancel scope, cancelled by ``c
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Mapping
@@ -16,8 +17,9 @@ from typing import Any, Final
 import anyio
 import anyio.abc
 import structlog
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from supervisor.frames import FrameError, FrameReader, FrameWriter, encode_frame
+from supervisor.frames import HEADER_SIZE, FrameError, FrameReader, FrameWriter, encode_frame
 from supervisor.protocol import (
     PROTOCOL_VERSION,
     Heartbeat,
@@ -34,11 +36,12 @@ from supervisor.protocol import (
     response_message,
 )
 from supervisor.sdk.backoff import Backoff
-from supervisor.sdk.executor import Executor, NotSupported, Result
+from supervisor.sdk.executor import Executor, Instruction, NotSupported, Result
 
 __all__ = ["Connection", "ExecutorRejected", "run_executor"]
 
 _log = structlog.get_logger("supervisor.sdk")
+_Work = tuple[Instruction, anyio.CancelScope]
 _HANDSHAKE_TIMEOUT_S: Final = 10.0
 _RETRYABLE_REJECTS: Final = frozenset(
     {
@@ -78,15 +81,16 @@ class Connection:
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._last_rx = time.monotonic()
         self._tg: anyio.abc.TaskGroup | None = None
+        self._work: MemoryObjectSendStream[_Work] | None = None
         self.closed_reason = ""
 
     async def send_message(self, message: Mapping[str, object]) -> None:
         """Send one protocol message as a frame."""
         await self.send_raw(encode_frame(message))
 
-    async def send_raw(self, data: bytes) -> None:
+    async def send_raw(self, data: bytes, *, cork: bool | None = None) -> None:
         """Send raw bytes (test executors use it to send broken frames)."""
-        await self._writer.send(data)
+        await self._writer.send(data, cork=cork)
 
     async def send_status(self, status: Status) -> None:
         """Tell the daemon whether this executor takes new work."""
@@ -123,13 +127,22 @@ class Connection:
         welcome = self.welcome
         if welcome is None:
             raise RuntimeError("handshake() first")
-        async with anyio.create_task_group() as tg:
+        send, receive = anyio.create_memory_object_stream[_Work](math.inf)
+        self._work = send
+        async with send, receive, anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(self._writer.run)
             tg.start_soon(self._heartbeats, welcome)
+            # One long-lived worker per slot: cheaper than a task per instruction.
+            for _ in range(self.executor.slots):
+                tg.start_soon(self._worker, receive)
             self.closed_reason = await self._read_loop()
             tg.cancel_scope.cancel()
         return self.closed_reason
+
+    async def _worker(self, receive: MemoryObjectReceiveStream[_Work]) -> None:
+        async for instruction, scope in receive:
+            await self._run(instruction, scope)
 
     def _close(self) -> None:
         """End this connection: cancel its tasks; run_executor then closes the socket."""
@@ -190,12 +203,16 @@ class Connection:
             if isinstance(iid, str) and iid:
                 tg.start_soon(self._answer, iid, Result.refused(f"invalid instruction: {exc}"))
             return
+        # The scope exists from now on, so a cancel that arrives before a worker picks the
+        # instruction up still cancels it (the worker then answers TIMEOUT at once).
         scope = anyio.CancelScope()
         self._scopes[instruction.instruction_id] = scope
-        tg.start_soon(self._run, instruction, scope)
+        if self._work is None:  # pragma: no cover - serve() sets it before reading
+            raise RuntimeError("no work queue")
+        self._work.send_nowait((instruction, scope))
 
-    async def _run(self, instruction: Any, scope: anyio.CancelScope) -> None:
-        iid: str = instruction.instruction_id
+    async def _run(self, instruction: Instruction, scope: anyio.CancelScope) -> None:
+        iid = instruction.instruction_id
         result: Result | Mapping[str, Any] | None = None
         try:
             with scope:
@@ -219,8 +236,16 @@ class Connection:
 
     async def _answer(self, iid: str, result: Result | Mapping[str, Any]) -> None:
         body = result.to_wire(iid) if isinstance(result, Result) else dict(result)
+        frame = encode_frame(response_message(body))
+        limit = self.welcome.max_frame_bytes if self.welcome is not None else None
+        if limit is not None and len(frame) - HEADER_SIZE > limit:
+            # The daemon would refuse the frame and drop the connection: say so instead.
+            _log.warning("response_too_large", instruction_id=iid, size=len(frame), limit=limit)
+            message = f"the response of {len(frame)} bytes exceeds max_frame_bytes={limit}"
+            frame = encode_frame(response_message(Result.failure(message).to_wire(iid)))
         try:
-            await self.send_message(response_message(body))
+            # Other instructions still running: their answers follow soon, batch them.
+            await self.send_raw(frame, cork=bool(self._scopes))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             _log.info("response_undeliverable", instruction_id=iid)
 

@@ -218,3 +218,19 @@ async def test_async_wrappers(tmp_path: Path, quick_syncer: InlineSyncer) -> Non
     assert [entry.kind for entry in checkpoints] == ["checkpoint", "checkpoint"]
     await ledgers.aclose()
     assert exec_entry.seq == 2
+
+
+def test_bad_evidence_writes_neither(tmp_path: Path, quick_syncer: InlineSyncer) -> None:
+    """A turn whose evidence record is invalid is written to neither ledger."""
+    with SessionLedgers.create(
+        root=tmp_path, tier="t", session_id="S", syncer=quick_syncer
+    ) as ledgers:
+        with pytest.raises(LedgerRecordError, match=r"^capability_violations\[0\]\.operation"):
+            ledgers.record_turn(
+                turn_number=1,
+                query_hash="q",
+                result_hash="r",
+                status="violation",
+                capability_violations=[{"target": "/x"}],
+            )
+        assert ledgers.exec.head[0] == ledgers.evidence.head[0] == 1

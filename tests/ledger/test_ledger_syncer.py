@@ -6,6 +6,7 @@ import os
 import threading
 from pathlib import Path
 
+import anyio
 import pytest
 
 from ledger import GroupSyncer, LedgerClosedError, LedgerSyncError, open_ledger, verify
@@ -83,7 +84,7 @@ def test_injected_syncfs_failure_fails_the_batch(tmp_path: Path) -> None:
     def syncfs(fd: int) -> None:
         raise OSError(28, "No space left on device")
 
-    with GroupSyncer(syncfs=syncfs, syncfs_min_ledgers=1) as syncer:
+    with GroupSyncer(syncfs=syncfs, mode="syncfs", syncfs_min_ledgers=1) as syncer:
         writer = open_ledger(tmp_path / "l.jsonl", ledger_id="L", syncer=syncer)
         with pytest.raises(LedgerSyncError, match=r"syncfs: OSError: \[Errno 28\]"):
             writer.append({"kind": "a"})
@@ -99,3 +100,53 @@ def test_closed_group_syncer_refuses(tmp_path: Path) -> None:
     with pytest.raises(LedgerClosedError):
         writer.append({"kind": "a"})
     writer.close()
+
+
+async def test_async_appends_share_batches(tmp_path: Path) -> None:
+    """aappend under asyncio awaits the group syncer without a thread per waiter."""
+    with GroupSyncer() as syncer:
+        writers = [
+            open_ledger(tmp_path / f"l{index}.jsonl", ledger_id=f"L{index}", syncer=syncer)
+            for index in range(8)
+        ]
+
+        async def work(index: int) -> None:
+            for _ in range(5):
+                await writers[index % 8].aappend({"kind": "a"})
+
+        async with anyio.create_task_group() as group:
+            for index in range(32):
+                group.start_soon(work, index)
+        for writer in writers:
+            writer.close()
+        stats = syncer.statistics()
+    assert stats.batches < 160
+    assert all(verify(tmp_path / f"l{index}.jsonl").entries == 20 for index in range(8))
+
+
+async def test_async_append_sync_failure(tmp_path: Path) -> None:
+    """A failing sync reaches the awaiting task as LedgerSyncError and fails the ledger."""
+
+    def sync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    with GroupSyncer(sync=sync) as syncer:
+        writer = open_ledger(tmp_path / "l.jsonl", ledger_id="L", syncer=syncer)
+        with pytest.raises(LedgerSyncError, match=r"Input/output error"):
+            await writer.aappend({"kind": "a"})
+        with pytest.raises(LedgerSyncError, match=r"Input/output error"):
+            await writer.aappend({"kind": "b"})
+        writer.close()
+
+
+def test_unexpected_sync_exception_fails_instead_of_hanging(tmp_path: Path) -> None:
+    """A sync function raising something other than OSError fails the ledger, never hangs."""
+
+    def sync(fd: int) -> None:
+        raise RuntimeError("boom")
+
+    with GroupSyncer(sync=sync) as syncer:
+        writer = open_ledger(tmp_path / "l.jsonl", ledger_id="L", syncer=syncer)
+        with pytest.raises(LedgerSyncError, match=r"syncer error: RuntimeError: boom$"):
+            writer.append({"kind": "a"})
+        writer.close()

@@ -167,6 +167,20 @@ def test_complete_bad_line_is_not_repaired(tmp_path: Path, quick_syncer: InlineS
     assert not (tmp_path / "l.jsonl.broken").exists()
 
 
+def test_torn_anchored_entry_is_refused_untouched(
+    tmp_path: Path, quick_syncer: InlineSyncer, write_ledger: WriteLedger
+) -> None:
+    """An anchored last entry that lost its newline is tampering: open refuses, changes nothing."""
+    path = tmp_path / "l.jsonl"
+    write_ledger(path, 2)
+    data = path.read_bytes()[:-1]
+    path.write_bytes(data)
+    with pytest.raises(IntegrityError, match=r"truncated below anchored head"):
+        open_ledger(path, ledger_id="SES-test/exec", syncer=quick_syncer)
+    assert path.read_bytes() == data
+    assert not (tmp_path / "l.jsonl.broken").exists()
+
+
 def test_open_refuses_truncated_ledger(
     tmp_path: Path, quick_syncer: InlineSyncer, write_ledger: WriteLedger
 ) -> None:

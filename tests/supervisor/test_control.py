@@ -16,6 +16,7 @@ from supervisor.client import ControlClient, ControlClientError, DaemonNotRunnin
 from supervisor.config import load_config
 from supervisor.control import ERROR_CODES
 from supervisor.demo import prepare_root
+from supervisor.frames import encode_frame
 from supervisor.server import Daemon
 
 
@@ -174,3 +175,35 @@ async def test_no_daemon_is_reported_clearly(tmp_path: Path) -> None:
     """Connecting where no daemon listens names the socket and how to start one."""
     with pytest.raises(DaemonNotRunning, match=r"^no daemon at .*control\.sock \(no such socket"):
         await call_once(tmp_path / "run" / "control.sock", "ping")
+
+
+async def test_submit_from_a_client_that_vanishes_still_runs(root: Path) -> None:
+    """A submit whose client disconnects at once is still accepted, scheduled and run."""
+    async with daemon_client(root) as client:
+        sid = (await client.call("session.open", package_id="demo"))["session_id"]
+        request = {
+            "id": 1,
+            "op": "turn.submit",
+            "params": {
+                "session_id": sid,
+                "kind": "process",
+                "argv": ["true"],
+                "declared_outputs": [],
+                "idempotency_key": "vanishing",
+                "wait_s": 30,
+            },
+        }
+        async with await anyio.connect_unix(client.socket_path) as raw:
+            await raw.send(encode_frame(request))
+        again = await client.call(
+            "turn.submit",
+            session_id=sid,
+            kind="process",
+            argv=["true"],
+            declared_outputs=[],
+            idempotency_key="vanishing",
+            wait_s=30,
+        )
+        assert again["turn"]["state"] == "succeeded"
+        turns = (await client.call("turns.list", session_id=sid))["turns"]
+        assert len(turns) == 1

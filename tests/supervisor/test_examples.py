@@ -308,3 +308,12 @@ def test_chaos_plan_sequences_and_probability() -> None:
     assert [plan.behaviour(read, i, 0.0) for i in range(3)] == ["error", "ok", "ok"]
     assert plan.behaviour(nav, 7, 0.4) == "hang"
     assert plan.behaviour(nav, 7, 0.6) == "ok"
+
+
+async def test_chaos_cli_exits_4_when_the_daemon_is_unreachable(socket_path: Path) -> None:
+    """With --no-reconnect and no daemon socket, the executor exits 4 with a message."""
+    argv = [sys.executable, "-m", "supervisor.examples.chaos_executor", "--socket"]
+    argv += [str(socket_path), "--id", "lonely", "--no-reconnect"]
+    result = await anyio.run_process(argv, check=False)
+    assert result.returncode == 4
+    assert b"cannot reach the daemon" in result.stderr

@@ -7,6 +7,7 @@ bytes under test.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -40,8 +41,6 @@ from supervisor.executors import (
 from supervisor.frames import FrameReader, encode_frame
 from supervisor.protocol import PROTOCOL_VERSION, RejectReason
 from supervisor.sdk import sha256_hex
-
-pytestmark = pytest.mark.filterwarnings("error")
 
 SPAWN_TIMEOUT_S = 20.0
 
@@ -141,21 +140,13 @@ class Harness:
     async def stop_processes(self) -> None:
         for process in self.processes:
             if process.returncode is None:
-                with _suppress_lookup():
+                with contextlib.suppress(ProcessLookupError):
                     process.send_signal(signal.SIGCONT)
                     process.kill()
             await process.wait()
             await process.aclose()
         for err in self.stderr:
             err.close()
-
-
-class _suppress_lookup:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> bool:
-        return exc_type is ProcessLookupError
 
 
 @pytest.fixture
@@ -629,7 +620,7 @@ async def test_silent_connection_gets_hello_timeout(socket_dir: Path) -> None:
 
 async def test_heartbeat_loss_marks_offline_and_in_flight_crash(socket_dir: Path) -> None:
     """A frozen executor (SIGSTOP) misses heartbeats: OFFLINE, its in-flight attempt CRASH."""
-    async with running_hub(socket_dir, heartbeat_interval_s=0.1, heartbeat_misses=3) as h:
+    async with running_hub(socket_dir, heartbeat_interval_s=0.2, heartbeat_misses=3) as h:
         process = await h.spawn("frozen-1", "hang")
         reports: list[AttemptReport] = []
 
@@ -723,3 +714,56 @@ async def test_statistics_count_outcomes(socket_dir: Path) -> None:
     assert [i.executor_id for i in listed] == ["stats-1"]
     assert listed[0].commands[0] is ExecutorCommandType.NAVIGATE
     assert listed[0].pid is not None
+
+
+# --------------------------------------------------------------------------- listener, drain
+
+
+async def test_listener_socket_mode_and_stale_file(socket_dir: Path) -> None:
+    """The socket is created 0660; a stale socket file is replaced, a live one is refused."""
+    path = socket_dir / "ex.sock"
+    listener = await open_executor_listener(path)
+    try:
+        assert (await anyio.Path(path).stat()).st_mode & 0o777 == 0o660
+        with pytest.raises(OSError, match=r"is in use by a running daemon$"):
+            await open_executor_listener(path)
+    finally:
+        await listener.aclose()
+    # aclose leaves the file behind: a stale socket nobody accepts on
+    assert await anyio.Path(path).exists()
+    again = await open_executor_listener(path)
+    await again.aclose()
+
+
+async def test_drain_waits_for_running_attempts(socket_dir: Path) -> None:
+    """drain() returns once the attempts that were running have finished."""
+    async with running_hub(socket_dir) as h:
+        await h.spawn("drain-1", "slow", extra=("--delay-ms", "200"))
+        reports: list[AttemptReport] = []
+
+        async def one() -> None:
+            reports.append(await h.hub.run_attempt(instruction()))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one)
+            await h.hub.wait_for_executor("drain-1", status=ExecutorStatus.BUSY)
+            await h.hub.drain()
+            assert len(reports) == 1
+    assert reports[0].outcome.kind is OutcomeKind.SUCCESS
+
+
+async def test_closed_hub_ends_waiting_attempts_as_crash(socket_dir: Path) -> None:
+    """aclose() ends queued attempts (HUB_CLOSED, CRASH) and refuses new ones."""
+    async with running_hub(socket_dir) as h:
+        reports: list[AttemptReport] = []
+
+        async def one() -> None:
+            reports.append(await h.hub.run_attempt(instruction("SCREENSHOT")))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one)
+            await anyio.wait_all_tasks_blocked()
+            await h.hub.aclose()
+        after = await h.hub.run_attempt(instruction("SCREENSHOT"))
+    assert [_fault(r) for r in (*reports, after)] == [ExecutionFaultType.CRASH] * 2
+    assert {r.safety_reason_code for r in (*reports, after)} == {HubReason.HUB_CLOSED}

@@ -169,6 +169,32 @@ async def test_frame_writer_reports_a_closed_peer() -> None:
             await writer.send(encode_frame({"x": "y" * 10_000}))
 
 
+async def test_frames_over_tcp_loopback_use_the_stream() -> None:
+    """Over a TCP stream (transport-based on asyncio) frames go through anyio intact."""
+    received: list[dict[str, Any]] = []
+    done = anyio.Event()
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+
+    async def serve(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            reader = FrameReader(stream)
+            received.extend([await reader.read() for _ in range(20)])
+            done.set()
+
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        client = await anyio.connect_tcp("127.0.0.1", port)
+        async with client:
+            writer = FrameWriter(client)
+            for n in range(20):
+                await writer.send_frame({"n": n, "pad": "z" * 5000})
+            with anyio.fail_after(5):
+                await done.wait()
+        tg.cancel_scope.cancel()
+    assert [f["n"] for f in received] == list(range(20))
+
+
 async def _socket_pair() -> tuple[anyio.abc.SocketStream, anyio.abc.SocketStream]:
     import socket
 

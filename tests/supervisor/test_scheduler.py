@@ -539,3 +539,15 @@ async def test_restart_reruns_interrupted_process_turn(tmp_path: Path) -> None:
         assert next((a.fault_type, a.decision) for a in done.attempts) == ("CRASH", "RETRY")
         (call,) = r2.runtime.sessions[sid].process_calls
         assert call["options"].max_attempts == 2
+
+
+async def test_cancel_running_process_turn_writes_ledgers(tmp_path: Path) -> None:
+    """A process turn cancelled mid-run ends `cancelled` and still gets both ledger entries."""
+    async with rig(tmp_path) as r:
+        sid = await _open(r)
+        params = {"session_id": sid, "kind": "process", "argv": ["block"], "declared_outputs": []}
+        turn, _ = await r.scheduler.submit(parse_turn_request(params))
+        await r.runtime.sessions[sid].blocked.wait()
+        cancelled = await r.scheduler.cancel_turn(turn.turn_id)
+        assert cancelled.state is TurnState.CANCELLED
+        assert [rep.entries for rep in _verify(tmp_path, sid)] == [2, 2]

@@ -326,3 +326,35 @@ async def test_silent_daemon_is_detected_and_the_sdk_reconnects(socket_path: Pat
             await second.wait()
         tg.cancel_scope.cancel()
     assert connections == 2
+
+
+class Verbose(Executor):
+    async def read(self, instruction: Instruction) -> Result:
+        size = 10_000 if instruction.target_selector == "#big" else 10
+        return Result.success("x", output={"text": "y" * size})
+
+
+async def test_oversized_answer_becomes_a_failure(socket_path: Path) -> None:
+    """A response larger than the daemon's frame limit is replaced by a FAILURE answer."""
+    executor = Verbose(executor_id="verbose")
+    async with (
+        hub_at(socket_path, max_frame_bytes=4096) as hub,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(lambda: run_executor(executor, socket_path=socket_path))
+        await hub.wait_for_executor("verbose")
+        big = await hub.run_attempt(
+            build_executor_instruction(
+                instruction_id="big-1",
+                execution_id="exe",
+                command_type="READ",
+                target_selector="#big",
+                timestamp="t",
+                timeout_ms=5000,
+            )
+        )
+        small = await hub.run_attempt(read_instruction())
+        tg.cancel_scope.cancel()
+    assert big.outcome.kind is OutcomeKind.FAILURE
+    assert big.outcome.message.endswith("exceeds max_frame_bytes=4096")
+    assert small.outcome.kind is OutcomeKind.SUCCESS

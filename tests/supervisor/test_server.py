@@ -199,3 +199,17 @@ async def test_socket_activation(tmp_path: Path) -> None:
         for sock in sockets:
             sock.close()
     assert (run_dir / "control.sock").exists()
+
+
+def test_invalid_config_exits_2_before_starting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`hunter serve` with an invalid config names the key, exits 2 and creates nothing."""
+    from supervisor.cli import main
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("drain_grace_s = -5\n")
+    root = tmp_path / "root"
+    assert main(["serve", "--root", str(root), "--config", str(bad)]) == 2
+    assert "drain_grace_s" in capsys.readouterr().err
+    assert not root.exists()
