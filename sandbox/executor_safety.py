@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Final
 
 from sandbox import reason_codes as rc
@@ -310,6 +311,7 @@ def response_to_wire(envelope: ExecutorResponseEnvelope) -> dict[str, object]:
     }
 
 
+@lru_cache(maxsize=4096)  # bounded: keys come from untrusted executors
 def _normalise_key(key: str) -> str:
     """``maxRetries``, ``Max-Retries`` and ``max retries`` all become ``max_retries``."""
     snake = _CAMEL_RE.sub("_", key.strip())
