@@ -18,7 +18,13 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from supervisor.frames import DEFAULT_MAX_FRAME_BYTES, FrameError, FrameReader, write_frame
+from supervisor.frames import (
+    DEFAULT_MAX_FRAME_BYTES,
+    FrameError,
+    FrameReader,
+    FrameWriter,
+    encode_frame,
+)
 
 __all__ = [
     "ControlClient",
@@ -70,7 +76,7 @@ class ControlClient:
         self._tg: anyio.abc.TaskGroup | None = None
         self._ids = itertools.count(1)
         self._waiting: dict[int, tuple[anyio.Event, list[dict[str, Any]]]] = {}
-        self._send_lock = anyio.Lock()
+        self._writer: FrameWriter | None = None
         self._closed = False
 
     async def __aenter__(self) -> ControlClient:
@@ -84,6 +90,9 @@ class ControlClient:
             if exc.errno in {errno.ENOTSOCK, errno.ECONNREFUSED, errno.ENOENT}:
                 raise DaemonNotRunning(self.socket_path, exc.strerror or str(exc)) from None
             raise
+        # Direct mode: a request goes straight to the socket; concurrent callers never
+        # interleave frames (the writer serialises whatever the kernel does not take at once).
+        self._writer = FrameWriter(self._stream)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._tg.start_soon(self._reader, self._stream)
@@ -130,15 +139,14 @@ class ControlClient:
 
     async def call(self, op: str, **params: Any) -> dict[str, Any]:
         """Send one request; return its ``result`` or raise `ControlClientError`."""
-        if self._stream is None or self._closed:
+        if self._writer is None or self._closed:
             raise ConnectionLost(f"the connection to {self.socket_path} is closed")
         req_id = next(self._ids)
         event = anyio.Event()
         box: list[dict[str, Any]] = []
         self._waiting[req_id] = (event, box)
         try:
-            async with self._send_lock:
-                await write_frame(self._stream, {"id": req_id, "op": op, "params": params})
+            await self._writer.send(encode_frame({"id": req_id, "op": op, "params": params}))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
             self._waiting.pop(req_id, None)
             raise ConnectionLost(f"the daemon at {self.socket_path} closed the connection") from exc

@@ -45,7 +45,7 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from supervisor.frames import FrameError, FrameReader, write_frame
+from supervisor.frames import FrameError, FrameReader, FrameWriter, encode_frame
 from supervisor.intake import TurnRow, TurnState
 from supervisor.logging import get_logger
 from supervisor.scheduler import RequestError, Scheduler, parse_turn_request
@@ -168,8 +168,11 @@ class ControlServer:
     async def _connection(self, stream: anyio.abc.SocketStream) -> None:
         self._connections += 1
         reader = FrameReader(stream, max_bytes=self._max_frame_bytes)
-        lock = anyio.Lock()
+        # Corked writer: answers completed in the same event-loop pass (a group commit ends
+        # many turns at once) leave in one send; a lone answer is written at once.
+        writer = FrameWriter(stream)
         async with stream, anyio.create_task_group() as tg:
+            tg.start_soon(writer.run)
             while True:
                 try:
                     frame = await reader.read()
@@ -178,36 +181,40 @@ class ControlServer:
                 except FrameError as exc:
                     self._log.warning("control_frame_error", reason=exc.reason)
                     with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                        await write_frame(
-                            stream,
-                            {
-                                "id": None,
-                                "ok": False,
-                                "error": {
-                                    "code": "bad_request",
-                                    "message": f"bad frame: {exc.reason}; closing connection",
-                                },
-                            },
+                        await writer.send(
+                            encode_frame(
+                                {
+                                    "id": None,
+                                    "ok": False,
+                                    "error": {
+                                        "code": "bad_request",
+                                        "message": f"bad frame: {exc.reason}; closing connection",
+                                    },
+                                }
+                            ),
+                            cork=False,
                         )
+                        await writer.flush()
                     break
-                tg.start_soon(self._serve_request, stream, lock, frame)
+                tg.start_soon(self._serve_request, writer, frame)
             # The client went away: nobody will read the answers. Waits and reads in progress
             # are cancelled; requests that change state run to the end (they are shielded).
             tg.cancel_scope.cancel()
         self._connections -= 1
 
-    async def _serve_request(
-        self, stream: anyio.abc.SocketStream, lock: anyio.Lock, frame: Mapping[str, Any]
-    ) -> None:
-        if frame.get("op") in _STATE_CHANGING:
+    async def _serve_request(self, writer: FrameWriter, frame: Mapping[str, Any]) -> None:
+        op = frame.get("op")
+        if op in _STATE_CHANGING:
             with anyio.CancelScope(shield=True):
                 response = await self.handle(frame)
         else:
             response = await self.handle(frame)
-        async with lock:
-            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                await write_frame(stream, response)
-        if frame.get("op") == "drain" and response["ok"] and self._on_drain is not None:
+        draining = op == "drain" and response["ok"] and self._on_drain is not None
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await writer.send(encode_frame(response), cork=False if draining else None)
+            if draining:
+                await writer.flush()
+        if draining and self._on_drain is not None:
             self._on_drain()  # after the answer is on its way: the drain may close this stream
 
     async def handle(self, frame: Mapping[str, Any]) -> dict[str, object]:

@@ -28,8 +28,10 @@ synchronous methods are there for tests and tools; the daemon goes through the c
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -328,10 +330,6 @@ def _session_from_row(row: Sequence[Any]) -> SessionRow:
     )
 
 
-def _attempt_from_row(row: Sequence[Any]) -> AttemptRow:
-    return AttemptRow(*row)
-
-
 def _turn_from_row(row: Sequence[Any], attempts: tuple[AttemptRow, ...]) -> TurnRow:
     return TurnRow(
         turn_id=row[0],
@@ -404,32 +402,50 @@ class Intake:
     # -- transactions ---------------------------------------------------------------------
 
     def run_batch(self, ops: Sequence[Callable[[], object]]) -> list[tuple[bool, object]]:
-        """Run *ops* in one transaction (one fsync); each op in its own savepoint.
+        """Run *ops* in one transaction (one fsync); each op all-or-nothing.
 
-        Returns one ``(ok, value_or_exception)`` pair per op, in order.
+        Returns one ``(ok, value_or_exception)`` pair per op, in order. A failing op leaves no
+        trace and does not spoil its neighbours. The batch first runs without savepoints (two
+        statements less per op: the hot path, where nothing fails); if an op raises, the whole
+        transaction is rolled back and the batch runs again with a savepoint around each op.
+        Ops only touch the database, so running them again gives the same results.
         """
         if self._closed:
             raise IntakeClosedError("intake is closed")
-        results: list[tuple[bool, object]] = []
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
+            results: list[tuple[bool, object]] = []
             for op in ops:
-                conn.execute("SAVEPOINT op")
                 try:
-                    value = op()
-                except Exception as exc:  # handed back to that op's caller
-                    conn.execute("ROLLBACK TO op")
-                    conn.execute("RELEASE op")
-                    results.append((False, exc))
-                else:
-                    conn.execute("RELEASE op")
-                    results.append((True, value))
+                    results.append((True, op()))
+                except Exception:
+                    conn.execute("ROLLBACK")
+                    conn.execute("BEGIN IMMEDIATE")
+                    results = self._run_isolated(ops)
+                    break
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+        return results
+
+    def _run_isolated(self, ops: Sequence[Callable[[], object]]) -> list[tuple[bool, object]]:
+        """Run *ops* in the open transaction, each in its own savepoint."""
+        conn = self._conn
+        results: list[tuple[bool, object]] = []
+        for op in ops:
+            conn.execute("SAVEPOINT op")
+            try:
+                value = op()
+            except Exception as exc:  # handed back to that op's caller
+                conn.execute("ROLLBACK TO op")
+                conn.execute("RELEASE op")
+                results.append((False, exc))
+            else:
+                conn.execute("RELEASE op")
+                results.append((True, value))
         return results
 
     def _one(self, op: Callable[[], T]) -> T:
@@ -500,11 +516,19 @@ class Intake:
             existing = self.op_find_turn(session_id, idempotency_key)
             if existing is not None:
                 return existing, False
-        session = self.op_get_session(session_id)
-        if session.state is not SessionState.OPEN:
+        # Take the session's next turn number in one statement (this is every submission's
+        # path); only when no open session matched, find out why.
+        taken = self._conn.execute(
+            "UPDATE sessions SET next_turn_number = next_turn_number + 1"
+            " WHERE session_id = ? AND state = ? RETURNING next_turn_number - 1",
+            (session_id, SessionState.OPEN.value),
+        ).fetchall()
+        if not taken:
+            self.op_get_session(session_id)  # raises UnknownSessionError
             raise IntakeError(f"session {session_id} is closed; open a new session")
-        number = session.next_turn_number
+        number = int(taken[0][0])
         ts = now_us()
+        blob = orjson.dumps(dict(spec))
         cur = self._conn.execute(
             "INSERT INTO turns(session_id, turn_number, kind, spec, idempotency_key, state,"
             " attempt, accepted_us, updated_us) VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)",
@@ -512,20 +536,30 @@ class Intake:
                 session_id,
                 number,
                 kind.value,
-                orjson.dumps(dict(spec)),
+                blob,
                 idempotency_key,
                 TurnState.ACCEPTED.value,
                 ts,
                 ts,
             ),
         )
-        self._conn.execute(
-            "UPDATE sessions SET next_turn_number = ? WHERE session_id = ?",
-            (number + 1, session_id),
-        )
         turn_id = cur.lastrowid
         assert turn_id is not None
-        return self.op_get_turn(turn_id), True
+        # The row just inserted, built here instead of read back (the hot path of every
+        # submission): the spec goes through the same JSON round trip as a stored one.
+        turn = TurnRow(
+            turn_id=turn_id,
+            session_id=session_id,
+            turn_number=number,
+            kind=kind,
+            spec=orjson.loads(blob),
+            idempotency_key=idempotency_key,
+            state=TurnState.ACCEPTED,
+            attempt=0,
+            accepted_us=ts,
+            updated_us=ts,
+        )
+        return turn, True
 
     def op_find_turn(self, session_id: str, idempotency_key: str) -> TurnRow | None:
         """The turn accepted earlier with this idempotency key, or None."""
@@ -541,14 +575,16 @@ class Intake:
         ).fetchone()
         if row is None:
             raise UnknownTurnError(turn_id)
-        attempts = tuple(
-            _attempt_from_row(a)
+        return _turn_from_row(row, self._attempts_of(turn_id))
+
+    def _attempts_of(self, turn_id: int) -> tuple[AttemptRow, ...]:
+        return tuple(
+            AttemptRow(*a)
             for a in self._conn.execute(
                 f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE turn_id = ? ORDER BY attempt",
                 (turn_id,),
-            )
+            ).fetchall()
         )
-        return _turn_from_row(row, attempts)
 
     def op_list_turns(
         self,
@@ -643,11 +679,12 @@ class Intake:
         """Move a turn to *state*; final states also stamp ``finished_us``."""
         ts = now_us()
         finished = ts if state in FINAL_STATES else None
-        cur = self._conn.execute(
+        # RETURNING hands back the updated row in the same statement (no second SELECT).
+        rows = self._conn.execute(
             "UPDATE turns SET state = ?, updated_us = ?, next_attempt_us = ?, finished_us = ?,"
             " verdict = coalesce(?, verdict), reason_code = coalesce(?, reason_code),"
             " reason = coalesce(?, reason), fault_type = coalesce(?, fault_type),"
-            " result = coalesce(?, result) WHERE turn_id = ?",
+            f" result = coalesce(?, result) WHERE turn_id = ? RETURNING {_TURN_COLUMNS}",
             (
                 state.value,
                 ts,
@@ -660,10 +697,10 @@ class Intake:
                 orjson.dumps(dict(result)) if result is not None else None,
                 turn_id,
             ),
-        )
-        if cur.rowcount == 0:
+        ).fetchall()
+        if not rows:
             raise UnknownTurnError(turn_id)
-        return self.op_get_turn(turn_id)
+        return _turn_from_row(rows[0], self._attempts_of(turn_id))
 
     def op_record_attempts(
         self,
@@ -761,12 +798,25 @@ class CommitterStatistics:
 
 
 class IntakeCommitter:
-    """Group commit for the daemon: `call` queues an op; one task commits batches on a thread."""
+    """Group commit for the daemon: `call` queues an op; batches are committed on a thread.
+
+    While operations keep arriving, one worker thread (started with `anyio.to_thread`, on its
+    own capacity limiter) commits batch after batch without a trip through the event loop in
+    between: each batch's results go back to the loop with ``call_soon_threadsafe`` and the
+    thread takes the next batch at once. Under load the commit cycle is then the database's
+    (statements + one fsync), not the database's plus two thread hops plus an event-loop pass;
+    the batches are also larger because the ops of a whole cycle are collected. When the queue
+    is empty the thread returns and `run` waits for the next operation. (A thread lingering
+    for the next op was tried: it takes a batch as soon as one op arrives, so commits get
+    smaller, and it gave no measurable gain.)
+    """
 
     def __init__(self, intake: Intake, *, max_batch: int = 512) -> None:
         self.intake = intake
         self._max_batch = max_batch
         self._queue: list[Pending] = []
+        # Guards `_queue` (the event loop appends, the commit thread takes).
+        self._queue_lock = threading.Lock()
         self._wakeup = anyio.Event()
         # Its own thread token: commits never queue behind other blocking work (ledger appends
         # wait for their fsync on worker threads of the default limiter).
@@ -795,7 +845,8 @@ class IntakeCommitter:
         if self._closed:
             raise IntakeClosedError("intake committer is closed")
         pending = Pending(op=op, done=anyio.Event(), on_commit=on_commit)
-        self._queue.append(pending)
+        with self._queue_lock:
+            self._queue.append(pending)
         self._wakeup.set()
         return pending
 
@@ -803,36 +854,56 @@ class IntakeCommitter:
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Commit loop; runs until cancelled, then fails whatever is still queued."""
+        loop = asyncio.get_running_loop()
         task_status.started()
         try:
             while True:
                 await self._wakeup.wait()
                 self._wakeup = anyio.Event()
-                while self._queue:
-                    batch = self._queue[: self._max_batch]
-                    del self._queue[: self._max_batch]
-                    await self._commit(batch)
+                if self._queue:
+                    # Shielded: a batch that reached the database finishes and its callers
+                    # learn the result; cancelling mid-commit would leave callers not knowing
+                    # what was written. The thread returns as soon as the queue is empty.
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(
+                            self._commit_until_empty, loop, limiter=self._limiter
+                        )
         finally:
             self._closed = True
-            for pending in self._queue:
+            with self._queue_lock:
+                left, self._queue = self._queue, []
+            for pending in left:
                 pending._resolve(False, IntakeClosedError("intake committer stopped"))
-            self._queue.clear()
 
-    async def _commit(self, batch: list[Pending]) -> None:
-        ops = [p.op for p in batch]
-        try:
-            # Shielded: a batch that reached the database finishes and its callers learn the
-            # result; cancelling mid-commit would leave callers not knowing what was written.
-            with anyio.CancelScope(shield=True):
-                results = await anyio.to_thread.run_sync(
-                    self.intake.run_batch, ops, limiter=self._limiter
+    def _commit_until_empty(self, loop: asyncio.AbstractEventLoop) -> None:
+        """In the commit thread: commit queued batches until none is left."""
+        while True:
+            with self._queue_lock:
+                batch = self._queue[: self._max_batch]
+                del self._queue[: self._max_batch]
+            if not batch:
+                return
+            try:
+                outcome: list[tuple[bool, object]] | BaseException = self.intake.run_batch(
+                    [p.op for p in batch]
                 )
-        except Exception as exc:  # every waiting caller gets it
+            except Exception as exc:  # every caller of this batch gets it
+                outcome = exc
+            try:
+                loop.call_soon_threadsafe(self._resolve, batch, outcome)
+            except RuntimeError:  # the loop is closed: nobody is left to tell
+                return
+
+    def _resolve(
+        self, batch: list[Pending], outcome: list[tuple[bool, object]] | BaseException
+    ) -> None:
+        """In the event loop: hand each caller of a committed (or failed) batch its result."""
+        if isinstance(outcome, BaseException):
             for p in batch:
-                p._resolve(False, exc)
+                p._resolve(False, outcome)
             return
         self._batches += 1
         self._ops += len(batch)
         self._largest = max(self._largest, len(batch))
-        for p, (ok, value) in zip(batch, results, strict=True):
+        for p, (ok, value) in zip(batch, outcome, strict=True):
             p._resolve(ok, value)

@@ -8,8 +8,9 @@ Design notes
 * **Instruction turns.** Each attempt builds a fresh `ExecutorInstructionEnvelope` (instruction id
   ``INS-<turn>-<attempt>``, execution id ``EXE-<turn>``) and hands it to the hub (which queues it
   for a READY executor, enforces the deadline and maps the response to an `AttemptOutcome`);
-  the intake row moves to ``running`` in a commit that overlaps the dispatch (one fsync less on
-  the turn's path) and is durable before the outcome is recorded. Then `decide_attempt` says what
+  the intake row moves to ``running`` in a commit that overlaps the dispatch and the ledger
+  writes (one fsync less on the turn's path) and is durable before the outcome is recorded in
+  the intake. Then `decide_attempt` says what
   next: RETRY sleeps the backoff in this task (a retry may go to another executor),
   SUCCEED/TERMINATE/EXHAUSTED end the turn, ESCALATE parks it until an operator resolves it.
   A crash before the ``running`` commit leaves the turn ``accepted``/``waiting_retry``; the
@@ -48,6 +49,7 @@ from typing import Any, Protocol
 import anyio
 import anyio.abc
 import anyio.to_thread
+import structlog.contextvars
 
 from sandbox.attempt_policy import (
     AttemptDecision,
@@ -66,6 +68,7 @@ from supervisor.intake import (
     CommitterStatistics,
     Intake,
     IntakeCommitter,
+    Pending,
     SessionRow,
     SessionState,
     TurnKind,
@@ -454,19 +457,62 @@ class _Active:
     executor_id: str | None = None
     scope: anyio.CancelScope | None = None
     cancel_requested: bool = False
-    resolved: anyio.Event = field(default_factory=anyio.Event)
+    #: the operator's decision on a parked turn (created by `Scheduler._park`)
+    resolved: anyio.Event | None = None
     resolution: str | None = None
-    #: set while the turn is final or parked (escalated): `wait_turn` returns
-    settled: anyio.Event = field(default_factory=anyio.Event)
-    #: set when the turn's task has ended
-    finished: anyio.Event = field(default_factory=anyio.Event)
-    #: set (and replaced) at every state change, for `wait_turn(until=...)`
-    changed: anyio.Event = field(default_factory=anyio.Event)
+    #: true while the turn is final or parked (escalated): `wait_turn` returns
+    settled: bool = False
+    #: true once the turn's task has ended
+    done: bool = False
+    # Events only for those who wait (most turns have one waiter, or none): creating an anyio
+    # Event per state change per turn showed up in the profile.
+    _finished: anyio.Event | None = None
+    _changed: anyio.Event | None = None
+    _settled: anyio.Event | None = None
 
     def move(self, state: TurnState) -> None:
         self.state = state
-        self.changed.set()
-        self.changed = anyio.Event()
+        self.notify()
+
+    def notify(self) -> None:
+        """Wake whoever waits for a change of this turn."""
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
+
+    async def wait_changed(self) -> None:
+        if self._changed is None:
+            self._changed = anyio.Event()
+        await self._changed.wait()
+
+    def settle(self) -> None:
+        """The turn is final or parked: `wait_turn` callers return."""
+        self.settled = True
+        settled, self._settled = self._settled, None
+        if settled is not None:
+            settled.set()
+
+    async def wait_settled(self) -> None:
+        """Wait until `settle` (a waiter that cares for no other state is woken only once)."""
+        if self.settled:
+            return
+        if self._settled is None:
+            self._settled = anyio.Event()
+        await self._settled.wait()
+
+    def mark_finished(self) -> None:
+        self.done = True
+        self.settle()
+        if self._finished is not None:
+            self._finished.set()
+        self.notify()
+
+    async def wait_finished(self) -> None:
+        if self.done:
+            return
+        if self._finished is None:
+            self._finished = anyio.Event()
+        await self._finished.wait()
 
 
 _OUTCOME_TO_RESPONSE_STATE = {
@@ -771,8 +817,14 @@ class Scheduler:
         )
         if created:
             self._accepted_total += 1
-            with bind_ids(session_id=turn.session_id, turn_number=turn.turn_number):
-                self._log.info("turn_accepted", turn_id=turn.turn_id, kind=turn.kind.value)
+            # The ids as fields rather than `bind_ids` (same event, no context-variable scan).
+            self._log.info(
+                "turn_accepted",
+                session_id=turn.session_id,
+                turn_number=turn.turn_number,
+                turn_id=turn.turn_id,
+                kind=turn.kind.value,
+            )
             self._start_turn(turn, recovered=False, request=request)
         return turn, created
 
@@ -843,9 +895,12 @@ class Scheduler:
         with anyio.move_on_after(limit):
             while True:
                 active = self._active.get(turn_id)
-                if active is None or active.settled.is_set() or active.state in until:
+                if active is None or active.settled or active.state in until:
                     break
-                await active.changed.wait()
+                if until:
+                    await active.wait_changed()
+                else:
+                    await active.wait_settled()
         return await self.get_turn(turn_id)
 
     async def cancel_turn(self, turn_id: int) -> TurnRow:
@@ -856,12 +911,12 @@ class Scheduler:
         if active is None:
             raise RequestError("not_cancellable", f"turn {turn_id} is not active", turn_id=turn_id)
         active.cancel_requested = True
-        if active.state is TurnState.ESCALATED:
+        if active.state is TurnState.ESCALATED and active.resolved is not None:
             active.resolution = "cancel"
             active.resolved.set()
         elif active.scope is not None:
             active.scope.cancel()
-        await active.finished.wait()
+        await active.wait_finished()
         return await self.get_turn(turn_id)
 
     async def list_turns(self, *, session_id: str | None = None) -> list[TurnRow]:
@@ -933,10 +988,11 @@ class Scheduler:
                 lambda: self._intake.op_set_state(turn_id, TurnState.ACCEPTED)
             )
         active.resolution = action
-        active.settled = anyio.Event()
-        active.resolved.set()
+        active.settled = False
+        if active.resolved is not None:
+            active.resolved.set()
         if action == "terminate":
-            await active.finished.wait()
+            await active.wait_finished()
         return await self.get_turn(turn_id)
 
     # -- turn tasks -----------------------------------------------------------------------
@@ -959,45 +1015,46 @@ class Scheduler:
         self._tg.start_soon(self._turn_task, turn, active, recovered, name=f"turn-{turn.turn_id}")
 
     async def _turn_task(self, turn: TurnRow, active: _Active, recovered: bool) -> None:
-        with bind_ids(
+        # Every task runs in its own copy of the context, so the ids bound here label every
+        # event of this turn (the hub's too) and vanish with the task: no restore needed, which
+        # spares `bind_ids`' scan of the whole context on the hot path.
+        structlog.contextvars.bind_contextvars(
             session_id=turn.session_id, turn_number=turn.turn_number, turn_id=turn.turn_id
-        ):
-            try:
-                while True:
-                    with anyio.CancelScope() as scope:
-                        active.scope = scope
-                        if turn.state is TurnState.ESCALATED:
-                            turn = await self._park(turn, active)
-                        elif turn.kind is TurnKind.INSTRUCTION:
-                            turn = await self._run_instruction(turn, active, recovered)
-                        else:
-                            turn = await self._run_process(turn, active, recovered)
-                    active.scope = None
-                    if active.cancel_requested:
-                        await self._finish_cancelled(turn, active)
-                        return
+        )
+        try:
+            while True:
+                with anyio.CancelScope() as scope:
+                    active.scope = scope
                     if turn.state is TurnState.ESCALATED:
-                        continue
-                    if turn.state is not TurnState.ACCEPTED or self._draining:
-                        return
-                    recovered = False  # resolved with --retry: run again
-            except Exception as exc:  # a bug or a broken dependency ends this turn, not the daemon
-                self._log.exception("turn_failed", error_type=type(exc).__name__, error=str(exc))
-                await self._finish_error(turn, active, exc)
-            finally:
-                if self._active.get(active.turn_id) is active:
-                    del self._active[active.turn_id]
-                    self._requests.pop(active.turn_id, None)
-                active.settled.set()
-                active.finished.set()
-                active.changed.set()
+                        turn = await self._park(turn, active)
+                    elif turn.kind is TurnKind.INSTRUCTION:
+                        turn = await self._run_instruction(turn, active, recovered)
+                    else:
+                        turn = await self._run_process(turn, active, recovered)
+                active.scope = None
+                if active.cancel_requested:
+                    await self._finish_cancelled(turn, active)
+                    return
+                if turn.state is TurnState.ESCALATED:
+                    continue
+                if turn.state is not TurnState.ACCEPTED or self._draining:
+                    return
+                recovered = False  # resolved with --retry: run again
+        except Exception as exc:  # a bug or a broken dependency ends this turn, not the daemon
+            self._log.exception("turn_failed", error_type=type(exc).__name__, error=str(exc))
+            await self._finish_error(turn, active, exc)
+        finally:
+            if self._active.get(active.turn_id) is active:
+                del self._active[active.turn_id]
+                self._requests.pop(active.turn_id, None)
+            active.mark_finished()
 
     async def _park(self, turn: TurnRow, active: _Active) -> TurnRow:
         """Wait for an operator's decision on an escalated turn (`resolve_escalation`)."""
+        resolved = active.resolved = anyio.Event()
+        active.settle()  # waiters return: the turn needs a person now
         active.move(TurnState.ESCALATED)
-        active.resolved = anyio.Event()
-        active.settled.set()  # waiters return: the turn needs a person now
-        await active.resolved.wait()
+        await resolved.wait()
         if active.resolution == "cancel":
             return turn
         turn = await self.get_turn(turn.turn_id)
@@ -1112,6 +1169,7 @@ class Scheduler:
         elif recovered and turn.state is TurnState.WAITING_RETRY:
             await self._sleep_until(turn.next_attempt_us)
         counting = False
+        unconfirmed: Pending | None = None  # the `running` commit of the current attempt
         try:
             while True:
                 if pending is None:
@@ -1135,29 +1193,33 @@ class Scheduler:
                     started_us = now_us()
                     self._attempt_started()
                     counting = True  # until the outcome is durable (drain waits for that)
+                    # The `running` row is committed while the instruction is already on its
+                    # way, and while the ledger entries are written (its fsync is off the
+                    # turn's path); the outcome is recorded in the intake only after it is
+                    # durable (`unconfirmed` is awaited first). A crash before that commit
+                    # leaves the turn `accepted`/`waiting_retry`, and the restart simply runs
+                    # the attempt again (as after a crash between the ledgers and the intake).
+                    start_commit = self._committer.enqueue(
+                        functools.partial(
+                            self._intake.op_start_attempt,
+                            turn.turn_id,
+                            attempt=attempt,
+                            instruction_id=instruction_id,
+                        ),
+                        on_commit=functools.partial(active.move, TurnState.RUNNING),
+                    )
                     try:
-                        # The `running` row is committed while the instruction is already on its
-                        # way (one fsync less on the turn's path); the outcome is recorded only
-                        # after it is durable. A crash before that commit leaves the turn
-                        # `accepted`/`waiting_retry`, and the restart simply runs the attempt again.
-                        start_commit = self._committer.enqueue(
-                            functools.partial(
-                                self._intake.op_start_attempt,
-                                turn.turn_id,
-                                attempt=attempt,
-                                instruction_id=instruction_id,
-                            ),
-                            on_commit=functools.partial(active.move, TurnState.RUNNING),
+                        self._log.info(
+                            "attempt_started",
+                            instruction_id=instruction_id,
+                            attempt=attempt,
+                            command_type=ins.command_type.value,
                         )
-                        with bind_ids(instruction_id=instruction_id):
-                            self._log.info(
-                                "attempt_started",
-                                attempt=attempt,
-                                command_type=ins.command_type.value,
-                            )
                         report = await self._hub.run_attempt(envelope)
-                    finally:
+                    except BaseException:
                         await start_commit.result()
+                        raise
+                    unconfirmed = start_commit
                     active.executor_id = report.executor_id
                     response = report.response
                     pending = (
@@ -1199,11 +1261,17 @@ class Scheduler:
                     if row.duration_ms is not None
                     else (finished - row.started_us) // 1000,
                 )
+                # `bind_ids` without its scan of the whole context: set, then reset the tokens.
                 log_ids = {
-                    "instruction_id": row.instruction_id,
-                    "executor_id": row.executor_id,
+                    k: v
+                    for k, v in (
+                        ("instruction_id", row.instruction_id),
+                        ("executor_id", row.executor_id),
+                    )
+                    if v is not None
                 }
-                with bind_ids(**{k: v for k, v in log_ids.items() if v is not None}):
+                tokens = structlog.contextvars.bind_contextvars(**log_ids)
+                try:
                     if outcome.kind is OutcomeKind.FAULT:
                         self._log.info(
                             "fault_classified",
@@ -1216,6 +1284,8 @@ class Scheduler:
                         )
                     if decision.verdict is Verdict.RETRY:
                         next_us = now_us() + decision.delay_ms * 1000
+                        await _confirmed(unconfirmed)
+                        unconfirmed = None
                         turn = await self._committer.call(
                             functools.partial(
                                 self._intake.op_record_attempts,
@@ -1258,6 +1328,8 @@ class Scheduler:
                         ),
                         status=state.value,
                     )
+                    await _confirmed(unconfirmed)
+                    unconfirmed = None
                     turn = await self._committer.call(
                         functools.partial(
                             self._intake.op_record_attempts, [row], turn.turn_id, state, **ending
@@ -1284,6 +1356,8 @@ class Scheduler:
                         )
                         self._count_finished(turn)
                     return turn
+                finally:
+                    structlog.contextvars.reset_contextvars(**tokens)
         finally:
             self._stop_counting(counting)
 
@@ -1455,6 +1529,12 @@ class Scheduler:
             )
             self._count_finished(turn)
         return turn
+
+
+async def _confirmed(pending: Pending | None) -> None:
+    """Wait until a queued intake operation is durable (raises its error)."""
+    if pending is not None:
+        await pending.result()
 
 
 def _attempt_detail(safety_reason_code: str, detail: str) -> str:
