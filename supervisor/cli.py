@@ -21,6 +21,7 @@ EXIT_USAGE = 2
 # not present yet (an area still being built) is simply skipped.
 _AREAS = (
     "supervisor.commands",
+    "supervisor.config",
     "sandbox.cli",
     "ledger.cli",
 )

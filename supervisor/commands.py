@@ -485,25 +485,6 @@ def _cmd_drain(args: argparse.Namespace) -> int:
     return _run_client(args, body)
 
 
-def _cmd_config_show(args: argparse.Namespace) -> int:
-    import os
-
-    from supervisor.config import ConfigError, load_config
-
-    overrides: dict[str, object] = {}
-    if args.root:
-        overrides["root"] = Path(args.root)
-    try:
-        config = load_config(
-            Path(args.config) if args.config else None, env=os.environ, overrides=overrides
-        )
-    except ConfigError as exc:
-        _err(f"hunter config show: {exc}")
-        return EXIT_USAGE
-    _out(_json(config.to_dict()))
-    return EXIT_OK
-
-
 def _cmd_demo(args: argparse.Namespace) -> int:
     from supervisor.demo import run_demo
 
@@ -611,15 +592,6 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("drain", help="ask the daemon to drain and stop (like SIGTERM)")
     _client_options(p)
     p.set_defaults(handler=_cmd_drain)
-
-    p = subparsers.add_parser("config", help="show the effective configuration")
-    sp = p.add_subparsers(dest="config_command", metavar="ACTION", required=True)
-    show = sp.add_parser(
-        "show", help="print the configuration `hunter serve` would use (defaults, file, env)"
-    )
-    show.add_argument("--root", metavar="DIR")
-    show.add_argument("--config", metavar="FILE")
-    show.set_defaults(handler=_cmd_config_show)
 
     p = subparsers.add_parser(
         "demo",

@@ -146,7 +146,7 @@ def test_config_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     """`hunter config show` prints the effective config; a bad file exits 2 naming the key."""
     good = tmp_path / "good.toml"
     good.write_text("[retry]\nbase_delay_ms = 7\n")
-    assert main(["config", "show", "--config", str(good), "--root", str(tmp_path)]) == 0
+    assert main(["config", "show", "--json", "--config", str(good), "--root", str(tmp_path)]) == 0
     shown = orjson.loads(capsys.readouterr().out)
     assert shown["retry"]["base_delay_ms"] == 7
     assert shown["root"] == str(tmp_path)
