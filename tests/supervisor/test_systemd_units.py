@@ -281,10 +281,12 @@ def _write_share(share: Path) -> None:
     # The documented drop-in for an install in a virtual environment, plus a short watchdog
     # so the test sees pings arrive and a frozen daemon killed quickly (without a core dump).
     venv_bin = Path(sys.prefix) / "bin"
-    (share / "venv.conf").write_text(
-        f"[Service]\nEnvironment=PATH={venv_bin}:/usr/bin:/bin\nWatchdogSec=2s\nLimitCORE=0\n",
-        encoding="utf-8",
-    )
+    dropin = f"[Service]\nEnvironment=PATH={venv_bin}:/usr/bin:/bin\nWatchdogSec=2s\nLimitCORE=0\n"
+    # PrivateTmp= gives the service an empty /tmp: a checkout (and its venv) under /tmp or
+    # /var/tmp would vanish from the service's view. docs/operations.md: never install there.
+    if any(p.is_relative_to(t) for p in _bind_paths() for t in (Path("/tmp"), Path("/var/tmp"))):
+        dropin += "PrivateTmp=no\n"
+    (share / "venv.conf").write_text(dropin, encoding="utf-8")
 
 
 def _install(c: _Container) -> None:
