@@ -8,7 +8,6 @@ sync round before `record_turn` returns.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -16,7 +15,7 @@ from types import TracebackType
 from ledger.entries import KIND_SESSION_OPENED, KIND_TURN, KIND_VIOLATION, LedgerEntry
 from ledger.errors import IntegrityError, LedgerRecordError
 from ledger.files import make_dirs
-from ledger.syncer import GroupSyncer, InlineSyncer, Syncer, running_asyncio
+from ledger.syncer import InlineSyncer, Syncable, Syncer, await_durable
 from ledger.verify import session_ledger_paths
 from ledger.writer import Clock, LedgerWriter, wall_clock_us
 
@@ -227,14 +226,18 @@ class SessionLedgers:
         evidence_fields = self.evidence.prepare(evidence_record)
         return self.exec.write_prepared(exec_fields), self.evidence.write_prepared(evidence_fields)
 
+    def _durable_items(
+        self, entries: tuple[LedgerEntry, LedgerEntry]
+    ) -> tuple[tuple[Syncable, int], tuple[Syncable, int]]:
+        exec_entry, evidence_entry = entries
+        return (self.exec, exec_entry.seq), (self.evidence, evidence_entry.seq)
+
     def _write_pair(
         self, exec_record: Mapping[str, object], evidence_record: Mapping[str, object]
     ) -> tuple[LedgerEntry, LedgerEntry]:
-        exec_entry, evidence_entry = self._queue_pair(exec_record, evidence_record)
-        self._syncer.make_durable(
-            ((self.exec, exec_entry.seq), (self.evidence, evidence_entry.seq))
-        )
-        return exec_entry, evidence_entry
+        entries = self._queue_pair(exec_record, evidence_record)
+        self._syncer.make_durable(self._durable_items(entries))
+        return entries
 
     def record_turn(
         self,
@@ -403,12 +406,12 @@ class SessionLedgers:
     ) -> tuple[LedgerEntry, LedgerEntry]:
         """`record_turn` for async callers.
 
-        With a `GroupSyncer` under asyncio both lines are written in the calling thread and the
-        task awaits durability without occupying a worker thread (many turns share one sync
-        batch); otherwise `record_turn` runs in a worker thread (not abandoned on cancel).
+        Both lines are queued in the calling thread; the task then awaits durability (see
+        `await_durable`: with a `GroupSyncer` under asyncio without occupying a worker thread,
+        so many turns share one sync batch).
         """
-        if isinstance(self._syncer, GroupSyncer) and running_asyncio():
-            exec_record, evidence_record = self._turn_records(
+        entries = self._queue_pair(
+            *self._turn_records(
                 turn_number=turn_number,
                 query_hash=query_hash,
                 result_hash=result_hash,
@@ -421,28 +424,9 @@ class SessionLedgers:
                 exec_extra=exec_extra,
                 evidence_extra=evidence_extra,
             )
-            exec_entry, evidence_entry = self._queue_pair(exec_record, evidence_record)
-            await self._syncer.make_durable_async(
-                ((self.exec, exec_entry.seq), (self.evidence, evidence_entry.seq))
-            )
-            return exec_entry, evidence_entry
-        call = functools.partial(
-            self.record_turn,
-            turn_number=turn_number,
-            query_hash=query_hash,
-            result_hash=result_hash,
-            status=status,
-            declared_reads=list(declared_reads),
-            declared_writes=list(declared_writes),
-            external_calls=list(external_calls),
-            capability_violations=list(capability_violations),
-            work_order_id=work_order_id,
-            exec_extra=exec_extra,
-            evidence_extra=evidence_extra,
         )
-        import anyio.to_thread  # lazy: keeps `import ledger` light for the CLI
-
-        return await anyio.to_thread.run_sync(call)
+        await await_durable(self._syncer, self._durable_items(entries))
+        return entries
 
     async def arecord_violation(
         self,

@@ -49,6 +49,7 @@ __all__ = [
     "Syncer",
     "SyncerStatistics",
     "Waiter",
+    "await_durable",
     "dispatch",
     "running_asyncio",
 ]
@@ -165,6 +166,21 @@ def running_asyncio() -> bool:
     except RuntimeError:
         return False
     return True
+
+
+async def await_durable(syncer: Syncer, items: Sequence[tuple[Syncable, int]]) -> None:
+    """`Syncer.make_durable` for async callers (the entries are already written).
+
+    With a `GroupSyncer` under asyncio the task awaits the syncing thread's wake-up without
+    holding a worker thread, so thousands of waits can share one sync batch; otherwise
+    ``make_durable`` runs in a worker thread (not abandoned on cancel).
+    """
+    if isinstance(syncer, GroupSyncer) and running_asyncio():
+        await syncer.make_durable_async(items)
+        return
+    import anyio.to_thread  # lazy: keeps `import ledger` light for the CLI
+
+    await anyio.to_thread.run_sync(syncer.make_durable, items)
 
 
 def _describe(exc: BaseException) -> str:

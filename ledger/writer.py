@@ -29,14 +29,7 @@ from ledger.entries import LedgerEntry, validate_ledger_id, validate_record
 from ledger.errors import LedgerClosedError, LedgerLockedError, LedgerSyncError
 from ledger.files import fsync_dir, make_dirs
 from ledger.heads import Head, HeadAnchor, HeadStore, read_head, resolve_head_path
-from ledger.syncer import (
-    GroupSyncer,
-    InlineSyncer,
-    Syncer,
-    Waiter,
-    dispatch,
-    running_asyncio,
-)
+from ledger.syncer import InlineSyncer, Syncer, Waiter, await_durable, dispatch
 from ledger.verify import scan_bytes
 
 __all__ = ["Clock", "LedgerWriter", "open_ledger", "wall_clock_us"]
@@ -221,20 +214,13 @@ class LedgerWriter:
         return entry
 
     async def aappend(self, record: Mapping[str, object]) -> LedgerEntry:
-        """`append` for async callers.
-
-        With a `GroupSyncer` under asyncio the line is written in the calling thread and the
-        task awaits durability without holding a worker thread, so thousands of appends can be
-        in flight per sync batch; otherwise `append` runs in a worker thread.
+        """`append` for async callers: the line is queued in the calling thread, then the task
+        awaits durability (see `await_durable`: with a `GroupSyncer` under asyncio without
+        holding a worker thread, so thousands of appends can be in flight per sync batch).
         """
-        syncer = self._syncer
-        if isinstance(syncer, GroupSyncer) and running_asyncio():
-            entry = self.write_entry(record)
-            await syncer.make_durable_async(((self, entry.seq),))
-            return entry
-        import anyio.to_thread
-
-        return await anyio.to_thread.run_sync(self.append, record)
+        entry = self.write_entry(record)
+        await await_durable(self._syncer, ((self, entry.seq),))
+        return entry
 
     def append_many(self, records: Iterable[Mapping[str, object]]) -> list[LedgerEntry]:
         """Seal and write several records; return once all are durable (one sync round)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -98,63 +98,108 @@ def _hash_fd(fd: int, size: int) -> str:
     return digest.hexdigest()
 
 
-def _walk(
-    dir_fd: int,
-    area: str,
-    prefix: str,
-    writes: list[RealizedWrite],
-    problems: list[SurfaceProblem],
-) -> None:
+_Listed = tuple[str, int, bool, bool]  # name, inode, is_dir, is_file (no symlink following)
+
+
+def _list(dir_fd: int) -> list[_Listed]:
     with os.scandir(dir_fd) as entries:
-        listed = [
+        return [
             (e.name, e.inode(), e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False))
             for e in entries
         ]
-    for name, inode, is_dir, is_file in listed:
-        rel = f"{prefix}{name}"
-        if is_dir:
-            try:
-                sub = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-            except OSError:
-                problems.append(SurfaceProblem(area, rel, "swapped"))
-                continue
-            try:
-                if os.fstat(sub).st_ino != inode:
-                    problems.append(SurfaceProblem(area, rel, "swapped"))
-                    continue
-                _walk(sub, area, f"{rel}/", writes, problems)
-            finally:
-                os.close(sub)
-            continue
-        if not is_file:
-            try:
-                mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
-            except OSError:
-                problems.append(SurfaceProblem(area, rel, "swapped"))
-                continue
-            problems.append(SurfaceProblem(area, rel, _kind(mode)))
-            continue
+
+
+def _open_subdir(dir_fd: int, name: str, inode: int) -> int | None:
+    """The fd of directory *name* if it is still the listed inode (else None: swapped)."""
+    try:
+        sub = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        return None
+    if os.fstat(sub).st_ino != inode:
+        os.close(sub)
+        return None
+    return sub
+
+
+def _visit_file(
+    dir_fd: int,
+    entry: _Listed,
+    area: str,
+    rel: str,
+    *,
+    writes: list[RealizedWrite],
+    problems: list[SurfaceProblem],
+) -> None:
+    """Hash a listed regular file into *writes*; anything else is a problem."""
+    name, inode, _is_dir, is_file = entry
+    if not is_file:
         try:
-            fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
         except OSError:
             problems.append(SurfaceProblem(area, rel, "swapped"))
-            continue
+            return
+        problems.append(SurfaceProblem(area, rel, _kind(mode)))
+        return
+    try:
+        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        problems.append(SurfaceProblem(area, rel, "swapped"))
+        return
+    try:
+        st = os.fstat(fd)
+        if st.st_ino != inode or not stat.S_ISREG(st.st_mode):
+            problems.append(SurfaceProblem(area, rel, "swapped"))
+            return
+        if st.st_nlink > 1:
+            problems.append(SurfaceProblem(area, rel, "hardlink"))
+            return
         try:
-            st = os.fstat(fd)
-            if st.st_ino != inode or not stat.S_ISREG(st.st_mode):
+            digest = _hash_fd(fd, st.st_size)
+        except OSError:
+            problems.append(SurfaceProblem(area, rel, "unreadable"))
+            return
+        writes.append(RealizedWrite(area, rel, digest, st.st_size, st.st_ino, st.st_dev))
+    finally:
+        os.close(fd)
+
+
+def _walk(
+    top_fd: int, area: str, writes: list[RealizedWrite], problems: list[SurfaceProblem]
+) -> None:
+    """Depth-first walk below *top_fd* (not closed here).
+
+    Iterative, so a tree of any depth costs no Python recursion (a turn can nest thousands
+    of directories); one directory fd stays open per level of the current path.
+    """
+    stack: list[tuple[int, str, Iterator[_Listed]]] = [(top_fd, "", iter(_list(top_fd)))]
+    try:
+        while stack:
+            dir_fd, prefix, entries = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                stack.pop()
+                if dir_fd != top_fd:
+                    os.close(dir_fd)
+                continue
+            name, inode, is_dir, _is_file = entry
+            rel = f"{prefix}{name}"
+            if not is_dir:
+                _visit_file(dir_fd, entry, area, rel, writes=writes, problems=problems)
+                continue
+            sub = _open_subdir(dir_fd, name, inode)
+            if sub is None:
                 problems.append(SurfaceProblem(area, rel, "swapped"))
                 continue
-            if st.st_nlink > 1:
-                problems.append(SurfaceProblem(area, rel, "hardlink"))
-                continue
             try:
-                digest = _hash_fd(fd, st.st_size)
-            except OSError:
-                problems.append(SurfaceProblem(area, rel, "unreadable"))
-                continue
-            writes.append(RealizedWrite(area, rel, digest, st.st_size, st.st_ino, st.st_dev))
-        finally:
-            os.close(fd)
+                listed = _list(sub)
+            except BaseException:
+                os.close(sub)
+                raise
+            stack.append((sub, f"{rel}/", iter(listed)))
+    finally:
+        for dir_fd, _prefix, _entries in stack:
+            if dir_fd != top_fd:
+                os.close(dir_fd)
 
 
 def enumerate_writes(areas: Mapping[str, Path]) -> WriteSurface:
@@ -170,7 +215,7 @@ def enumerate_writes(areas: Mapping[str, Path]) -> WriteSurface:
             problems.append(SurfaceProblem(area, ".", "swapped"))
             continue
         try:
-            _walk(top, area, "", writes, problems)
+            _walk(top, area, writes, problems)
         finally:
             os.close(top)
     writes.sort(key=lambda w: (w.area, w.path))

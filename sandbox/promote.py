@@ -66,6 +66,17 @@ def _copy_fd(src: int, dst: int) -> str:
     return digest.hexdigest()
 
 
+def _copy_checked(src: int, out: int, write: RealizedWrite) -> None:
+    """Copy *src* into *out* (closed here), fsync it, and check the enumerated hash."""
+    try:
+        digest = _copy_fd(src, out)
+        os.fsync(out)
+    finally:
+        os.close(out)
+    if digest != write.sha256:
+        raise PromotionError(f"{write.path}: content changed since enumeration")
+
+
 def _promote_one(src_dir: Path, write: RealizedWrite, workspace: Path) -> PromotedOutput:
     dest = workspace / write.path
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -91,15 +102,12 @@ def _promote_one(src_dir: Path, write: RealizedWrite, workspace: Path) -> Promot
             tmp = real_parent / f".{dest.name}.hunter-{secrets.token_hex(4)}"
             out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
             try:
-                digest = _copy_fd(fd, out)
-                os.fsync(out)
-            finally:
-                os.close(out)
-            if digest != write.sha256:
+                _copy_checked(fd, out, write)
+                os.rename(tmp, dest)
+            except BaseException:  # never leave the temporary copy beside the destination
                 with contextlib.suppress(OSError):
                     tmp.unlink()
-                raise PromotionError(f"{write.path}: content changed since enumeration")
-            os.rename(tmp, dest)
+                raise
     finally:
         os.close(fd)
     _fsync_dir(real_parent)
@@ -107,9 +115,20 @@ def _promote_one(src_dir: Path, write: RealizedWrite, workspace: Path) -> Promot
 
 
 def promote_outputs(
-    src_dir: Path, writes: Sequence[RealizedWrite], workspace: Path
+    src_dir: Path,
+    writes: Sequence[RealizedWrite],
+    workspace: Path,
+    *,
+    done: list[PromotedOutput] | None = None,
 ) -> tuple[PromotedOutput, ...]:
-    """Promote each realized write of ``src_dir`` (``output/<sid>``) into *workspace*."""
+    """Promote each realized write of ``src_dir`` (``output/<sid>``) into *workspace*.
+
+    Each promoted file is also appended to *done* as soon as it is in place, so a caller
+    still knows what reached the workspace when a later file fails.
+    """
     ws = Path(os.path.realpath(workspace))
     ws.mkdir(parents=True, exist_ok=True)
-    return tuple(_promote_one(src_dir, w, ws) for w in writes)
+    promoted = [] if done is None else done
+    for write in writes:
+        promoted.append(_promote_one(src_dir, write, ws))
+    return tuple(promoted)

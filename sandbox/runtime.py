@@ -12,9 +12,9 @@ docs/sandbox.md describes the threat model and what each mechanism does and does
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
-import shutil
 import signal
 import stat
 import time
@@ -302,6 +302,17 @@ class TurnResult:
             raise self.violations[0]
 
 
+@dataclass(slots=True)
+class _TurnProgress:
+    """What a running turn has done so far, so a turn cut short still records it."""
+
+    request: dict[str, object]
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    violations: list[CapabilityViolation] = field(default_factory=list)
+    recorded: list[dict[str, object]] = field(default_factory=list)
+    promoted: list[PromotedOutput] = field(default_factory=list)
+
+
 def _digest(data: object) -> str:
     return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
@@ -564,11 +575,7 @@ class Runtime:
                 "enforcement": dict(self.levels),
             },
         )
-        try:
-            return Session(self, package, ledgers, workspace=ws, work_order_id=work_order_id)
-        except BaseException:
-            ledgers.close()
-            raise
+        return Session(self, package, ledgers, workspace=ws, work_order_id=work_order_id)
 
     def resume_session(
         self,
@@ -618,11 +625,7 @@ class Runtime:
             syncer=self._syncer,
             work_order_id=wo,
         )
-        try:
-            session = Session(self, package, ledgers, workspace=ws, work_order_id=wo)
-        except BaseException:
-            ledgers.close()
-            raise
+        session = Session(self, package, ledgers, workspace=ws, work_order_id=wo)
         session.next_turn_number = last_turn + 1
         return session
 
@@ -640,7 +643,11 @@ class Runtime:
 
 
 class Session:
-    """One session: its package, ledgers, sandbox dirs and the turns run in it."""
+    """One session: its package, ledgers, sandbox dirs and the turns run in it.
+
+    The session owns *ledgers* from construction on: ``close`` closes them, and so does a
+    constructor that fails (which also returns the session's uid to the pool).
+    """
 
     def __init__(
         self,
@@ -661,7 +668,7 @@ class Session:
         self.next_turn_number = 1
         self.tmp_dir = runtime.root / "tmp" / self.session_id
         self.output_dir = runtime.root / "output" / self.session_id
-        self.uid, self.gid = runtime._allocate_uid(self.session_id)
+        self.uid = self.gid = -1
         self._lock = anyio.Lock()
         self._netns_fd = -1
         self._ruleset_fd = -1
@@ -678,15 +685,20 @@ class Session:
         implicit_forbidden += [str(p) for p in runtime.forbidden_sockets]
         implicit_forbidden += list(cfg.denied_paths)
         caps = package.capabilities
-        self.capabilities = compile_capabilities(
-            read=caps.read,
-            write=caps.write,
-            execute=caps.execute,
-            forbidden=(*caps.forbidden, *implicit_forbidden),
-            workspace=self.workspace,
-            search_path=cfg.turn_path,
-        )
-        self._prepare_dirs()
+        try:
+            self.capabilities = compile_capabilities(
+                read=caps.read,
+                write=caps.write,
+                execute=caps.execute,
+                forbidden=(*caps.forbidden, *implicit_forbidden),
+                workspace=self.workspace,
+                search_path=cfg.turn_path,
+            )
+            self.uid, self.gid = runtime._allocate_uid(self.session_id)
+            self._prepare_dirs()
+        except BaseException:
+            self.close()  # the session owns its ledgers and uid from the start
+            raise
 
     # -- sandbox dirs ---------------------------------------------------------------------
 
@@ -713,13 +725,7 @@ class Session:
                 self._make_area(area)
                 self._invalidate_ruleset()
                 continue
-            with os.scandir(area) as entries:
-                children = [(e.path, e.is_dir(follow_symlinks=False)) for e in entries]
-            for path, is_dir in children:
-                if is_dir:
-                    shutil.rmtree(path)
-                else:
-                    os.unlink(path)
+            _empty_directory(area)
             if self.uid >= 0 and (st.st_uid, st.st_gid) != (self.uid, self.gid):
                 os.chown(area, self.uid, self.gid)
             if stat.S_IMODE(st.st_mode) != 0o700:
@@ -922,8 +928,10 @@ class Session:
             self.next_turn_number = max(self.next_turn_number, turn + 1)
             self._turn_recorded = False
             start_ns = time.monotonic_ns()
+            progress = _TurnProgress(request={"argv": list(argv)})
             try:
                 return await self._run(
+                    progress,
                     argv=list(argv),
                     declared_outputs=declared_outputs,
                     declared_inputs=tuple(declared_inputs),
@@ -937,15 +945,16 @@ class Session:
             except BaseException as exc:
                 if not self._turn_recorded:
                     with anyio.CancelScope(shield=True):
-                        await self._record_aborted(turn, list(argv), exc, start_ns)
+                        await self._record_aborted(turn, progress, exc, start_ns)
                 raise
 
     async def _record_aborted(
-        self, turn: int, argv: list[str], exc: BaseException, start_ns: int
+        self, turn: int, progress: _TurnProgress, exc: BaseException, start_ns: int
     ) -> None:
         """Both ledger entries for a turn cut short by cancellation or an internal error.
 
         The attempt's process tree is already dead (the attempt's cleanup runs shielded).
+        The attempts, violations and promotions done before the abort are recorded with it.
         A failure to record is logged; it never replaces the original exception.
         """
         cancelled = isinstance(exc, anyio.get_cancelled_exc_class())
@@ -958,15 +967,17 @@ class Session:
             verdict=Verdict.TERMINATE.value,
             reason_code=TURN_CANCELLED if cancelled else TURN_ERROR,
             reason="the turn was cancelled" if cancelled else f"{type(exc).__name__}: {exc}",
-            attempts=(),
+            attempts=tuple(progress.attempts),
             realized_writes=(),
-            violations=(),
-            promoted_outputs=(),
+            violations=tuple(progress.violations),
+            promoted_outputs=tuple(progress.promoted),
             duration_ms=_ms_since(start_ns),
             enforcement=dict(self.runtime.levels),
         )
         try:
-            await self._record(turn, {"argv": argv}, result, (), declared=(), header=None)
+            await self._record(
+                turn, progress.request, result, progress.recorded, declared=(), header=None
+            )
         except Exception as record_exc:  # never mask the original exception
             _log.error(
                 "turn_record_failed",
@@ -989,14 +1000,7 @@ class Session:
         violations: tuple[CapabilityViolation, ...] = ()
         recorded: list[dict[str, object]] = []
         if violation is not None:
-            entry = await self.ledgers.arecord_violation(
-                turn_number=turn,
-                operation=violation.operation,
-                target=violation.target,
-                capability=violation.capability,
-                detail=violation.detail,
-            )
-            recorded = list(_violations_of(entry))
+            recorded = await self._record_violation(turn, violation)
             violations = (violation,)
         result = TurnResult(
             session_id=self.session_id,
@@ -1023,6 +1027,19 @@ class Session:
             reason=reason,
         )
         return result
+
+    async def _record_violation(
+        self, turn: int, violation: CapabilityViolation
+    ) -> list[dict[str, object]]:
+        """Write a violation's evidence entry now; return it as the turn entry lists it."""
+        entry = await self.ledgers.arecord_violation(
+            turn_number=turn,
+            operation=violation.operation,
+            target=violation.target,
+            capability=violation.capability,
+            detail=violation.detail,
+        )
+        return _violations_of(entry)
 
     async def _record(
         self,
@@ -1073,6 +1090,7 @@ class Session:
 
     async def _run(
         self,
+        progress: _TurnProgress,
         *,
         argv: list[str],
         declared_outputs: object,
@@ -1092,6 +1110,7 @@ class Session:
             "phase": None if phase is None else phase.value,
             "timeout_ms": timeout_ms,
         }
+        progress.request = request
         levels: Mapping[str, str] = dict(self.runtime.levels)
         try:
             self.runtime.require_enforcement()
@@ -1148,10 +1167,9 @@ class Session:
             phase=request["phase"],
             timeout_ms=int(timeout_s * 1000),
         )
-        attempts: list[AttemptRecord] = []
-        violations: list[CapabilityViolation] = []
-        recorded: list[dict[str, object]] = []
-        promoted: tuple[PromotedOutput, ...] = ()
+        attempts = progress.attempts
+        violations = progress.violations
+        recorded = progress.recorded
         attempt_no = 0
         decision: AttemptDecision
         last_outcome: AttemptOutcome
@@ -1164,7 +1182,6 @@ class Session:
                 turn=turn,
                 attempt_no=attempt_no,
                 timeout_s=timeout_s,
-                levels=levels,
             )
             decision = decide_attempt(
                 outcome,
@@ -1175,15 +1192,8 @@ class Session:
                 instruction_id=f"{self.session_id}#{turn}",
             )
             for v in attempt_violations:
-                entry = await self.ledgers.arecord_violation(
-                    turn_number=turn,
-                    operation=v.operation,
-                    target=v.target,
-                    capability=v.capability,
-                    detail=v.detail,
-                )
-                recorded.extend(_violations_of(entry))
-            violations.extend(attempt_violations)
+                recorded.extend(await self._record_violation(turn, v))
+                violations.append(v)
             record = _with_decision(record, outcome, decision)
             attempts.append(record)
             last_outcome = outcome
@@ -1198,25 +1208,23 @@ class Session:
                 duration_ms=record.duration_ms,
             )
             if decision.verdict is Verdict.SUCCEED:
+                realized = surface.in_area("output")
+                # Each promoted file goes onto `progress` as it lands (in the worker thread):
+                # neither a later file failing nor a cancellation meanwhile loses the record
+                # of what already reached the workspace.
+                promote = functools.partial(promote_outputs, done=progress.promoted)
                 try:
-                    promoted = await anyio.to_thread.run_sync(
-                        promote_outputs,
+                    await anyio.to_thread.run_sync(
+                        promote,
                         self.output_dir,
-                        [surface.in_area("output")[d.path] for d in declared],
+                        [realized[d.path] for d in declared],
                         self.workspace,
                     )
                 except (PromotionError, OSError) as exc:
                     v = self._violation(
                         turn, "promote", str(self.workspace), "declared_outputs", str(exc)
                     )
-                    entry = await self.ledgers.arecord_violation(
-                        turn_number=turn,
-                        operation=v.operation,
-                        target=v.target,
-                        capability=v.capability,
-                        detail=v.detail,
-                    )
-                    recorded.extend(_violations_of(entry))
+                    recorded.extend(await self._record_violation(turn, v))
                     violations.append(v)
                     decision = AttemptDecision(
                         Verdict.TERMINATE,
@@ -1256,7 +1264,7 @@ class Session:
             attempts=tuple(attempts),
             realized_writes=last.realized_writes,
             violations=tuple(violations),
-            promoted_outputs=promoted,
+            promoted_outputs=tuple(progress.promoted),
             duration_ms=_ms_since(start_ns),
             enforcement=dict(levels),
             stdout=last.stdout,
@@ -1321,7 +1329,6 @@ class Session:
         turn: int,
         attempt_no: int,
         timeout_s: float,
-        levels: Mapping[str, str],
     ) -> tuple[AttemptRecord, AttemptOutcome, WriteSurface, list[CapabilityViolation]]:
         start_ns = time.monotonic_ns()
         cfg = self.runtime.config
@@ -1331,7 +1338,11 @@ class Session:
         cg = self._turn_cgroup()
         baseline = cg.resource_events()
         out_fd = os.memfd_create("hunter-stdout", os.MFD_CLOEXEC)
-        err_fd = os.memfd_create("hunter-stderr", os.MFD_CLOEXEC)
+        try:
+            err_fd = os.memfd_create("hunter-stderr", os.MFD_CLOEXEC)
+        except BaseException:
+            os.close(out_fd)
+            raise
         timed_out = False
         leftovers = 0
         status: int | None = None
@@ -1374,6 +1385,12 @@ class Session:
                             os.killpg(spawned.pid, signal.SIGKILL)
                     with anyio.CancelScope(shield=True):
                         await anyio.wait_readable(spawned.pidfd)
+                if not cg.dirs:
+                    # No cgroup: the process group is the only handle on what the command
+                    # left running in the background. Kill it before reaping the leader (so
+                    # the group id cannot have been reused) and before enumeration/promotion.
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(spawned.pid, signal.SIGKILL)
                 status = reap(spawned)
             finally:
                 if status is None:  # cancelled from outside: never leave the tree behind
@@ -1581,6 +1598,57 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _unlink_non_directories(dir_fd: int) -> list[str]:
+    """Unlink every entry of *dir_fd* that is not a directory; return the directories."""
+    with os.scandir(dir_fd) as entries:
+        listed = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+    subdirs: list[str] = []
+    for name, is_dir in listed:
+        if is_dir:
+            subdirs.append(name)
+        else:
+            os.unlink(name, dir_fd=dir_fd)
+    return subdirs
+
+
+def _empty_directory(path: Path) -> None:
+    """Remove everything inside *path* (kept itself), never following a symlink.
+
+    Iterative (``shutil.rmtree`` recurses in Python and fails on the thousands of nested
+    directories a turn can leave, which would stop every later attempt of the session);
+    one directory fd stays open per level of the current path.
+    """
+    stack: list[tuple[int, list[str]]] = []
+    top = os.open(path, _DIR_FLAGS)
+    try:
+        stack.append((top, _unlink_non_directories(top)))
+    except BaseException:
+        os.close(top)
+        raise
+    try:
+        while stack:
+            dir_fd, subdirs = stack[-1]
+            if subdirs:
+                child = os.open(subdirs[-1], _DIR_FLAGS, dir_fd=dir_fd)
+                try:
+                    stack.append((child, _unlink_non_directories(child)))
+                except BaseException:
+                    os.close(child)
+                    raise
+                continue
+            stack.pop()
+            os.close(dir_fd)
+            if stack:
+                parent_fd, siblings = stack[-1]
+                os.rmdir(siblings.pop(), dir_fd=parent_fd)
+    finally:
+        for dir_fd, _subdirs in stack:
+            os.close(dir_fd)
 
 
 def _all_empty(directories: Iterable[Path]) -> bool:

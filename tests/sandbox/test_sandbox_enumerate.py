@@ -107,3 +107,27 @@ def test_symlink_swap_during_enumeration_never_reads_outside(tmp_path: Path) -> 
         stop.set()
         thread.join()
     assert seen_problem
+
+
+def test_deeply_nested_tree_is_walked(tmp_path: Path) -> None:
+    """A tree deeper than Python's recursion limit is walked completely."""
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1100):  # pathlib/os.makedirs would recurse as deep as the tree
+        os.mkdir("d", dir_fd=fd)
+        sub = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = sub
+    os.close(fd)
+    leaf = out.joinpath(*["d"] * 1100)
+    (leaf / "f").write_bytes(b"deep")
+    try:
+        surface = enumerate_writes({"output": out})
+    finally:
+        (leaf / "f").unlink()
+        while leaf != out:
+            leaf.rmdir()
+            leaf = leaf.parent
+    assert surface.problems == ()
+    assert [w.path for w in surface.writes] == ["d/" * 1100 + "f"]

@@ -72,3 +72,26 @@ def test_destination_escaping_the_workspace_is_refused(tmp_path: Path) -> None:
     with pytest.raises(PromotionError, match=r"^sub/b\.txt: destination leaves the workspace"):
         promote_outputs(out, writes, ws)
     assert not (elsewhere / "b.txt").exists()
+
+
+def test_failed_copy_across_filesystems_leaves_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy that fails (e.g. ENOSPC) removes its temporary file beside the destination."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no second filesystem (/dev/shm) to promote across")
+    out = make_output(tmp_path)
+    writes = [w for w in enumerate_writes({"output": out}).writes if w.path == "a.txt"]
+
+    def no_space(src: int, dst: int) -> str:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("sandbox.promote._copy_fd", no_space)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=shm) as ws:
+        with pytest.raises(OSError, match=r"^\[Errno 28\] No space left on device$"):
+            promote_outputs(out, writes, Path(ws))
+        assert os.listdir(ws) == []
+    assert (out / "a.txt").read_text() == "alpha"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import socket
 import stat
 from collections.abc import Callable, Iterator
@@ -16,9 +17,11 @@ import psutil
 import pytest
 
 from sandbox.attempt_policy import AgentPhase, RetryOptions
+from sandbox.cgroups import CgroupLayout
 from sandbox.errors import CapabilityViolation, DeclarationError, SandboxUnavailableError
 from sandbox.retry_protocol import CountingEntropyDetector
 from sandbox.runtime import Runtime, RuntimeConfig, Session, TurnResult
+from sandbox.session_ids import new_session_id
 
 pytestmark = pytest.mark.usefixtures("sandboxed")
 
@@ -632,6 +635,23 @@ async def test_exact_match_promotes_outputs(session: Session) -> None:
     ]
 
 
+async def test_partial_promotion_records_what_reached_the_workspace(session: Session) -> None:
+    """When a later output cannot be promoted, the ones already in place are still recorded."""
+    (session.workspace / "sub" / "b.txt" / "keep").mkdir(parents=True)  # blocks the rename
+    result = await sh(
+        session,
+        "echo hello > a.txt; mkdir sub; echo deep > sub/b.txt",
+        declared_outputs=[{"path": "a.txt", "role": "r"}, {"path": "sub/b.txt", "role": "x"}],
+    )
+    assert result.status == "violation"
+    assert result.reason_code == "PROMOTION_FAILED"
+    assert (session.workspace / "a.txt").read_text() == "hello\n"
+    assert (session.workspace / "sub" / "b.txt").is_dir()
+    assert [p.path for p in result.promoted_outputs] == ["a.txt"]
+    evidence = assert_recorded(session, 1, "violation")
+    assert [p["path"] for p in evidence["promoted_outputs"]] == ["a.txt"]
+
+
 async def test_undeclared_write_blocks_promotion(session: Session) -> None:
     """An extra file in output/<sid> is a violation and nothing is promoted."""
     result = await sh(
@@ -689,6 +709,61 @@ async def test_retry_in_green_starts_from_a_clean_sandbox(session: Session) -> N
     assert_recorded(session, 1, "exhausted")
 
 
+async def test_turn_aborted_between_attempts_keeps_its_attempts(session: Session) -> None:
+    """An error during the retry backoff still records the attempt that already ran."""
+
+    async def failing_delay(seconds: float) -> None:
+        raise RuntimeError("backoff broke")
+
+    with pytest.raises(RuntimeError, match=r"^backoff broke$"):
+        await sh(session, "exit 1", phase=AgentPhase.GREEN, delay=failing_delay)
+    assert_recorded(session, 1, "terminated")
+    exec_turn = turn_entries(session.ledgers.session_dir, 1)["exec"][0]
+    assert exec_turn["reason_code"] == "TURN_ERROR"
+    assert exec_turn["attempt_count"] == 1
+    assert exec_turn["attempts"][0]["exit_code"] == 1
+    assert exec_turn["argv"] == ["/bin/sh", "-c", "exit 1"]
+
+
+async def test_deeply_nested_directories_neither_crash_nor_stick(session: Session) -> None:
+    """Thousands of nested dirs are enumerated (an undeclared write), then cleared."""
+    result = await sh(
+        session,
+        "i=0; while [ $i -lt 1500 ]; do mkdir d && cd d || exit 3; i=$((i+1)); done; touch f",
+    )
+    assert result.status == "violation"
+    (write,) = result.realized_writes
+    assert write.path == "d/" * 1500 + "f"
+    again = await sh(session, "ls -A")
+    assert again.status == "succeeded"
+    assert again.stdout == ""
+
+
+async def test_capture_setup_failure_closes_the_first_capture(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the stderr capture cannot be created, the stdout one is closed (no fd leak)."""
+    created: list[int] = []
+    real = os.memfd_create
+
+    def second_fails(name: str, flags: int = 0) -> int:
+        if created:
+            raise OSError(errno.EMFILE, "Too many open files")
+        created.append(real(name, flags))
+        return created[-1]
+
+    monkeypatch.setattr(os, "memfd_create", second_fails)
+    with pytest.raises(OSError, match=r"^\[Errno 24\] Too many open files$"):
+        await sh(session, "true")
+    monkeypatch.undo()
+    assert_recorded(session, 1, "terminated")
+    try:
+        target = os.readlink(f"/proc/self/fd/{created[0]}")
+    except FileNotFoundError:
+        target = ""
+    assert "hunter-stdout" not in target
+
+
 async def test_red_phase_failure_is_not_retried(session: Session) -> None:
     """Outside GREEN/VERIFY a failure ends the turn after one attempt."""
     result = await sh(session, "exit 1", phase=AgentPhase.RED)
@@ -727,6 +802,34 @@ async def test_python_launcher_applies_the_same_confinement(
         assert result.enforcement["launcher"] == "python"
         assert int(result.stdout.split()[0]) == session.uid
         assert not (outside / "fallback").exists()
+
+
+async def test_background_process_dies_with_the_turn_without_cgroups(
+    root: Path, install: Installer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Best-effort without cgroups: what the command leaves running is killed at its exit."""
+    monkeypatch.setattr("sandbox.runtime.detect_layout", CgroupLayout)
+    install("pkg")
+    with (
+        Runtime(root, config=RuntimeConfig(enforcement="best-effort")) as runtime,
+        runtime.open_session("pkg") as session,
+    ):
+        assert runtime.levels["tree_kill"] == "process-group"
+        result = await sh(session, "sleep 20 & echo $!")
+        assert result.status == "succeeded"
+        pid = int(result.stdout)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return
+        try:
+            with anyio.move_on_after(5) as scope:  # readable once the process has exited
+                await anyio.wait_readable(pidfd)
+            if scope.cancelled_caught:
+                os.kill(pid, signal.SIGKILL)
+        finally:
+            os.close(pidfd)
+        assert not scope.cancelled_caught, "the background sleep outlived its turn"
 
 
 async def test_strict_refuses_when_a_mechanism_is_missing(
@@ -819,3 +922,22 @@ async def test_turn_result_to_dict_is_json(session: Session) -> None:
     data = json.loads(json.dumps(result.to_dict()))
     assert data["status"] == "succeeded"
     assert data["attempts"][0]["stdout"] == "hi\n"
+
+
+def test_failed_session_setup_releases_uid_and_ledgers(
+    runtime: Runtime, install: Installer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session whose sandbox dirs cannot be prepared returns its uid and closes its ledgers."""
+    install("pkg")
+
+    def broken(self: Session) -> None:
+        raise OSError(28, "No space left on device")
+
+    sid = new_session_id()
+    monkeypatch.setattr(Session, "_prepare_dirs", broken)
+    with pytest.raises(OSError, match=r"^\[Errno 28\] No space left on device$"):
+        runtime.open_session("pkg", session_id=sid)
+    assert runtime._uids_in_use == set()
+    monkeypatch.undo()
+    with runtime.resume_session(sid) as session:  # the ledgers' locks were released
+        assert session.next_turn_number == 1
