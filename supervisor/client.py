@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from supervisor.errors import ConnectionLost, ControlClientError, DaemonNotRunning
 from supervisor.frames import (
     DEFAULT_MAX_FRAME_BYTES,
     FrameError,
@@ -37,33 +38,6 @@ __all__ = [
 def socket_for_root(root: Path) -> Path:
     """The control socket of the daemon serving *root* (``<root>/run/control.sock``)."""
     return root / "run" / "control.sock"
-
-
-class DaemonNotRunning(Exception):
-    """Raised when nothing answers on the control socket (missing file, refused connection)."""
-
-    def __init__(self, socket_path: Path, reason: str) -> None:
-        self.socket_path = socket_path
-        self.reason = reason
-        super().__init__(
-            f"no daemon at {socket_path} ({reason}). Start one with `hunter serve --root DIR` "
-            "(same root), or pass the control socket with `--socket PATH`"
-        )
-
-
-class ControlClientError(Exception):
-    """Raised when the daemon answers a request with an error; fields come from the wire."""
-
-    def __init__(self, op: str, error: dict[str, Any]) -> None:
-        self.op = op
-        self.code = str(error.get("code", "unknown"))
-        self.message = str(error.get("message", ""))
-        self.details = {k: v for k, v in error.items() if k not in {"code", "message"}}
-        super().__init__(f"{op}: {self.code}: {self.message}")
-
-
-class ConnectionLost(Exception):
-    """Raised to callers still waiting when the daemon closes the connection."""
 
 
 class ControlClient:

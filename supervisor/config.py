@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal, cast
 
+from supervisor.errors import ConfigError
+
 __all__ = [
     "ENV_PREFIX",
     "RELOADABLE_KEYS",
@@ -71,26 +73,6 @@ RESERVED_ENV: Final = frozenset(
 Enforcement = Literal["strict", "best-effort"]
 LogFormat = Literal["auto", "json", "console"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
-
-
-class ConfigError(ValueError):
-    """Raised when the configuration is invalid: an unknown key, a value of the wrong type or
-    out of range, or a config file that cannot be read or is not valid TOML.
-
-    `key` is the dotted key (`executors.heartbeat_interval_s`), or `"(file)"` for a problem with
-    the file itself; `source` says where the value came from (the file path, the environment
-    variable, `override`, or `default`); `line` is the TOML line number when known.
-    """
-
-    def __init__(
-        self, key: str, problem: str, *, source: str | None = None, line: int | None = None
-    ) -> None:
-        self.key = key
-        self.problem = problem
-        self.source = source
-        self.line = line
-        where = f" (from {source})" if source else ""
-        super().__init__(f"config key {key!r}: {problem}{where}")
 
 
 # --- the key table ------------------------------------------------------------------------------

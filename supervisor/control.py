@@ -286,13 +286,14 @@ class ControlServer:
         request = parse_turn_request(
             params, default_timeout_ms=self._scheduler.settings.default_timeout_ms
         )
+        # Checked before the turn is accepted: an error answer must mean "nothing accepted".
+        wait = params.get("wait_s")
+        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int | float)):
+            raise RequestError("bad_request", "wait_s: must be a number of seconds", field="wait_s")
         with anyio.CancelScope(shield=True):  # accepted means scheduled, client or not
             turn, created = await self._scheduler.submit(request)
-        wait = params.get("wait_s")
         if wait is not None:
             # submit-and-wait in one round trip: answers once the turn is final or parked
-            if isinstance(wait, bool) or not isinstance(wait, int | float):
-                raise RequestError("bad_request", "wait_s: must be a number of seconds")
             turn = await self._scheduler.wait_turn(turn.turn_id, timeout_s=float(wait))
         return {"turn": _turn(turn), "created": created}
 

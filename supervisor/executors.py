@@ -49,6 +49,7 @@ from sandbox.executor_types import (
     ExecutorStatus,
 )
 from sandbox.sandbox_types import ExecutionFaultType
+from supervisor.errors import QueueFullError
 from supervisor.frames import (
     FrameDecodeError,
     FrameError,
@@ -161,22 +162,6 @@ class AttemptReport:
     duration_ms: int
     detail: str
     queued_ms: int = 0
-
-
-class QueueFullError(Exception):
-    """Raised by ``ExecutorHub.admit`` when a command type's queue holds ``capacity`` attempts.
-
-    ``retry_after_ms`` is a hint: roughly how long until the queue has room again.
-    """
-
-    def __init__(self, command_type: ExecutorCommandType, capacity: int, retry_after_ms: int):
-        self.command_type = command_type
-        self.capacity = capacity
-        self.retry_after_ms = retry_after_ms
-        super().__init__(
-            f"the {command_type.value} queue is full ({capacity} waiting); "
-            f"retry after {retry_after_ms} ms"
-        )
 
 
 @dataclass(frozen=True, slots=True)

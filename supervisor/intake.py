@@ -43,6 +43,13 @@ import anyio.abc
 import anyio.to_thread
 import orjson
 
+from supervisor.errors import (
+    IntakeClosedError,
+    IntakeError,
+    UnknownSessionError,
+    UnknownTurnError,
+)
+
 __all__ = [
     "FINAL_STATES",
     "AttemptRow",
@@ -109,30 +116,6 @@ class TurnKind(enum.StrEnum):
 class SessionState(enum.StrEnum):
     OPEN = "open"
     CLOSED = "closed"
-
-
-class IntakeError(Exception):
-    """Base class: raised when an intake operation cannot be carried out."""
-
-
-class IntakeClosedError(IntakeError):
-    """Raised when an operation reaches an intake (or committer) that was already closed."""
-
-
-class UnknownSessionError(IntakeError):
-    """Raised when a session id is not in the intake (never opened, or a typo)."""
-
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"unknown session {session_id!r}")
-        self.session_id = session_id
-
-
-class UnknownTurnError(IntakeError):
-    """Raised when a turn id is not in the intake."""
-
-    def __init__(self, turn_id: int) -> None:
-        super().__init__(f"unknown turn {turn_id}")
-        self.turn_id = turn_id
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from sandbox.executor_types import (
     ExecutorStatus,
 )
 from sandbox.policy_errors import InstructionError
+from supervisor.errors import ProtocolError
 
 __all__ = [
     "MAX_SLOTS",
@@ -84,19 +85,6 @@ class RejectReason:
     HELLO_TIMEOUT: Final = "HELLO_TIMEOUT"
     HUB_CLOSING: Final = "HUB_CLOSING"
     BAD_MESSAGE: Final = "BAD_MESSAGE"
-
-
-class ProtocolError(Exception):
-    """Raised when a well-framed message breaks the protocol (wrong type, missing field...).
-
-    ``reason_code`` is one of ``RejectReason``; ``reason`` is a human-readable explanation that
-    names the offending field.
-    """
-
-    def __init__(self, reason_code: str, reason: str) -> None:
-        self.reason_code = reason_code
-        self.reason = reason
-        super().__init__(f"{reason_code}: {reason}")
 
 
 @dataclass(frozen=True, slots=True)

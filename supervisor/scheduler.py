@@ -38,6 +38,7 @@ Design notes
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import datetime as dt
 import functools
@@ -63,6 +64,7 @@ from sandbox.executor_types import ExecutorCommandType, ExecutorInstructionEnvel
 from sandbox.policy_errors import InstructionError
 from sandbox.retry_protocol import AgentPhase, RetryOptions
 from sandbox.sandbox_types import ExecutionFaultType
+from supervisor.errors import QueueFullError, RequestError
 from supervisor.intake import (
     AttemptRow,
     CommitterStatistics,
@@ -97,23 +99,6 @@ __all__ = [
 
 _MAX_TIMEOUT_MS = 600_000
 _RECENT_TURNS = 4096
-
-
-class RequestError(Exception):
-    """Raised when a control request cannot be served; ``code`` is the stable wire error code.
-
-    ``message`` says what was wrong, where, and what to do; ``details`` carries structured fields
-    (for example ``retry_after_ms`` for ``queue_full`` or ``field`` for ``bad_request``).
-    """
-
-    def __init__(self, code: str, message: str, **details: object) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.details = details
-
-    def to_wire(self) -> dict[str, object]:
-        return {"code": self.code, "message": self.message, **self.details}
 
 
 # --------------------------------------------------------------------------------------------
@@ -352,7 +337,9 @@ class AttemptReportLike(Protocol):
 class HubLike(Protocol):
     """What the scheduler needs from the executor hub."""
 
-    def admit(self, command_type: ExecutorCommandType) -> None: ...
+    def admit(self, command_type: ExecutorCommandType) -> None:
+        """Raise `QueueFullError` when the command type's queue is full."""
+
     async def run_attempt(self, envelope: ExecutorInstructionEnvelope) -> AttemptReportLike: ...
 
 
@@ -474,6 +461,14 @@ class _Active:
         self.state = state
         self.notify()
 
+    def claim_resolution(self, action: str) -> bool:
+        """Take the one decision on the parked turn (an operator's, or a cancel); False when
+        the turn is not parked or a decision was already taken."""
+        if self.resolved is None or self.resolved.is_set() or self.resolution is not None:
+            return False
+        self.resolution = action
+        return True
+
     def notify(self) -> None:
         """Wake whoever waits for a change of this turn."""
         changed, self._changed = self._changed, None
@@ -583,6 +578,11 @@ class Scheduler:
         self._finished_by_state: dict[str, int] = {}
         self._recent: collections.OrderedDict[int, TurnRow] = collections.OrderedDict()
         self._requests: dict[int, TurnRequest] = {}  # parsed requests of active turns
+        # Submissions past their session check but not yet started, per session, and the
+        # sessions being closed: `close_session` and `submit` each refuse while the other is
+        # under way, so a turn is never accepted into a session closed under it.
+        self._submitting: collections.Counter[str] = collections.Counter()
+        self._closing: collections.Counter[str] = collections.Counter()
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -746,13 +746,20 @@ class Scheduler:
     async def close_session(self, session_id: str) -> SessionRow:
         row = await self._get_session_row(session_id)
         busy = [a.turn_id for a in self._active.values() if a.session_id == session_id]
-        if busy:
+        if busy or self._submitting[session_id]:
+            what = f"unfinished turns {busy}" if busy else "a turn being submitted"
             raise RequestError(
                 "session_busy",
-                f"session {session_id} still has unfinished turns {busy}; wait for or cancel them",
+                f"session {session_id} still has {what}; wait for or cancel them",
                 turn_ids=busy,
             )
-        row = await self._committer.call(lambda: self._intake.op_close_session(session_id))
+        self._closing[session_id] += 1
+        try:
+            row = await self._committer.call(lambda: self._intake.op_close_session(session_id))
+        finally:
+            self._closing[session_id] -= 1
+            if not self._closing[session_id]:
+                del self._closing[session_id]
         session = self._sessions.pop(session_id, None)
         self._session_locks.pop(session_id, None)
         if session is not None:
@@ -790,9 +797,9 @@ class Scheduler:
             if existing is not None:
                 return existing, False
         session = self._sessions.get(request.session_id)
-        if session is None:
+        if session is None or self._closing[request.session_id]:
             row = await self._get_session_row(request.session_id)
-            if row.state is not SessionState.OPEN:
+            if row.state is not SessionState.OPEN or self._closing[request.session_id]:
                 raise RequestError(
                     "session_closed",
                     f"session {request.session_id} is closed; open a new one",
@@ -805,16 +812,24 @@ class Scheduler:
             )
         if request.instruction is not None:
             self._admit(request.instruction.command_type)
-        if request.process is not None:
-            await self._check_process(session, request)
-        turn, created = await self._committer.call(
-            lambda: self._intake.op_accept_turn(
-                session_id=request.session_id,
-                kind=request.kind,
-                spec=request.to_spec(),
-                idempotency_key=request.idempotency_key,
+        self._submitting[request.session_id] += 1
+        try:
+            if request.process is not None:
+                await self._check_process(session, request)
+            turn, created = await self._committer.call(
+                lambda: self._intake.op_accept_turn(
+                    session_id=request.session_id,
+                    kind=request.kind,
+                    spec=request.to_spec(),
+                    idempotency_key=request.idempotency_key,
+                )
             )
-        )
+            if created:
+                self._start_turn(turn, recovered=False, request=request)
+        finally:
+            self._submitting[request.session_id] -= 1
+            if not self._submitting[request.session_id]:
+                del self._submitting[request.session_id]
         if created:
             self._accepted_total += 1
             # The ids as fields rather than `bind_ids` (same event, no context-variable scan).
@@ -825,20 +840,16 @@ class Scheduler:
                 turn_id=turn.turn_id,
                 kind=turn.kind.value,
             )
-            self._start_turn(turn, recovered=False, request=request)
         return turn, created
 
     def _admit(self, command_type: ExecutorCommandType) -> None:
         try:
             self._hub.admit(command_type)
-        except Exception as exc:
-            retry_after = getattr(exc, "retry_after_ms", None)
-            if retry_after is None:
-                raise
+        except QueueFullError as exc:
             raise RequestError(
                 "queue_full",
-                f"the {command_type.value} queue is full; retry in {retry_after} ms",
-                retry_after_ms=retry_after,
+                f"the {command_type.value} queue is full; retry in {exc.retry_after_ms} ms",
+                retry_after_ms=exc.retry_after_ms,
                 command_type=command_type.value,
             ) from None
 
@@ -912,8 +923,10 @@ class Scheduler:
             raise RequestError("not_cancellable", f"turn {turn_id} is not active", turn_id=turn_id)
         active.cancel_requested = True
         if active.state is TurnState.ESCALATED and active.resolved is not None:
-            active.resolution = "cancel"
-            active.resolved.set()
+            # A parked turn: unless an operator's decision is already on its way (the turn
+            # task then sees `cancel_requested` once it has carried it out), cancel it.
+            if active.claim_resolution("cancel"):
+                active.resolved.set()
         elif active.scope is not None:
             active.scope.cancel()
         await active.wait_finished()
@@ -966,33 +979,42 @@ class Scheduler:
             raise _bad("action", "must be 'retry' or 'terminate'")
         turn = await self.get_turn(turn_id)
         active = self._active.get(turn_id)
-        if turn.state is not TurnState.ESCALATED or active is None:
+        resolved = active.resolved if active is not None else None
+        if turn.state is TurnState.ESCALATED and active is not None and resolved is None:
+            raise RequestError(
+                "not_escalated",
+                f"turn {turn_id} is not parked yet (the daemon is starting); try again",
+                turn_id=turn_id,
+                state=turn.state.value,
+            )
+        if turn.state is not TurnState.ESCALATED or active is None or resolved is None:
             raise RequestError(
                 "not_escalated",
                 f"turn {turn_id} is {turn.state.value}, not escalated",
                 turn_id=turn_id,
                 state=turn.state.value,
             )
-        if action == "terminate":
-            await self._committer.call(
-                lambda: self._intake.op_set_state(
-                    turn_id,
-                    TurnState.TERMINATED,
-                    verdict=Verdict.TERMINATE.name,
-                    reason_code="OPERATOR_TERMINATED",
-                    reason="an operator terminated the escalated turn",
+        # Claimed with no await since the checks: a concurrent resolve (or cancel) sees it.
+        if not active.claim_resolution(action):
+            raise RequestError(
+                "not_escalated",
+                f"turn {turn_id} is already being resolved",
+                turn_id=turn_id,
+                state=turn.state.value,
+            )
+        if action == "retry":
+            try:
+                await self._committer.call(
+                    lambda: self._intake.op_set_state(turn_id, TurnState.ACCEPTED)
                 )
-            )
-        else:
-            await self._committer.call(
-                lambda: self._intake.op_set_state(turn_id, TurnState.ACCEPTED)
-            )
-        active.resolution = action
+            except BaseException:
+                if active.resolution == action:
+                    active.resolution = None
+                raise
         active.settled = False
-        if active.resolved is not None:
-            active.resolved.set()
+        resolved.set()
         if action == "terminate":
-            await active.wait_finished()
+            await active.wait_finished()  # the turn task writes the ledgers, then the intake
         return await self.get_turn(turn_id)
 
     # -- turn tasks -----------------------------------------------------------------------
@@ -1055,15 +1077,22 @@ class Scheduler:
         active.settle()  # waiters return: the turn needs a person now
         active.move(TurnState.ESCALATED)
         await resolved.wait()
-        if active.resolution == "cancel":
+        action, active.resolution = active.resolution, None
+        if action == "cancel":
             return turn
-        turn = await self.get_turn(turn.turn_id)
-        self._log.info("escalation_resolved", action=active.resolution)
-        if active.resolution == "terminate":
-            active.move(TurnState.TERMINATED)
-            await self._record_end(turn, status=TurnState.TERMINATED.value, any_kind=True)
+        self._log.info("escalation_resolved", action=action)
+        if action == "terminate":  # (a crash before the intake's commit leaves it parked)
+            turn = await self._end_turn(
+                turn,
+                active,
+                TurnState.TERMINATED,
+                verdict=Verdict.TERMINATE.name,
+                reason_code="OPERATOR_TERMINATED",
+                reason="an operator terminated the escalated turn",
+            )
             self._count_finished(turn)
             return turn
+        turn = await self.get_turn(turn.turn_id)
         # retry: a fresh attempt budget, as if the turn had just been accepted
         active.move(TurnState.ACCEPTED)
         return dataclasses.replace(turn, attempt=0, state=TurnState.ACCEPTED)
@@ -1097,18 +1126,41 @@ class Scheduler:
         current = await self.get_turn(turn.turn_id)
         if current.final:
             return  # it ended before the cancellation reached it
-        turn = await self._committer.call(
-            lambda: self._intake.op_set_state(
-                turn.turn_id,
-                TurnState.CANCELLED,
-                reason_code="CANCELLED_BY_CLIENT",
-                reason="cancelled through the control API",
-            )
+        turn = await self._end_turn(
+            current,
+            active,
+            TurnState.CANCELLED,
+            reason_code="CANCELLED_BY_CLIENT",
+            reason="cancelled through the control API",
         )
-        active.move(TurnState.CANCELLED)
-        self._log.info("turn_finished", state="cancelled", attempts=len(turn.attempts))
-        await self._record_end(turn, status=TurnState.CANCELLED.value, any_kind=True)
+        self._log.info("turn_finished", state=turn.state.value, attempts=len(turn.attempts))
         self._count_finished(turn)
+
+    async def _end_turn(
+        self,
+        turn: TurnRow,
+        active: _Active,
+        state: TurnState,
+        *,
+        rows: Sequence[AttemptRow] = (),
+        **ending: Any,
+    ) -> TurnRow:
+        """End (or park) *turn* in *state* on the daemon's own decision, with its finished
+        attempt *rows*: both ledger entries first, then the intake (a crash in between runs or
+        parks the turn again after the restart; it never ends without its entries)."""
+        done = {r.attempt for r in rows}
+        attempts = (*(a for a in turn.attempts if a.attempt not in done), *rows)
+        await self._record_end(
+            dataclasses.replace(turn, state=state, attempts=attempts, **ending),
+            status=state.value,
+            any_kind=True,
+        )
+        turn = await self._committer.call(
+            functools.partial(self._intake.op_record_attempts, rows, turn.turn_id, state, **ending)
+        )
+        self._remember(turn)
+        active.move(state)
+        return turn
 
     def _count_finished(self, turn: TurnRow) -> None:
         self._finished_total += 1
@@ -1217,7 +1269,10 @@ class Scheduler:
                         )
                         report = await self._hub.run_attempt(envelope)
                     except BaseException:
-                        await start_commit.result()
+                        # The `running` row lands first (whatever ends the turn comes after
+                        # it), but its own failure must not hide why the attempt failed.
+                        with contextlib.suppress(Exception):
+                            await start_commit.result()
                         raise
                     unconfirmed = start_commit
                     active.executor_id = report.executor_id
@@ -1441,19 +1496,17 @@ class Scheduler:
             )
             if decision.verdict is not Verdict.RETRY:
                 state = _final_state(outcome, decision)
-                turn = await self._committer.call(
-                    functools.partial(
-                        self._intake.op_record_attempts,
-                        [row],
-                        turn.turn_id,
-                        state,
-                        verdict=decision.verdict.name,
-                        reason_code=decision.reason_code,
-                        reason=decision.reason,
-                        fault_type=ExecutionFaultType.CRASH.value,
-                    )
+                # The runtime never saw this ending: the scheduler writes the ledger entries.
+                turn = await self._end_turn(
+                    turn,
+                    active,
+                    state,
+                    rows=[row],
+                    verdict=decision.verdict.name,
+                    reason_code=decision.reason_code,
+                    reason=decision.reason,
+                    fault_type=ExecutionFaultType.CRASH.value,
                 )
-                active.move(state)
                 self._log.info("turn_finished", state=state.value, attempts=used)
                 if state is not TurnState.ESCALATED:
                     self._count_finished(turn)

@@ -45,6 +45,7 @@ import anyio.to_thread
 
 from supervisor.config import Config, ConfigError, diff_reloadable, load_config
 from supervisor.control import ControlServer
+from supervisor.errors import DaemonAlreadyRunning
 from supervisor.executors import ExecutorHub, HubSettings
 from supervisor.intake import Intake, IntakeCommitter
 from supervisor.logging import configure_logging, get_logger
@@ -67,18 +68,6 @@ EXIT_USAGE: Final = 2
 EXIT_ALREADY_RUNNING: Final = 3
 #: Worker threads for blocking calls (ledger appends waiting for their fsync, sandbox setup).
 WORKER_THREADS: Final = 256
-
-
-class DaemonAlreadyRunning(Exception):
-    """Raised when another daemon holds the root's lock file; ``pid`` is that daemon's pid."""
-
-    def __init__(self, root: Path, pid: int | None) -> None:
-        self.root = root
-        self.pid = pid
-        who = f"pid {pid}" if pid else "another process"
-        super().__init__(
-            f"another daemon ({who}) already serves {root}; stop it first or use another --root"
-        )
 
 
 @contextlib.contextmanager

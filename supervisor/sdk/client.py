@@ -19,6 +19,7 @@ import anyio.abc
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from supervisor.errors import ExecutorRejected
 from supervisor.frames import HEADER_SIZE, FrameError, FrameReader, FrameWriter, encode_frame
 from supervisor.protocol import (
     PROTOCOL_VERSION,
@@ -51,20 +52,6 @@ _RETRYABLE_REJECTS: Final = frozenset(
         RejectReason.HELLO_TIMEOUT,
     }
 )
-
-
-class ExecutorRejected(Exception):
-    """Raised by ``run_executor`` when the daemon refused the hello and retrying cannot help
-    (unsupported version, bad hello, uid not allowed), or when ``reconnect=False``.
-
-    ``reason_code`` is the reject's code, ``reason`` its text, ``retry_after_ms`` its hint.
-    """
-
-    def __init__(self, reason_code: str, reason: str, retry_after_ms: int | None = None) -> None:
-        self.reason_code = reason_code
-        self.reason = reason
-        self.retry_after_ms = retry_after_ms
-        super().__init__(f"{reason_code}: {reason}")
 
 
 class Connection:

@@ -103,6 +103,24 @@ async def test_submit_validation_errors(root: Path) -> None:
         assert err.code == "capability_violation"
 
 
+async def test_submit_with_a_bad_wait_accepts_nothing(root: Path) -> None:
+    """A submission refused for a bad ``wait_s`` leaves no turn behind."""
+    async with daemon_client(root) as client:
+        sid = (await client.call("session.open", package_id="demo"))["session_id"]
+        err = await _error(
+            client,
+            "turn.submit",
+            session_id=sid,
+            kind="instruction",
+            command_type="READ",
+            target_selector="#main",
+            declared_outputs=[],
+            wait_s="soon",
+        )
+        assert (err.code, err.details["field"]) == ("bad_request", "wait_s")
+        assert (await client.call("turns.list", session_id=sid))["turns"] == []
+
+
 async def test_pipelined_requests_on_one_connection(root: Path) -> None:
     """Many requests in flight on one connection are all answered and matched by id."""
     async with daemon_client(root) as client:

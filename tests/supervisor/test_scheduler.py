@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -89,12 +90,18 @@ class FakeSession:
         self.process_status = process_status
         self.process_calls: list[dict[str, Any]] = []
         self.blocked = anyio.Event()
+        #: a check of argv ``["slow-check"]`` sets `checking` and waits for `check_gate`
+        self.checking = threading.Event()
+        self.check_gate = threading.Event()
 
     def check_turn_request(
         self, argv: Sequence[str], declared_outputs: object, *, turn_number: int | None = None
     ) -> None:
         if argv[0] == "forbidden":
             raise PermissionError("forbidden executable")
+        if argv[0] == "slow-check":
+            self.checking.set()
+            self.check_gate.wait(10)
 
     async def run_process_turn(self, argv: Sequence[str], **kwargs: Any) -> FakeTurnResult:
         self.process_calls.append({"argv": list(argv), **kwargs})
@@ -551,3 +558,96 @@ async def test_cancel_running_process_turn_writes_ledgers(tmp_path: Path) -> Non
         cancelled = await r.scheduler.cancel_turn(turn.turn_id)
         assert cancelled.state is TurnState.CANCELLED
         assert [rep.entries for rep in _verify(tmp_path, sid)] == [2, 2]
+
+
+async def test_close_refused_while_a_turn_is_being_submitted(tmp_path: Path) -> None:
+    """A session cannot be closed under a submission still in its intake checks."""
+    async with rig(tmp_path) as r:
+        sid = await _open(r)
+        session = r.runtime.sessions[sid]
+        params = {"session_id": sid, "kind": "process", "argv": ["slow-check"]}
+        submitted: list[Any] = []
+
+        async def submit() -> None:
+            request = parse_turn_request({**params, "declared_outputs": []})
+            submitted.append(await r.scheduler.submit(request))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(submit)
+            await anyio.to_thread.run_sync(session.checking.wait, 10)
+            try:
+                with pytest.raises(RequestError, match=r"^session .* a turn being submitted") as e:
+                    await r.scheduler.close_session(sid)
+                assert e.value.code == "session_busy"
+            finally:
+                session.check_gate.set()
+        ((turn, created),) = submitted
+        assert created
+        done = await r.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+        assert done.state is TurnState.SUCCEEDED
+        assert [rep.entries for rep in _verify(tmp_path, sid)] == [2, 2]
+        await r.scheduler.close_session(sid)
+
+
+async def test_restart_ending_an_interrupted_process_turn_writes_ledgers(tmp_path: Path) -> None:
+    """A process turn whose interrupted last attempt ends it after a restart gets both ledger
+    entries (the runtime never saw that ending, so the scheduler writes them)."""
+    async with rig(tmp_path) as r:
+        sid = await _open(r)
+        params = {"session_id": sid, "kind": "process", "argv": ["block"], "declared_outputs": []}
+        turn, _ = await r.scheduler.submit(parse_turn_request(params))
+        await r.runtime.sessions[sid].blocked.wait()
+    with Intake.open(tmp_path / "state" / "intake.sqlite3") as intake:
+        intake.start_attempt(turn.turn_id, attempt=FAST.max_attempts)  # the last one
+    async with rig(tmp_path) as r2:
+        done = await r2.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+        assert done.final
+        assert done.attempts[-1].fault_type == "CRASH"
+        assert r2.runtime.sessions[sid].process_calls == []
+        assert [rep.entries for rep in _verify(tmp_path, sid)] == [2, 2]
+
+
+async def test_concurrent_resolutions_of_one_escalation(tmp_path: Path) -> None:
+    """Two operators resolving one parked turn at once: the first decision wins, the second
+    is refused, and the intake never moves a terminated turn back to accepted."""
+    hub = FakeHub(script=[AttemptOutcome.fault(ExecutionFaultType.RESOURCE_EXHAUSTED)])
+    async with rig(tmp_path, hub) as r:
+        sid = await _open(r)
+        turn = await _run(r, _instruction(sid))
+        assert turn.state is TurnState.ESCALATED
+        answers: dict[str, object] = {}
+
+        async def resolve(action: str) -> None:
+            try:
+                answers[action] = (await r.scheduler.resolve_escalation(turn.turn_id, action)).state
+            except RequestError as exc:
+                answers[action] = exc.code
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(resolve, "terminate")
+            tg.start_soon(resolve, "retry")
+        assert answers == {"terminate": TurnState.TERMINATED, "retry": "not_escalated"}
+        assert r.intake.get_turn(turn.turn_id).state is TurnState.TERMINATED
+        assert all(rep.entries == 3 for rep in _verify(tmp_path, sid))
+
+
+async def test_a_failing_attempt_keeps_its_cause_when_the_running_commit_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the hub fails and the `running` commit fails too, the turn ends with the hub's error
+    (the cause), not the intake's."""
+
+    class BrokenHub(FakeHub):
+        async def run_attempt(self, envelope: ExecutorInstructionEnvelope) -> FakeReport:
+            raise RuntimeError("the hub broke")
+
+    async with rig(tmp_path, BrokenHub()) as r:
+        sid = await _open(r)
+
+        def refuse(turn_id: int, **kw: object) -> None:
+            raise OSError("disk gone")
+
+        monkeypatch.setattr(r.intake, "op_start_attempt", refuse)
+        turn = await _run(r, _instruction(sid))
+        assert (turn.state, turn.reason_code) == (TurnState.TERMINATED, "INTERNAL_ERROR")
+        assert turn.reason == "RuntimeError: the hub broke"

@@ -1,0 +1,197 @@
+"""Every exception the supervisor package raises on purpose, in one flat module.
+
+Each says in its docstring when it is raised and carries structured fields (ids, codes, paths)
+that logs and error answers record. The modules that raise them import them from here and
+re-export them under their old names (``supervisor.scheduler.RequestError`` and so on), so
+either import works. This module imports nothing from the rest of the package (cheap to import,
+no cycles). Frame errors stay with the framing code (``supervisor.frames.FrameError``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sandbox.executor_types import ExecutorCommandType
+
+__all__ = [
+    "ConfigError",
+    "ConnectionLost",
+    "ControlClientError",
+    "DaemonAlreadyRunning",
+    "DaemonNotRunning",
+    "ExecutorRejected",
+    "IntakeClosedError",
+    "IntakeError",
+    "ProtocolError",
+    "QueueFullError",
+    "RequestError",
+    "UnknownSessionError",
+    "UnknownTurnError",
+]
+
+
+# -- configuration ------------------------------------------------------------------------------
+
+
+class ConfigError(ValueError):
+    """Raised when the configuration is invalid: an unknown key, a value of the wrong type or
+    out of range, or a config file that cannot be read or is not valid TOML.
+
+    `key` is the dotted key (`executors.heartbeat_interval_s`), or `"(file)"` for a problem with
+    the file itself; `source` says where the value came from (the file path, the environment
+    variable, `override`, or `default`); `line` is the TOML line number when known.
+    """
+
+    def __init__(
+        self, key: str, problem: str, *, source: str | None = None, line: int | None = None
+    ) -> None:
+        self.key = key
+        self.problem = problem
+        self.source = source
+        self.line = line
+        where = f" (from {source})" if source else ""
+        super().__init__(f"config key {key!r}: {problem}{where}")
+
+
+# -- the daemon ---------------------------------------------------------------------------------
+
+
+class DaemonAlreadyRunning(Exception):
+    """Raised by `hunter serve` when another daemon holds the root's lock file; ``root`` is the
+    root, ``pid`` that daemon's pid (None when the lock file does not say)."""
+
+    def __init__(self, root: Path, pid: int | None) -> None:
+        self.root = root
+        self.pid = pid
+        who = f"pid {pid}" if pid else "another process"
+        super().__init__(
+            f"another daemon ({who}) already serves {root}; stop it first or use another --root"
+        )
+
+
+class RequestError(Exception):
+    """Raised when a control request cannot be served; ``code`` is the stable wire error code.
+
+    ``message`` says what was wrong, where, and what to do; ``details`` carries structured fields
+    (for example ``retry_after_ms`` for ``queue_full`` or ``field`` for ``bad_request``).
+    """
+
+    def __init__(self, code: str, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details
+
+    def to_wire(self) -> dict[str, object]:
+        return {"code": self.code, "message": self.message, **self.details}
+
+
+# -- the intake ---------------------------------------------------------------------------------
+
+
+class IntakeError(Exception):
+    """Base class: raised when an intake operation cannot be carried out."""
+
+
+class IntakeClosedError(IntakeError):
+    """Raised when an operation reaches an intake (or committer) that was already closed."""
+
+
+class UnknownSessionError(IntakeError):
+    """Raised when a session id is not in the intake (never opened, or a typo);
+    ``session_id`` is the id asked for."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"unknown session {session_id!r}")
+        self.session_id = session_id
+
+
+class UnknownTurnError(IntakeError):
+    """Raised when a turn id is not in the intake; ``turn_id`` is the id asked for."""
+
+    def __init__(self, turn_id: int) -> None:
+        super().__init__(f"unknown turn {turn_id}")
+        self.turn_id = turn_id
+
+
+# -- executors ----------------------------------------------------------------------------------
+
+
+class ProtocolError(Exception):
+    """Raised when a well-framed executor message breaks the protocol (wrong type, missing
+    field...).
+
+    ``reason_code`` is one of ``supervisor.protocol.RejectReason``; ``reason`` is a human-readable
+    explanation that names the offending field.
+    """
+
+    def __init__(self, reason_code: str, reason: str) -> None:
+        self.reason_code = reason_code
+        self.reason = reason
+        super().__init__(f"{reason_code}: {reason}")
+
+
+class QueueFullError(Exception):
+    """Raised by ``ExecutorHub.admit`` when a command type's queue holds ``capacity`` attempts.
+
+    ``command_type`` is the full queue's command; ``retry_after_ms`` is a hint: roughly how long
+    until the queue has room again.
+    """
+
+    def __init__(self, command_type: ExecutorCommandType, capacity: int, retry_after_ms: int):
+        self.command_type = command_type
+        self.capacity = capacity
+        self.retry_after_ms = retry_after_ms
+        super().__init__(
+            f"the {command_type.value} queue is full ({capacity} waiting); "
+            f"retry after {retry_after_ms} ms"
+        )
+
+
+class ExecutorRejected(Exception):
+    """Raised by the SDK's ``run_executor`` when the daemon refused the hello and retrying cannot
+    help (unsupported version, bad hello, uid not allowed), or when ``reconnect=False``.
+
+    ``reason_code`` is the reject's code, ``reason`` its text, ``retry_after_ms`` its hint.
+    """
+
+    def __init__(self, reason_code: str, reason: str, retry_after_ms: int | None = None) -> None:
+        self.reason_code = reason_code
+        self.reason = reason
+        self.retry_after_ms = retry_after_ms
+        super().__init__(f"{reason_code}: {reason}")
+
+
+# -- the control client -------------------------------------------------------------------------
+
+
+class DaemonNotRunning(Exception):
+    """Raised by the control client when nothing answers on the control socket (missing file,
+    refused connection); ``socket_path`` is the socket tried, ``reason`` what happened."""
+
+    def __init__(self, socket_path: Path, reason: str) -> None:
+        self.socket_path = socket_path
+        self.reason = reason
+        super().__init__(
+            f"no daemon at {socket_path} ({reason}). Start one with `hunter serve --root DIR` "
+            "(same root), or pass the control socket with `--socket PATH`"
+        )
+
+
+class ControlClientError(Exception):
+    """Raised by the control client when the daemon answers a request with an error; ``op`` is
+    the operation, ``code``/``message``/``details`` come from the wire."""
+
+    def __init__(self, op: str, error: dict[str, Any]) -> None:
+        self.op = op
+        self.code = str(error.get("code", "unknown"))
+        self.message = str(error.get("message", ""))
+        self.details = {k: v for k, v in error.items() if k not in {"code", "message"}}
+        super().__init__(f"{op}: {self.code}: {self.message}")
+
+
+class ConnectionLost(Exception):
+    """Raised by the control client to callers still waiting when the daemon closes the
+    connection."""
