@@ -217,6 +217,10 @@ def load_manifest(path: Path) -> Manifest:
         raise _err(
             str(path), "$", f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
         ) from None
+    except RecursionError:
+        raise _err(
+            str(path), "$", "JSON nested too deeply (a manifest is a flat object of lists)"
+        ) from None
     return parse_manifest(data, path=str(path))
 
 

@@ -89,12 +89,20 @@ _STATE_CHANGING: Final = frozenset(
 )
 
 
+#: Turn ids are SQLite integer keys: positive and below 2**63.
+_MAX_TURN_ID: Final = 2**63 - 1
+
+
 def _turn_id(params: Mapping[str, Any]) -> int:
     value = params.get("turn_id")
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        # A number too long to be an id is "no such turn", never a conversion error.
+        value = int(value) if len(value) <= 19 else _MAX_TURN_ID + 1
     if isinstance(value, bool) or not isinstance(value, int):
         raise RequestError("bad_request", "turn_id: must be an integer turn id", field="turn_id")
+    if not 1 <= value <= _MAX_TURN_ID:
+        shown = str(value) if len(str(value)) <= 30 else f"{str(value)[:20]}..."
+        raise RequestError("unknown_turn", f"no turn {shown}; see `hunter status`", turn_id=shown)
     return value
 
 
@@ -204,7 +212,9 @@ class ControlServer:
 
     async def _serve_request(self, writer: FrameWriter, frame: Mapping[str, Any]) -> None:
         op = frame.get("op")
-        if op in _STATE_CHANGING:
+        # `op` is untrusted: an object or list here must be answered as a bad request by
+        # `handle`, never looked up in a set (that raised TypeError and stopped the daemon).
+        if isinstance(op, str) and op in _STATE_CHANGING:
             with anyio.CancelScope(shield=True):
                 response = await self.handle(frame)
         else:
@@ -223,6 +233,9 @@ class ControlServer:
         req_id = frame.get("id")
         op = frame.get("op")
         params = frame.get("params", {})
+        if isinstance(req_id, bool) or not isinstance(req_id, str | int | None):
+            error = RequestError("bad_request", "id: must be an integer or a string", field="id")
+            return {"id": None, "ok": False, "error": error.to_wire()}
         try:
             result = await self._dispatch(op, params)
         except RequestError as exc:

@@ -878,6 +878,13 @@ class ExecutorHub:
             return
         except FrameError as exc:
             self._frame_error(None, exc, creds)
+            # docs/protocol.md: a first frame that is not a hello is answered with a reject.
+            await self._reject(
+                stream,
+                Reject(RejectReason.BAD_MESSAGE, f"the first frame must be a hello: {exc}"),
+                executor_id=None,
+                creds=creds,
+            )
             return
         try:
             hello = parse_hello(frame)

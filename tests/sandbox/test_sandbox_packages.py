@@ -103,3 +103,29 @@ def test_id_must_match_directory(tmp_path: Path) -> None:
     write(tmp_path, "dir", {"id": "other", "capabilities": {}})
     with pytest.raises(ManifestError, match=r"^.*: \$\.id: 'other' does not match the directory"):
         load_package(tmp_path, "dir")
+
+
+@pytest.mark.parametrize("depth", [1_000, 100_000])
+def test_deeply_nested_manifest_is_a_manifest_error(tmp_path: Path, depth: int) -> None:
+    """A hostile, deeply nested manifest is a clear ManifestError, never a RecursionError."""
+    path = write(tmp_path, "deep", '{"capabilities": ' + "[" * depth + "]" * depth + "}")
+    with pytest.raises(ManifestError, match=r"nested too deeply|must be"):
+        load_manifest(path)
+
+
+def test_package_check_cli_reports_deep_nesting(tmp_path: Path) -> None:
+    """`hunter package check` prints the manifest error, not a traceback."""
+    import subprocess
+    import sys
+
+    directory = write(tmp_path, "deep", "[" * 100_000 + "]" * 100_000).parent
+    proc = subprocess.run(
+        [sys.executable, "-m", "supervisor", "package", "check", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    assert "nested too deeply" in proc.stderr + proc.stdout

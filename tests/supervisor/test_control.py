@@ -16,7 +16,7 @@ from supervisor.client import ControlClient, ControlClientError, DaemonNotRunnin
 from supervisor.config import load_config
 from supervisor.control import ERROR_CODES
 from supervisor.demo import prepare_root
-from supervisor.frames import encode_frame
+from supervisor.frames import FrameReader, encode_frame
 from supervisor.server import Daemon
 
 
@@ -225,3 +225,88 @@ async def test_submit_from_a_client_that_vanishes_still_runs(root: Path) -> None
         assert again["turn"]["state"] == "succeeded"
         turns = (await client.call("turns.list", session_id=sid))["turns"]
         assert len(turns) == 1
+
+
+async def _raw_request(socket_path: Path, body: bytes) -> dict[str, object]:
+    """Send one hand-made frame body and read the single answer frame."""
+    async with await anyio.connect_unix(socket_path) as raw:
+        await raw.send(len(body).to_bytes(4, "big") + body)
+        reader = FrameReader(raw, max_bytes=1 << 20)
+        with anyio.fail_after(10):
+            return await reader.read()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"id":1,"op":{}}',
+        b'{"id":1,"op":[]}',
+        b'{"id":1,"op":7}',
+        b'{"id":{},"op":"ping"}',
+        b'{"id":1,"op":"turn.get","params":[]}',
+        b'{"id":1,"op":"session.close","params":{"session_id":{}}}',
+        b'{"id":1,"op":"escalations.resolve","params":{"turn_id":[],"action":1}}',
+    ],
+)
+async def test_ill_typed_requests_get_an_error_and_the_daemon_lives(
+    root: Path, body: bytes
+) -> None:
+    """A request whose fields have the wrong types is a bad_request; the daemon keeps serving."""
+    async with daemon_client(root) as client:
+        answer = await _raw_request(client.socket_path, body)
+        assert answer["ok"] is False
+        error = answer["error"]
+        assert isinstance(error, dict)
+        assert error["code"] == "bad_request"
+        assert (await client.call("ping"))["pong"] is True
+
+
+@pytest.mark.parametrize("turn_id", [2**63, -1, 0, "9" * 5000, "18446744073709551616"])
+async def test_out_of_range_turn_ids_are_no_such_turn(root: Path, turn_id: object) -> None:
+    """Ids no turn can have are a clear unknown_turn, never an internal error."""
+    async with daemon_client(root) as client:
+        err = await _error(client, "turn.get", turn_id=turn_id)
+        assert err.code == "unknown_turn"
+        assert err.message.startswith("no turn ")
+        assert len(err.message) < 200
+        err = await _error(client, "turn.wait", turn_id=turn_id, timeout_s=0.1)
+        assert err.code == "unknown_turn"
+
+
+async def test_random_ill_typed_requests_never_hit_an_internal_error(root: Path) -> None:
+    """2,000 requests of every operation with random wrong-typed fields: each gets a
+    structured answer that is not `internal`, and the daemon still serves afterwards."""
+    import random
+
+    rng = random.Random(20261123)
+    values: list[object] = [
+        None, True, 0, -1, 2**63 - 1, 1.5, "", "x", "9" * 50, [], [1], {}, {"a": 1},
+        [[[]]], "RED", "instruction", "process", ["GREEN"], {"path": 1},
+    ]  # fmt: skip
+    fields = [
+        "session_id", "package_id", "tier", "workspace", "work_order_id", "turn_id", "kind",
+        "declared_outputs", "declared_inputs", "phase", "idempotency_key", "timeout_ms",
+        "wait_s", "command_type", "target_url", "parameters", "argv", "timeout_s", "until",
+        "action", "executor_id", "status",
+    ]  # fmt: skip
+    async with daemon_client(root) as client:
+        ops = [
+            "ping", "session.open", "session.close", "session.list", "turn.submit", "turn.get",
+            "turn.wait", "turn.cancel", "turns.list", "status", "executors.list",
+            "executors.wait", "escalations.list", "escalations.resolve", "ledger.verify",
+        ]  # fmt: skip
+        codes: dict[str, int] = {}
+        for _ in range(2_000):
+            op = rng.choice(ops)
+            params = {f: rng.choice(values) for f in rng.sample(fields, rng.randint(0, 5))}
+            if op in {"turn.wait", "executors.wait"}:
+                params["timeout_s"] = 0.01
+            code = "ok"
+            try:
+                await client.call(op, **params)
+            except ControlClientError as exc:
+                code = exc.code
+            assert code != "internal", (op, params)
+            codes[code] = codes.get(code, 0) + 1
+        assert codes.get("bad_request", 0) > 100
+        assert (await client.call("ping"))["pong"] is True

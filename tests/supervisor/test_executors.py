@@ -38,7 +38,7 @@ from supervisor.executors import (
     QueueFullError,
     open_executor_listener,
 )
-from supervisor.frames import FrameReader, encode_frame
+from supervisor.frames import FrameReader, decode_body, encode_frame
 from supervisor.protocol import PROTOCOL_VERSION, RejectReason
 from supervisor.sdk import sha256_hex
 
@@ -438,17 +438,23 @@ async def test_oversized_frame_error_names_the_limit(socket_dir: Path) -> None:
     assert event["reason"] == "frame of 4097 bytes exceeds the 4096-byte limit"
 
 
-async def test_garbage_before_hello_is_a_frame_error(socket_dir: Path) -> None:
-    """Undecodable bytes instead of a hello close the connection with frame_error."""
+async def test_garbage_before_hello_is_rejected(socket_dir: Path) -> None:
+    """Undecodable bytes instead of a hello get the promised reject, then the close."""
     async with running_hub(socket_dir) as h:
         stream, _ = await _raw_client(h.socket)
         async with stream:
             await stream.send(struct.pack(">I", 3) + b"abc")
-            with anyio.fail_after(5), pytest.raises(anyio.EndOfStream):
-                await stream.receive()
+            received = b""
+            with anyio.fail_after(5), contextlib.suppress(anyio.EndOfStream):
+                while True:
+                    received += await stream.receive()
         event = await h.log.wait_for("frame_error")
     assert event["executor_id"] is None
     assert event["error"] == "FrameDecodeError"
+    reject = decode_body(received[4:])
+    assert reject["type"] == "reject"
+    assert reject["reason_code"] == "BAD_MESSAGE"
+    assert "first frame must be a hello" in str(reject["reason"])
 
 
 # --------------------------------------------------------------------------- responses
