@@ -1,4 +1,4 @@
-"""Build the native launcher of the sandbox (sandbox._spawn); everything else is in pyproject.toml.
+"""Build the native launcher (sandbox.confine._spawn); everything else is in pyproject.toml.
 
 The extension is optional: without a C compiler the package still installs and the sandbox
 falls back to a slower pure-Python launcher (recorded as the launcher level in evidence).
@@ -15,7 +15,7 @@ class OptionalBuildExt(build_ext):  # type: ignore[misc]
         try:
             super().run()
         except Exception as exc:
-            self.warn(f"sandbox._spawn not built ({exc}); the Python launcher will be used")
+            self.warn(f"sandbox.confine._spawn not built ({exc}); the Python launcher will be used")
 
     def build_extension(self, ext: Extension) -> None:
         try:
@@ -27,8 +27,8 @@ class OptionalBuildExt(build_ext):  # type: ignore[misc]
 setup(
     ext_modules=[
         Extension(
-            "sandbox._spawn",
-            sources=["sandbox/native/hunter_spawn.c"],
+            "sandbox.confine._spawn",
+            sources=["sandbox/confine/native/hunter_spawn.c"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
             optional=True,
         )

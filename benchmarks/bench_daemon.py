@@ -34,8 +34,8 @@ import anyio
 import anyio.abc
 import psutil
 
-from supervisor.client import ControlClient
-from supervisor.demo import DemoStack, prepare_root
+from supervisor.control.client import ControlClient
+from supervisor.demo.stack import DemoStack, prepare_root
 
 HERE = Path(__file__).resolve().parent
 LATENCY_TURNS = 400

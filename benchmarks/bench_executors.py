@@ -35,11 +35,11 @@ import orjson
 import psutil
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from sandbox.executor_safety import build_executor_instruction
-from sandbox.executor_types import ExecutorInstructionEnvelope, ExecutorStatus
-from supervisor.executors import ExecutorHub, HubSettings, open_executor_listener
-from supervisor.frames import encode_frame
+from sandbox.policy.envelopes import ExecutorInstructionEnvelope, ExecutorStatus
+from sandbox.policy.safety import build_executor_instruction
+from supervisor.executors.hub import ExecutorHub, HubSettings, open_executor_listener
 from supervisor.sdk import Backoff, Executor, Instruction, Result, run_executor
+from supervisor.wire.frames import encode_frame
 
 SCRIPT = Path(__file__).resolve()
 MESSAGE: dict[str, Any] = {

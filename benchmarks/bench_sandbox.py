@@ -24,9 +24,9 @@ import anyio
 import structlog
 
 from ledger import GroupSyncer
+from sandbox.confine.spawn import SpawnRequest, reap, spawn
 from sandbox.enumerate import enumerate_writes
-from sandbox.runtime import Runtime, Session
-from sandbox.spawn import SpawnRequest, reap, spawn
+from sandbox.runtime.session import Runtime, Session
 
 
 def bare_spawn() -> None:

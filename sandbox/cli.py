@@ -67,9 +67,9 @@ def _cmd_turn_run(args: argparse.Namespace) -> int:
     import anyio
     import orjson
 
-    from sandbox.attempt_policy import AgentPhase, RetryOptions
     from sandbox.errors import ManifestError, PackageNotFoundError, SandboxError
-    from sandbox.runtime import Runtime, RuntimeConfig
+    from sandbox.policy.attempts import AgentPhase, RetryOptions
+    from sandbox.runtime.session import Runtime, RuntimeConfig
 
     command = list(args.command)
     if command and command[0] == "--":

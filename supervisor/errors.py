@@ -2,9 +2,9 @@
 
 Each says in its docstring when it is raised and carries structured fields (ids, codes, paths)
 that logs and error answers record. The modules that raise them import them from here and
-re-export them under their old names (``supervisor.scheduler.RequestError`` and so on), so
+re-export them under their old names (``supervisor.turns.scheduler.RequestError`` and so on), so
 either import works. This module imports nothing from the rest of the package (cheap to import,
-no cycles). Frame errors stay with the framing code (``supervisor.frames.FrameError``).
+no cycles). Frame errors stay with the framing code (``supervisor.wire.frames.FrameError``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sandbox.executor_types import ExecutorCommandType
+    from sandbox.policy.envelopes import ExecutorCommandType
 
 __all__ = [
     "ConfigError",
@@ -123,8 +123,8 @@ class ProtocolError(Exception):
     """Raised when a well-framed executor message breaks the protocol (wrong type, missing
     field...).
 
-    ``reason_code`` is one of ``supervisor.protocol.RejectReason``; ``reason`` is a human-readable
-    explanation that names the offending field.
+    ``reason_code`` is one of ``supervisor.wire.executor.RejectReason``; ``reason`` is a
+    human-readable explanation that names the offending field.
     """
 
     def __init__(self, reason_code: str, reason: str) -> None:

@@ -44,13 +44,13 @@ import anyio.abc
 import anyio.to_thread
 
 from supervisor.config import Config, ConfigError, diff_reloadable, load_config
-from supervisor.control import ControlServer
+from supervisor.control.server import ControlServer
 from supervisor.errors import DaemonAlreadyRunning
-from supervisor.executors import ExecutorHub, HubSettings
-from supervisor.intake import Intake, IntakeCommitter
+from supervisor.executors.hub import ExecutorHub, HubSettings
 from supervisor.logging import configure_logging, get_logger
-from supervisor.scheduler import RuntimeLike, Scheduler, SchedulerSettings
 from supervisor.sdnotify import listen_fds, notify, watchdog_interval, watchdog_loop
+from supervisor.store.sqlite.intake import Intake, IntakeCommitter
+from supervisor.turns.scheduler import RuntimeLike, Scheduler, SchedulerSettings
 
 __all__ = [
     "EXIT_ALREADY_RUNNING",
@@ -91,7 +91,7 @@ def _root_lock(root: Path) -> Iterator[Path]:
 
 def retry_options(config: Config) -> Any:
     """The `RetryOptions` of the ``[retry]`` section."""
-    from sandbox.retry_protocol import RetryOptions
+    from sandbox.policy.retry_protocol import RetryOptions
 
     r = config.retry
     return RetryOptions(
@@ -126,7 +126,7 @@ def make_runtime(
     config: Config, *, syncer: Any, forbidden_sockets: tuple[Path, ...]
 ) -> RuntimeLike:
     """The sandbox runtime for *config* (its ``[sandbox]`` section)."""
-    from sandbox.runtime import Runtime, RuntimeConfig
+    from sandbox.runtime.session import Runtime, RuntimeConfig
 
     s = config.sandbox
     runtime_config = RuntimeConfig(
@@ -249,7 +249,9 @@ class Daemon:
                 )
             )
             committer = IntakeCommitter(intake)
-            hub = ExecutorHub(settings=hub_settings(config), log=get_logger("supervisor.executors"))
+            hub = ExecutorHub(
+                settings=hub_settings(config), log=get_logger("supervisor.executors.hub")
+            )
             scheduler = Scheduler(
                 committer=committer,
                 hub=hub,

@@ -47,7 +47,7 @@ from typing import Any, Final
 import anyio
 import orjson
 
-from sandbox.executor_types import ExecutorCommandType
+from sandbox.policy.envelopes import ExecutorCommandType
 from supervisor.examples._cli import configure_example_logging, run_until_signal
 from supervisor.sdk import Executor, Instruction, Result, run_executor
 

@@ -1,7 +1,7 @@
 # The executor SDK: write an executor as a class with one async handler per command type;
 # the SDK connects to executors.sock, says hello, keeps heartbeats both ways, runs handlers with
 # cancellation, answers every instruction exactly once and reconnects with backoff.
-# Layering: imports supervisor.frames / supervisor.protocol / supervisor.errors and the pure
+# Layering: imports supervisor.wire (frames, executor messages), supervisor.errors and the pure
 # sandbox policy types, never the daemon's hub.
 from supervisor.sdk.backoff import Backoff as Backoff
 from supervisor.sdk.client import Connection as Connection

@@ -20,8 +20,9 @@ import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from supervisor.errors import ExecutorRejected
-from supervisor.frames import HEADER_SIZE, FrameError, FrameReader, FrameWriter, encode_frame
-from supervisor.protocol import (
+from supervisor.sdk.backoff import Backoff
+from supervisor.sdk.executor import Executor, Instruction, NotSupported, Result
+from supervisor.wire.executor import (
     PROTOCOL_VERSION,
     Heartbeat,
     Hello,
@@ -36,8 +37,7 @@ from supervisor.protocol import (
     parse_welcome,
     response_message,
 )
-from supervisor.sdk.backoff import Backoff
-from supervisor.sdk.executor import Executor, Instruction, NotSupported, Result
+from supervisor.wire.frames import HEADER_SIZE, FrameError, FrameReader, FrameWriter, encode_frame
 
 __all__ = ["Connection", "ExecutorRejected", "run_executor"]
 

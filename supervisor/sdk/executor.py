@@ -23,15 +23,15 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sandbox.executor_types import (
+from sandbox.policy.envelopes import (
     ExecutorCommandType,
     ExecutorInstructionEnvelope,
     ExecutorResponseType,
 )
 
 if TYPE_CHECKING:
-    from supervisor.protocol import Welcome
     from supervisor.sdk.client import Connection
+    from supervisor.wire.executor import Welcome
 
 __all__ = ["Executor", "Instruction", "NotSupported", "Result", "sha256_hex", "utc_timestamp"]
 

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from sandbox import reason_codes as rc
-from sandbox.attempt_policy import (
+from sandbox.policy import reason_codes as rc
+from sandbox.policy.attempts import (
     RETRYABLE_PHASES,
     AgentPhase,
     AttemptDecision,
@@ -18,12 +18,12 @@ from sandbox.attempt_policy import (
     decide_attempt,
     outcome_from_response,
 )
-from sandbox.executor_types import (
+from sandbox.policy.envelopes import (
     ExecutionSafetyResult,
     ExecutorResponseEnvelope,
     ExecutorResponseType,
 )
-from sandbox.sandbox_types import ExecutionFaultType, RetryPolicy, SandboxDecision
+from sandbox.policy.faults import ExecutionFaultType, RetryPolicy, SandboxDecision
 
 F = ExecutionFaultType
 P = AgentPhase

@@ -6,15 +6,15 @@ import dataclasses
 
 import pytest
 
-from sandbox import reason_codes as rc
-from sandbox.executor_safety import (
+from sandbox.policy import reason_codes as rc
+from sandbox.policy.envelopes import ExecutorCommandType, ExecutorInstructionEnvelope
+from sandbox.policy.safety import (
     MAX_TIMEOUT_MS,
     InstructionError,
     build_executor_instruction,
     instruction_from_wire,
     instruction_to_wire,
 )
-from sandbox.executor_types import ExecutorCommandType, ExecutorInstructionEnvelope
 
 C = ExecutorCommandType
 

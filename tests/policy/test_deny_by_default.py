@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox import reason_codes as rc
-from sandbox.sandbox_context import FaultReport, SandboxContext
-from sandbox.sandbox_engine import context_problem, decide_sandbox_outcome
-from sandbox.sandbox_types import ExecutionFaultType, RetryPolicy, SandboxDecision
+from sandbox.policy import reason_codes as rc
+from sandbox.policy.context import FaultReport, SandboxContext
+from sandbox.policy.engine import context_problem, decide_sandbox_outcome
+from sandbox.policy.faults import ExecutionFaultType, RetryPolicy, SandboxDecision
 
 F = ExecutionFaultType
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox.error_classifier import (
+from sandbox.policy.classifier import (
     EXIT_COMPILATION_ERROR,
     EXIT_DOCKER_DAEMON_UNAVAILABLE,
     EXIT_NETWORK_TIMEOUT,
@@ -12,7 +12,7 @@ from sandbox.error_classifier import (
     ErrorClass,
     ErrorClassifier,
 )
-from sandbox.sandbox_types import ExecutionFaultType
+from sandbox.policy.faults import ExecutionFaultType
 
 
 def test_seed_constants() -> None:

@@ -7,19 +7,19 @@ from typing import Any
 
 import pytest
 
-from sandbox import reason_codes as rc
-from sandbox.executor_safety import (
-    build_executor_instruction,
-    enforce_executor_safety,
-    response_to_wire,
-    validate_executor_response,
-)
-from sandbox.executor_types import (
+from sandbox.policy import reason_codes as rc
+from sandbox.policy.envelopes import (
     ExecutionSafetyResult,
     ExecutorInstructionEnvelope,
     ExecutorResponseEnvelope,
     ExecutorResponseType,
     ExecutorStatus,
+)
+from sandbox.policy.safety import (
+    build_executor_instruction,
+    enforce_executor_safety,
+    response_to_wire,
+    validate_executor_response,
 )
 
 HASH = "0123456789abcdef" * 4

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox.sandbox_context import SandboxContext
-from sandbox.sandbox_engine import classify_fault
-from sandbox.sandbox_types import ExecutionFaultType, RetryPolicy
+from sandbox.policy.context import SandboxContext
+from sandbox.policy.engine import classify_fault
+from sandbox.policy.faults import ExecutionFaultType, RetryPolicy
 
 
 def _ctx(**changes: object) -> SandboxContext:

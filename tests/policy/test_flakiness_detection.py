@@ -6,14 +6,14 @@ from collections.abc import Sequence
 
 import pytest
 
-from sandbox.attempt_policy import AgentPhase, RetryOptions
-from sandbox.error_classifier import (
+from sandbox.policy.attempts import AgentPhase, RetryOptions
+from sandbox.policy.classifier import (
     EXIT_COMPILATION_ERROR,
     EXIT_NETWORK_TIMEOUT,
     ErrorClass,
     ErrorClassifier,
 )
-from sandbox.retry_protocol import (
+from sandbox.policy.retry_protocol import (
     CountingEntropyDetector,
     EntropyStatistics,
     SandboxRetryExhaustedError,

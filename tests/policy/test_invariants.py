@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sandbox.attempt_policy import (
+from sandbox.policy.attempts import (
     AgentPhase,
     AttemptOutcome,
     OutcomeKind,
@@ -16,14 +16,14 @@ from sandbox.attempt_policy import (
     decide_attempt,
     outcome_from_response,
 )
-from sandbox.executor_safety import (
+from sandbox.policy.context import FaultReport, SandboxContext
+from sandbox.policy.engine import context_problem, decide_sandbox_outcome
+from sandbox.policy.faults import ExecutionFaultType, RetryPolicy, SandboxDecision
+from sandbox.policy.safety import (
     AUTHORITY_KEYS,
     build_executor_instruction,
     validate_executor_response,
 )
-from sandbox.sandbox_context import FaultReport, SandboxContext
-from sandbox.sandbox_engine import context_problem, decide_sandbox_outcome
-from sandbox.sandbox_types import ExecutionFaultType, RetryPolicy, SandboxDecision
 
 F = ExecutionFaultType
 PROPERTY = settings(max_examples=200, deadline=None, database=None)

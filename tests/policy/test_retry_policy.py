@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox.attempt_policy import RetryOptions
-from sandbox.sandbox_context import SandboxContext
-from sandbox.sandbox_engine import enforce_retry_limit, is_retry_allowed
+from sandbox.policy.attempts import RetryOptions
+from sandbox.policy.context import SandboxContext
+from sandbox.policy.engine import enforce_retry_limit, is_retry_allowed
 
 
 def _ctx(attempt: object = 1, max_retries: object = 3, **changes: object) -> SandboxContext:

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from sandbox import reason_codes as rc
-from sandbox.attempt_policy import AgentPhase, RetryOptions, Verdict
-from sandbox.retry_protocol import (
+from sandbox.policy import reason_codes as rc
+from sandbox.policy.attempts import AgentPhase, RetryOptions, Verdict
+from sandbox.policy.retry_protocol import (
     CountingEntropyDetector,
     EntropyDetector,
     SandboxExecutor,

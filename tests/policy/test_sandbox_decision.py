@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from sandbox import reason_codes as rc
-from sandbox.sandbox_context import FaultReport, SandboxContext, SandboxDecisionResult
-from sandbox.sandbox_engine import decide_sandbox_outcome
-from sandbox.sandbox_types import ExecutionFaultType, RetryPolicy, SandboxDecision
+from sandbox.policy import reason_codes as rc
+from sandbox.policy.context import FaultReport, SandboxContext, SandboxDecisionResult
+from sandbox.policy.engine import decide_sandbox_outcome
+from sandbox.policy.faults import ExecutionFaultType, RetryPolicy, SandboxDecision
 
 F = ExecutionFaultType
 D = SandboxDecision

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import structlog
 
-from sandbox import landlock
-from sandbox.cgroups import detect_layout
+from sandbox.confine import landlock
+from sandbox.confine.cgroups import detect_layout
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 

@@ -20,8 +20,8 @@ import anyio
 import pytest
 
 from ledger import verify_root
-from supervisor.client import ControlClient, ControlClientError
-from supervisor.demo import DEMO_CONFIG, DemoStack, prepare_root
+from supervisor.control.client import ControlClient, ControlClientError
+from supervisor.demo.stack import DEMO_CONFIG, DemoStack, prepare_root
 
 pytestmark = pytest.mark.slow
 

@@ -7,24 +7,24 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.executor_types import ExecutorCommandType
+from sandbox.policy.envelopes import ExecutorCommandType
 from supervisor import errors
 
 
 @pytest.mark.parametrize(
     ("module", "name"),
     [
-        ("supervisor.client", "ConnectionLost"),
-        ("supervisor.client", "ControlClientError"),
-        ("supervisor.client", "DaemonNotRunning"),
+        ("supervisor.control.client", "ConnectionLost"),
+        ("supervisor.control.client", "ControlClientError"),
+        ("supervisor.control.client", "DaemonNotRunning"),
         ("supervisor.config", "ConfigError"),
-        ("supervisor.executors", "QueueFullError"),
-        ("supervisor.intake", "IntakeClosedError"),
-        ("supervisor.intake", "IntakeError"),
-        ("supervisor.intake", "UnknownSessionError"),
-        ("supervisor.intake", "UnknownTurnError"),
-        ("supervisor.protocol", "ProtocolError"),
-        ("supervisor.scheduler", "RequestError"),
+        ("supervisor.executors.hub", "QueueFullError"),
+        ("supervisor.store.sqlite.intake", "IntakeClosedError"),
+        ("supervisor.store.sqlite.intake", "IntakeError"),
+        ("supervisor.store.sqlite.intake", "UnknownSessionError"),
+        ("supervisor.store.sqlite.intake", "UnknownTurnError"),
+        ("supervisor.wire.executor", "ProtocolError"),
+        ("supervisor.turns.scheduler", "RequestError"),
         ("supervisor.sdk", "ExecutorRejected"),
         ("supervisor.server", "DaemonAlreadyRunning"),
     ],

@@ -18,10 +18,10 @@ import anyio
 import anyio.abc
 import pytest
 
-from sandbox.attempt_policy import OutcomeKind
-from sandbox.executor_safety import build_executor_instruction
-from sandbox.executor_types import ExecutorCommandType, ExecutorInstructionEnvelope
-from sandbox.sandbox_types import ExecutionFaultType
+from sandbox.policy.attempts import OutcomeKind
+from sandbox.policy.envelopes import ExecutorCommandType, ExecutorInstructionEnvelope
+from sandbox.policy.faults import ExecutionFaultType
+from sandbox.policy.safety import build_executor_instruction
 from supervisor.examples import chaos_executor
 from supervisor.examples.chaos_executor import ChaosPlan, parse_behaviour_spec
 from supervisor.examples.html_model import (
@@ -33,7 +33,7 @@ from supervisor.examples.html_model import (
 )
 from supervisor.examples.page_server import DEMO_PAGES, PageServer
 from supervisor.examples.web_executor import WebExecutor
-from supervisor.executors import AttemptReport, ExecutorHub, HubSettings, open_executor_listener
+from supervisor.executors.hub import AttemptReport, ExecutorHub, HubSettings, open_executor_listener
 from supervisor.sdk import run_executor
 
 # --------------------------------------------------------------------------- html model

@@ -14,18 +14,16 @@ import anyio
 import anyio.abc
 import pytest
 
-from sandbox.attempt_policy import OutcomeKind
-from sandbox.executor_safety import build_executor_instruction
-from sandbox.executor_types import (
+from sandbox.policy.attempts import OutcomeKind
+from sandbox.policy.envelopes import (
     ExecutorCommandType,
     ExecutorInstructionEnvelope,
     ExecutorResponseType,
     ExecutorStatus,
 )
-from sandbox.sandbox_types import ExecutionFaultType
-from supervisor.executors import ExecutorHub, HubSettings, open_executor_listener
-from supervisor.frames import FrameReader, encode_frame
-from supervisor.protocol import PROTOCOL_VERSION, Status, Welcome
+from sandbox.policy.faults import ExecutionFaultType
+from sandbox.policy.safety import build_executor_instruction
+from supervisor.executors.hub import ExecutorHub, HubSettings, open_executor_listener
 from supervisor.sdk import (
     Backoff,
     Executor,
@@ -36,6 +34,8 @@ from supervisor.sdk import (
     run_executor,
     sha256_hex,
 )
+from supervisor.wire.executor import PROTOCOL_VERSION, Status, Welcome
+from supervisor.wire.frames import FrameReader, encode_frame
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ import anyio
 import orjson
 import pytest
 
-from supervisor.client import ControlClient, socket_for_root
 from supervisor.config import Config, load_config
+from supervisor.control.client import ControlClient, socket_for_root
 from supervisor.logging import configure_logging, reset_logging
 from supervisor.server import Daemon, DaemonAlreadyRunning
 

@@ -1,0 +1,1 @@
+"""The control API on control.sock: server, client and the rendering of its answers."""

@@ -1,0 +1,1 @@
+"""Durable state of the daemon: sessions, turns, attempts (the TurnStore seam and its engines)."""

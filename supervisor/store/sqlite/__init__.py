@@ -1,0 +1,1 @@
+"""The embedded SQLite engine of the turn store."""

@@ -1,0 +1,1 @@
+"""The turn core: accepting, running and ending turns of both kinds."""

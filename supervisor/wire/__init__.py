@@ -1,0 +1,1 @@
+"""Wire formats: length-prefixed frames and the executor protocol's messages."""

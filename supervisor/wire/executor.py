@@ -1,0 +1,341 @@
+"""Messages of the executor protocol (``executors.sock``) and their validation.
+
+Every frame (see ``supervisor.wire.frames``) carries one JSON object with a ``"type"`` key
+naming the message. This module holds one frozen dataclass per message, ``to_wire()`` methods
+producing the exact dicts that go over the wire, and ``parse_*`` functions that turn an
+untrusted dict into a message or raise ``ProtocolError`` with a stable ``reason_code``.
+``docs/protocol.md`` is the normative description; keep the two in step.
+
+Responses are the exception: the daemon hands the raw ``response`` object to the Phase-20 safety
+rules (``sandbox.policy.safety.validate_executor_response``) unchanged, because deciding whether
+a response is well formed, lies or claims authority is the policy core's job."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from sandbox.policy.envelopes import (
+    ExecutorCommandType,
+    ExecutorInstructionEnvelope,
+    ExecutorStatus,
+)
+from sandbox.policy.errors import InstructionError
+from sandbox.policy.safety import instruction_from_wire
+from supervisor.errors import ProtocolError
+
+__all__ = [
+    "MAX_SLOTS",
+    "PROTOCOL_VERSION",
+    "SUPPORTED_VERSIONS",
+    "Cancel",
+    "Heartbeat",
+    "Hello",
+    "MessageType",
+    "ProtocolError",
+    "Reject",
+    "RejectReason",
+    "Status",
+    "Welcome",
+    "instruction_message",
+    "parse_cancel",
+    "parse_heartbeat",
+    "parse_hello",
+    "parse_instruction",
+    "parse_reject",
+    "parse_status",
+    "parse_welcome",
+    "response_message",
+]
+
+#: The protocol version this daemon and SDK speak.
+PROTOCOL_VERSION: Final = 1
+#: Versions the daemon accepts in ``hello``.
+SUPPORTED_VERSIONS: Final[frozenset[int]] = frozenset({PROTOCOL_VERSION})
+#: Upper bound on the ``slots`` an executor may declare.
+MAX_SLOTS: Final = 1024
+_EXECUTOR_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
+_MAX_TEXT: Final = 4096
+
+
+class MessageType:
+    """The ``"type"`` strings of the protocol's messages."""
+
+    HELLO: Final = "hello"
+    WELCOME: Final = "welcome"
+    REJECT: Final = "reject"
+    INSTRUCTION: Final = "instruction"
+    RESPONSE: Final = "response"
+    HEARTBEAT: Final = "heartbeat"
+    CANCEL: Final = "cancel"
+    STATUS: Final = "status"
+
+
+class RejectReason:
+    """Stable ``reason_code`` values of ``reject`` messages and ``ProtocolError``."""
+
+    UNSUPPORTED_VERSION: Final = "UNSUPPORTED_VERSION"
+    DUPLICATE_EXECUTOR_ID: Final = "DUPLICATE_EXECUTOR_ID"
+    QUARANTINED: Final = "QUARANTINED"
+    UID_NOT_ALLOWED: Final = "UID_NOT_ALLOWED"
+    BAD_HELLO: Final = "BAD_HELLO"
+    HELLO_TIMEOUT: Final = "HELLO_TIMEOUT"
+    HUB_CLOSING: Final = "HUB_CLOSING"
+    BAD_MESSAGE: Final = "BAD_MESSAGE"
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """Executor → daemon, first message: who the executor is and what it can do."""
+
+    executor_id: str
+    protocol_version: int
+    commands: tuple[ExecutorCommandType, ...]
+    slots: int = 1
+    software: str = ""
+
+    def to_wire(self) -> dict[str, object]:
+        return {
+            "type": MessageType.HELLO,
+            "executor_id": self.executor_id,
+            "protocol_version": self.protocol_version,
+            "commands": [c.value for c in self.commands],
+            "slots": self.slots,
+            "software": self.software,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    """Daemon → executor: the hello was accepted; the limits the daemon will enforce."""
+
+    executor_id: str
+    protocol_version: int
+    heartbeat_interval_ms: int
+    heartbeat_misses: int
+    max_frame_bytes: int
+
+    def to_wire(self) -> dict[str, object]:
+        return {
+            "type": MessageType.WELCOME,
+            "executor_id": self.executor_id,
+            "protocol_version": self.protocol_version,
+            "heartbeat_interval_ms": self.heartbeat_interval_ms,
+            "heartbeat_misses": self.heartbeat_misses,
+            "max_frame_bytes": self.max_frame_bytes,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Daemon → executor: the connection is refused; the daemon closes it after sending this."""
+
+    reason_code: str
+    reason: str
+    retry_after_ms: int | None = None
+    supported_versions: tuple[int, ...] = field(default=tuple(sorted(SUPPORTED_VERSIONS)))
+
+    def to_wire(self) -> dict[str, object]:
+        return {
+            "type": MessageType.REJECT,
+            "reason_code": self.reason_code,
+            "reason": self.reason,
+            "retry_after_ms": self.retry_after_ms,
+            "supported_versions": list(self.supported_versions),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Either direction: I am alive. ``ts_us`` is the sender's wall clock (informative)."""
+
+    ts_us: int
+
+    def to_wire(self) -> dict[str, object]:
+        return {"type": MessageType.HEARTBEAT, "ts_us": self.ts_us}
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Daemon → executor: stop working on ``instruction_id`` and answer it at once."""
+
+    instruction_id: str
+    reason: str = "deadline"
+
+    def to_wire(self) -> dict[str, object]:
+        return {
+            "type": MessageType.CANCEL,
+            "instruction_id": self.instruction_id,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """Executor → daemon: the executor's own view of whether it takes new work."""
+
+    status: ExecutorStatus
+    detail: str = ""
+
+    def to_wire(self) -> dict[str, object]:
+        return {"type": MessageType.STATUS, "status": self.status.value, "detail": self.detail}
+
+
+def instruction_message(wire_envelope: Mapping[str, object]) -> dict[str, object]:
+    """Daemon → executor: the ``instruction`` message around an envelope's wire dict."""
+    return {"type": MessageType.INSTRUCTION, "instruction": wire_envelope}
+
+
+def response_message(wire_response: Mapping[str, object]) -> dict[str, object]:
+    """Executor → daemon: the ``response`` message around a response envelope's wire dict."""
+    return {"type": MessageType.RESPONSE, "response": wire_response}
+
+
+# --- parsing -------------------------------------------------------------------------------
+
+
+def _bad(field_name: str, problem: str, code: str = RejectReason.BAD_MESSAGE) -> ProtocolError:
+    return ProtocolError(code, f"field {field_name!r} {problem}")
+
+
+def _int(obj: Mapping[str, Any], key: str, code: str, *, low: int, high: int) -> int:
+    value = obj.get(key)
+    if type(value) is not int:
+        raise _bad(key, f"must be an integer, got {type(value).__name__}", code)
+    if not low <= value <= high:
+        raise _bad(key, f"must be between {low} and {high}, got {value}", code)
+    return value
+
+
+def _text(obj: Mapping[str, Any], key: str, code: str, *, default: str | None = None) -> str:
+    value = obj.get(key, default)
+    if not isinstance(value, str):
+        raise _bad(key, f"must be a string, got {type(value).__name__}", code)
+    if len(value) > _MAX_TEXT:
+        raise _bad(key, f"must be at most {_MAX_TEXT} characters", code)
+    return value
+
+
+def _expect_type(obj: Mapping[str, Any], expected: str) -> None:
+    kind = obj.get("type")
+    if kind != expected:
+        raise ProtocolError(
+            RejectReason.BAD_MESSAGE, f"expected a {expected!r} message, got type {kind!r}"
+        )
+
+
+def parse_hello(obj: Mapping[str, Any]) -> Hello:
+    """Validate a ``hello``; ``ProtocolError`` reason codes: BAD_HELLO, UNSUPPORTED_VERSION."""
+    code = RejectReason.BAD_HELLO
+    if obj.get("type") != MessageType.HELLO:
+        raise ProtocolError(code, f"the first message must be 'hello', got {obj.get('type')!r}")
+    version = obj.get("protocol_version")
+    if type(version) is not int:
+        raise _bad("protocol_version", "must be an integer", code)
+    if version not in SUPPORTED_VERSIONS:
+        raise ProtocolError(
+            RejectReason.UNSUPPORTED_VERSION,
+            f"protocol version {version} is not supported (supported: "
+            f"{', '.join(str(v) for v in sorted(SUPPORTED_VERSIONS))})",
+        )
+    executor_id = obj.get("executor_id")
+    if not isinstance(executor_id, str) or _EXECUTOR_ID.fullmatch(executor_id) is None:
+        raise _bad(
+            "executor_id",
+            "must be 1-128 characters of [A-Za-z0-9._:@-] starting with a letter or digit",
+            code,
+        )
+    raw_commands = obj.get("commands")
+    if not isinstance(raw_commands, list) or not raw_commands:
+        raise _bad("commands", "must be a non-empty list of command type names", code)
+    commands: list[ExecutorCommandType] = []
+    for item in raw_commands:
+        try:
+            command = ExecutorCommandType(item)
+        except ValueError:
+            raise _bad("commands", f"names an unknown command type {item!r}", code) from None
+        if command in commands:
+            raise _bad("commands", f"lists {command.value} twice", code)
+        commands.append(command)
+    slots = _int(obj, "slots", code, low=1, high=MAX_SLOTS) if "slots" in obj else 1
+    software = _text(obj, "software", code, default="")
+    return Hello(
+        executor_id=executor_id,
+        protocol_version=version,
+        commands=tuple(commands),
+        slots=slots,
+        software=software,
+    )
+
+
+def parse_welcome(obj: Mapping[str, Any]) -> Welcome:
+    """Validate a ``welcome`` (SDK side)."""
+    _expect_type(obj, MessageType.WELCOME)
+    code = RejectReason.BAD_MESSAGE
+    executor_id = _text(obj, "executor_id", code)
+    return Welcome(
+        executor_id=executor_id,
+        protocol_version=_int(obj, "protocol_version", code, low=1, high=2**31),
+        heartbeat_interval_ms=_int(obj, "heartbeat_interval_ms", code, low=1, high=2**31),
+        heartbeat_misses=_int(obj, "heartbeat_misses", code, low=1, high=2**31),
+        max_frame_bytes=_int(obj, "max_frame_bytes", code, low=2, high=2**32 - 1),
+    )
+
+
+def parse_reject(obj: Mapping[str, Any]) -> Reject:
+    """Validate a ``reject`` (SDK side)."""
+    _expect_type(obj, MessageType.REJECT)
+    code = RejectReason.BAD_MESSAGE
+    retry = obj.get("retry_after_ms")
+    if retry is not None and (type(retry) is not int or retry < 0):
+        raise _bad("retry_after_ms", "must be null or a non-negative integer", code)
+    versions = obj.get("supported_versions", [])
+    if not isinstance(versions, list) or not all(type(v) is int for v in versions):
+        raise _bad("supported_versions", "must be a list of integers", code)
+    return Reject(
+        reason_code=_text(obj, "reason_code", code),
+        reason=_text(obj, "reason", code, default=""),
+        retry_after_ms=retry,
+        supported_versions=tuple(versions),
+    )
+
+
+def parse_heartbeat(obj: Mapping[str, Any]) -> Heartbeat:
+    """Validate a ``heartbeat`` (``ts_us`` optional, 0 when absent)."""
+    _expect_type(obj, MessageType.HEARTBEAT)
+    ts = obj.get("ts_us", 0)
+    if type(ts) is not int:
+        raise _bad("ts_us", "must be an integer", RejectReason.BAD_MESSAGE)
+    return Heartbeat(ts_us=ts)
+
+
+def parse_cancel(obj: Mapping[str, Any]) -> Cancel:
+    """Validate a ``cancel`` (SDK side)."""
+    _expect_type(obj, MessageType.CANCEL)
+    code = RejectReason.BAD_MESSAGE
+    instruction_id = _text(obj, "instruction_id", code)
+    if not instruction_id:
+        raise _bad("instruction_id", "must not be empty", code)
+    return Cancel(instruction_id=instruction_id, reason=_text(obj, "reason", code, default=""))
+
+
+def parse_status(obj: Mapping[str, Any]) -> Status:
+    """Validate a ``status`` (daemon side); OFFLINE means the executor is going away."""
+    _expect_type(obj, MessageType.STATUS)
+    code = RejectReason.BAD_MESSAGE
+    try:
+        status = ExecutorStatus(obj.get("status"))
+    except ValueError:
+        raise _bad("status", f"is not a known status: {obj.get('status')!r}", code) from None
+    return Status(status=status, detail=_text(obj, "detail", code, default=""))
+
+
+def parse_instruction(obj: Mapping[str, Any]) -> ExecutorInstructionEnvelope:
+    """Validate an ``instruction`` (SDK side) into an envelope, re-checking every Phase-20 rule."""
+    _expect_type(obj, MessageType.INSTRUCTION)
+    try:
+        return instruction_from_wire(obj.get("instruction"))
+    except InstructionError as exc:
+        raise _bad(f"instruction.{exc.field}", exc.reason, RejectReason.BAD_MESSAGE) from None

@@ -1,0 +1,312 @@
+"""The control API over a real socket: structured errors, pipelining, bad frames, operations."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import pytest
+
+from supervisor.config import load_config
+from supervisor.control.client import ControlClient, ControlClientError, DaemonNotRunning, call_once
+from supervisor.control.server import ERROR_CODES
+from supervisor.demo.stack import prepare_root
+from supervisor.server import Daemon
+from supervisor.wire.frames import FrameReader, encode_frame
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    """A fresh root others can traverse (process turns drop to their own uid), with the demo
+    package installed; removed afterwards."""
+    base = Path(tempfile.mkdtemp(prefix="hh-ctl-"))
+    base.chmod(0o711)
+    prepare_root(base / "r", fresh=True)
+    try:
+        yield base / "r"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@asynccontextmanager
+async def daemon_client(root: Path) -> AsyncIterator[ControlClient]:
+    """A client of an in-process daemon serving *root* (drained when the block ends)."""
+    config = load_config(None, env={}, overrides={"root": root})
+    daemon = Daemon(config, handle_signals=False)
+    async with anyio.create_task_group() as tg:
+        await tg.start(daemon.run)
+        try:
+            async with ControlClient(config.control_socket) as c:
+                yield c
+        finally:
+            daemon.request_drain()
+
+
+async def _error(client: ControlClient, op: str, **params: object) -> ControlClientError:
+    with pytest.raises(ControlClientError) as info:
+        await client.call(op, **params)
+    assert info.value.code in ERROR_CODES
+    return info.value
+
+
+async def test_unknown_operation_lists_known_ones(root: Path) -> None:
+    """An unknown op is refused with unknown_op and the list of operations."""
+    async with daemon_client(root) as client:
+        err = await _error(client, "turn.explode")
+        assert err.code == "unknown_op"
+        assert "turn.submit" in str(err.details["operations"])
+
+
+async def test_unknown_ids_and_packages(root: Path) -> None:
+    """Unknown turns, sessions and packages get their own codes and say what to do."""
+    async with daemon_client(root) as client:
+        assert (await _error(client, "turn.get", turn_id=404)).code == "unknown_turn"
+        assert (await _error(client, "turn.get", turn_id="x")).code == "bad_request"
+        err = await _error(client, "session.close", session_id="SES-nope")
+        assert err.code == "unknown_session"
+        assert "hunter session list" in err.message
+        err = await _error(client, "session.open", package_id="no-such-package")
+        assert err.code == "unknown_package"
+
+
+async def test_submit_validation_errors(root: Path) -> None:
+    """Submissions missing declared_outputs or with a bad instruction are refused."""
+    async with daemon_client(root) as client:
+        sid = (await client.call("session.open", package_id="demo"))["session_id"]
+        err = await _error(
+            client, "turn.submit", session_id=sid, kind="instruction", command_type="READ"
+        )
+        assert (err.code, err.details["field"]) == ("bad_request", "declared_outputs")
+        err = await _error(
+            client,
+            "turn.submit",
+            session_id=sid,
+            kind="instruction",
+            command_type="NAVIGATE",
+            target_url="file:///etc/passwd",
+            declared_outputs=[],
+        )
+        assert (err.code, err.details["field"]) == ("invalid_instruction", "target_url")
+        err = await _error(
+            client,
+            "turn.submit",
+            session_id=sid,
+            kind="process",
+            argv=["/sbin/no-such-tool"],
+            declared_outputs=[],
+        )
+        assert err.code == "capability_violation"
+
+
+async def test_submit_with_a_bad_wait_accepts_nothing(root: Path) -> None:
+    """A submission refused for a bad ``wait_s`` leaves no turn behind."""
+    async with daemon_client(root) as client:
+        sid = (await client.call("session.open", package_id="demo"))["session_id"]
+        err = await _error(
+            client,
+            "turn.submit",
+            session_id=sid,
+            kind="instruction",
+            command_type="READ",
+            target_selector="#main",
+            declared_outputs=[],
+            wait_s="soon",
+        )
+        assert (err.code, err.details["field"]) == ("bad_request", "wait_s")
+        assert (await client.call("turns.list", session_id=sid))["turns"] == []
+
+
+async def test_pipelined_requests_on_one_connection(root: Path) -> None:
+    """Many requests in flight on one connection are all answered and matched by id."""
+    async with daemon_client(root) as client:
+        sid = (await client.call("session.open", package_id="demo"))["session_id"]
+        results: list[str] = []
+
+        async def ask() -> None:
+            results.append((await client.call("session.list"))["sessions"][0]["session_id"])
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(50):
+                tg.start_soon(ask)
+        assert results == [sid] * 50
+
+
+async def test_process_turn_and_wait_until(root: Path) -> None:
+    """A process turn runs; turn.wait returns when the turn is final; status counts it."""
+    async with daemon_client(root) as client:
+        sid = (await client.call("session.open", package_id="demo"))["session_id"]
+        submitted = await client.call(
+            "turn.submit", session_id=sid, kind="process", argv=["true"], declared_outputs=[]
+        )
+        turn_id = submitted["turn"]["turn_id"]
+        turn = (await client.call("turn.wait", turn_id=turn_id, timeout_s=30))["turn"]
+        assert turn["state"] == "succeeded"
+        assert turn["attempts"][0]["decision"] == "SUCCEED"
+        status = await client.call("status")
+        assert status["turns_by_state"] == {"succeeded": 1}
+        assert status["scheduler"]["sessions_open"] == 1
+        verified = await client.call("ledger.verify", session_id=sid)
+        assert verified["ok"] is True
+        assert [r["entries"] for r in verified["ledgers"]] == [2, 2]
+        closed = await client.call("session.close", session_id=sid)
+        assert closed["state"] == "closed"
+        err = await _error(
+            client,
+            "turn.submit",
+            session_id=sid,
+            kind="process",
+            argv=["true"],
+            declared_outputs=[],
+        )
+        assert err.code == "session_closed"
+
+
+async def test_executors_wait_times_out(root: Path) -> None:
+    """Waiting for an executor that never comes ends with a timeout error."""
+    async with daemon_client(root) as client:
+        err = await _error(client, "executors.wait", executor_id="ghost", timeout_s=0.05)
+        assert err.code == "timeout"
+        assert (await client.call("executors.list")) == {"executors": []}
+
+
+async def test_oversized_frame_closes_only_that_connection(root: Path) -> None:
+    """A frame over the size limit closes its connection; others keep working."""
+    async with daemon_client(root) as client:
+        socket_path = client.socket_path
+        async with await anyio.connect_unix(socket_path) as raw:
+            await raw.send(b"\x7f\xff\xff\xff")
+            answer = b""
+            with contextlib.suppress(anyio.EndOfStream):
+                while True:
+                    answer += await raw.receive()
+            assert b"exceeds the 1048576-byte limit" in answer
+        assert (await client.call("ping"))["pong"] is True
+        assert (await call_once(socket_path, "ping"))["pong"] is True
+
+
+async def test_no_daemon_is_reported_clearly(tmp_path: Path) -> None:
+    """Connecting where no daemon listens names the socket and how to start one."""
+    with pytest.raises(DaemonNotRunning, match=r"^no daemon at .*control\.sock \(no such socket"):
+        await call_once(tmp_path / "run" / "control.sock", "ping")
+
+
+async def test_submit_from_a_client_that_vanishes_still_runs(root: Path) -> None:
+    """A submit whose client disconnects at once is still accepted, scheduled and run."""
+    async with daemon_client(root) as client:
+        sid = (await client.call("session.open", package_id="demo"))["session_id"]
+        request = {
+            "id": 1,
+            "op": "turn.submit",
+            "params": {
+                "session_id": sid,
+                "kind": "process",
+                "argv": ["true"],
+                "declared_outputs": [],
+                "idempotency_key": "vanishing",
+                "wait_s": 30,
+            },
+        }
+        async with await anyio.connect_unix(client.socket_path) as raw:
+            await raw.send(encode_frame(request))
+        again = await client.call(
+            "turn.submit",
+            session_id=sid,
+            kind="process",
+            argv=["true"],
+            declared_outputs=[],
+            idempotency_key="vanishing",
+            wait_s=30,
+        )
+        assert again["turn"]["state"] == "succeeded"
+        turns = (await client.call("turns.list", session_id=sid))["turns"]
+        assert len(turns) == 1
+
+
+async def _raw_request(socket_path: Path, body: bytes) -> dict[str, object]:
+    """Send one hand-made frame body and read the single answer frame."""
+    async with await anyio.connect_unix(socket_path) as raw:
+        await raw.send(len(body).to_bytes(4, "big") + body)
+        reader = FrameReader(raw, max_bytes=1 << 20)
+        with anyio.fail_after(10):
+            return await reader.read()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"id":1,"op":{}}',
+        b'{"id":1,"op":[]}',
+        b'{"id":1,"op":7}',
+        b'{"id":{},"op":"ping"}',
+        b'{"id":1,"op":"turn.get","params":[]}',
+        b'{"id":1,"op":"session.close","params":{"session_id":{}}}',
+        b'{"id":1,"op":"escalations.resolve","params":{"turn_id":[],"action":1}}',
+    ],
+)
+async def test_ill_typed_requests_get_an_error_and_the_daemon_lives(
+    root: Path, body: bytes
+) -> None:
+    """A request whose fields have the wrong types is a bad_request; the daemon keeps serving."""
+    async with daemon_client(root) as client:
+        answer = await _raw_request(client.socket_path, body)
+        assert answer["ok"] is False
+        error = answer["error"]
+        assert isinstance(error, dict)
+        assert error["code"] == "bad_request"
+        assert (await client.call("ping"))["pong"] is True
+
+
+@pytest.mark.parametrize("turn_id", [2**63, -1, 0, "9" * 5000, "18446744073709551616"])
+async def test_out_of_range_turn_ids_are_no_such_turn(root: Path, turn_id: object) -> None:
+    """Ids no turn can have are a clear unknown_turn, never an internal error."""
+    async with daemon_client(root) as client:
+        err = await _error(client, "turn.get", turn_id=turn_id)
+        assert err.code == "unknown_turn"
+        assert err.message.startswith("no turn ")
+        assert len(err.message) < 200
+        err = await _error(client, "turn.wait", turn_id=turn_id, timeout_s=0.1)
+        assert err.code == "unknown_turn"
+
+
+async def test_random_ill_typed_requests_never_hit_an_internal_error(root: Path) -> None:
+    """2,000 requests of every operation with random wrong-typed fields: each gets a
+    structured answer that is not `internal`, and the daemon still serves afterwards."""
+    import random
+
+    rng = random.Random(20261123)
+    values: list[object] = [
+        None, True, 0, -1, 2**63 - 1, 1.5, "", "x", "9" * 50, [], [1], {}, {"a": 1},
+        [[[]]], "RED", "instruction", "process", ["GREEN"], {"path": 1},
+    ]  # fmt: skip
+    fields = [
+        "session_id", "package_id", "tier", "workspace", "work_order_id", "turn_id", "kind",
+        "declared_outputs", "declared_inputs", "phase", "idempotency_key", "timeout_ms",
+        "wait_s", "command_type", "target_url", "parameters", "argv", "timeout_s", "until",
+        "action", "executor_id", "status",
+    ]  # fmt: skip
+    async with daemon_client(root) as client:
+        ops = [
+            "ping", "session.open", "session.close", "session.list", "turn.submit", "turn.get",
+            "turn.wait", "turn.cancel", "turns.list", "status", "executors.list",
+            "executors.wait", "escalations.list", "escalations.resolve", "ledger.verify",
+        ]  # fmt: skip
+        codes: dict[str, int] = {}
+        for _ in range(2_000):
+            op = rng.choice(ops)
+            params = {f: rng.choice(values) for f in rng.sample(fields, rng.randint(0, 5))}
+            if op in {"turn.wait", "executors.wait"}:
+                params["timeout_s"] = 0.01
+            code = "ok"
+            try:
+                await client.call(op, **params)
+            except ControlClientError as exc:
+                code = exc.code
+            assert code != "internal", (op, params)
+            codes[code] = codes.get(code, 0) + 1
+        assert codes.get("bad_request", 0) > 100
+        assert (await client.call("ping"))["pong"] is True

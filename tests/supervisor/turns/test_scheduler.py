@@ -1,0 +1,653 @@
+"""Scheduler: the attempt loop through the policy, ledgers, escalations, cancel, drain, recovery.
+
+The hub and the sandbox runtime are injected fakes (the scheduler's plug points are Protocols);
+the intake and the ledgers are real. End-to-end runs with real executors live in
+test_daemon_e2e.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import threading
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import orjson
+import pytest
+
+from ledger import GroupSyncer, SessionLedgers, verify_session_dir
+from sandbox.policy.attempts import AttemptOutcome
+from sandbox.policy.envelopes import ExecutorCommandType, ExecutorInstructionEnvelope
+from sandbox.policy.faults import ExecutionFaultType
+from sandbox.policy.retry_protocol import RetryOptions
+from supervisor.store.sqlite.intake import Intake, IntakeCommitter, TurnKind, TurnState
+from supervisor.turns.scheduler import (
+    RequestError,
+    Scheduler,
+    SchedulerSettings,
+    parse_turn_request,
+)
+
+FAST = RetryOptions(max_attempts=3, base_delay_ms=1, backoff_multiplier=2, max_delay_ms=5)
+
+
+@dataclass(frozen=True)
+class FakeReport:
+    outcome: AttemptOutcome
+    executor_id: str | None = "fake-1"
+    response: Any = None
+    safety_reason_code: str = ""
+    duration_ms: int = 1
+    detail: str = ""
+
+
+@dataclass
+class FakeHub:
+    """Answers attempts from a script of outcomes (the last one repeats)."""
+
+    script: list[AttemptOutcome] = field(default_factory=lambda: [AttemptOutcome.success()])
+    envelopes: list[ExecutorInstructionEnvelope] = field(default_factory=list)
+    full: bool = False
+    gate: anyio.Event | None = None
+    started: anyio.Event = field(default_factory=anyio.Event)
+
+    def admit(self, command_type: ExecutorCommandType) -> None:
+        if self.full:
+            from supervisor.executors.hub import QueueFullError
+
+            raise QueueFullError(command_type, 1, 250)
+
+    async def run_attempt(self, envelope: ExecutorInstructionEnvelope) -> FakeReport:
+        self.envelopes.append(envelope)
+        self.started.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        index = min(len(self.envelopes), len(self.script)) - 1
+        return FakeReport(self.script[index])
+
+
+@dataclass
+class FakeTurnResult:
+    status: str
+    exit_code: int | None = 0
+    attempts: tuple[dict[str, object], ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return {"status": self.status, "exit_code": self.exit_code}
+
+
+class FakeSession:
+    """A session with real ledgers; process turns answer from `process_status`."""
+
+    def __init__(self, ledgers: SessionLedgers, process_status: str) -> None:
+        self.ledgers = ledgers
+        self.session_id = ledgers.session_id
+        self.process_status = process_status
+        self.process_calls: list[dict[str, Any]] = []
+        self.blocked = anyio.Event()
+        #: a check of argv ``["slow-check"]`` sets `checking` and waits for `check_gate`
+        self.checking = threading.Event()
+        self.check_gate = threading.Event()
+
+    def check_turn_request(
+        self, argv: Sequence[str], declared_outputs: object, *, turn_number: int | None = None
+    ) -> None:
+        if argv[0] == "forbidden":
+            raise PermissionError("forbidden executable")
+        if argv[0] == "slow-check":
+            self.checking.set()
+            self.check_gate.wait(10)
+
+    async def run_process_turn(self, argv: Sequence[str], **kwargs: Any) -> FakeTurnResult:
+        self.process_calls.append({"argv": list(argv), **kwargs})
+        if argv[0] == "explode":
+            raise RuntimeError("the sandbox broke")
+        if argv[0] == "block":
+            self.blocked.set()
+            await anyio.sleep_forever()
+        await self.ledgers.arecord_turn(
+            turn_number=kwargs["turn_number"],
+            query_hash=_h(argv),
+            result_hash=_h(self.process_status),
+            status=self.process_status,
+        )
+        return FakeTurnResult(
+            status=self.process_status,
+            attempts=({"outcome": "SUCCESS", "exit_code": 0, "verdict": "SUCCEED"},),
+        )
+
+    async def record_instruction_turn(self, **kw: Any) -> None:
+        await self.ledgers.arecord_turn(
+            turn_number=kw["turn_number"],
+            query_hash=_h(kw["instruction"]),
+            result_hash=_h(kw["result"]),
+            status=kw["status"],
+            external_calls=kw["external_calls"],
+        )
+
+    def close(self) -> None:
+        self.ledgers.close()
+
+
+def _h(obj: object) -> str:
+    return hashlib.sha256(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+class FakeRuntime:
+    def __init__(self, root: Path, syncer: GroupSyncer, process_status: str = "succeeded"):
+        self.root = root
+        self.syncer = syncer
+        self.process_status = process_status
+        self.sessions: dict[str, FakeSession] = {}
+        self._ids = itertools.count(1)
+
+    def open_session(
+        self,
+        package_id: str,
+        *,
+        tier: str = "default",
+        work_order_id: str | None = None,
+        workspace: Path | None = None,
+    ) -> FakeSession:
+        if package_id == "missing":
+            raise FileNotFoundError("package 'missing' is not installed")
+        sid = f"SES-test-{next(self._ids)}"
+        ledgers = SessionLedgers.create(
+            root=self.root, tier=tier, session_id=sid, syncer=self.syncer
+        )
+        self.sessions[sid] = FakeSession(ledgers, self.process_status)
+        return self.sessions[sid]
+
+    def resume_session(
+        self,
+        session_id: str,
+        *,
+        tier: str = "default",
+        package_id: str | None = None,
+        workspace: Path | None = None,
+        work_order_id: str | None = None,
+    ) -> FakeSession:
+        ledgers = SessionLedgers.open(
+            root=self.root, tier=tier, session_id=session_id, syncer=self.syncer
+        )
+        self.sessions[session_id] = FakeSession(ledgers, self.process_status)
+        return self.sessions[session_id]
+
+
+@dataclass
+class Rig:
+    scheduler: Scheduler
+    hub: FakeHub
+    runtime: FakeRuntime
+    intake: Intake
+    root: Path
+
+
+@asynccontextmanager
+async def rig(
+    tmp_path: Path, hub: FakeHub | None = None, *, process_status: str = "succeeded"
+) -> AsyncIterator[Rig]:
+    hub = hub or FakeHub()
+    with Intake.open(tmp_path / "state" / "intake.sqlite3") as intake, GroupSyncer() as syncer:
+        committer = IntakeCommitter(intake)
+        runtime = FakeRuntime(tmp_path, syncer, process_status)
+        scheduler = Scheduler(
+            committer=committer,
+            hub=hub,
+            runtime=runtime,
+            settings=SchedulerSettings(root=tmp_path, retry=FAST, process_slots=2),
+        )
+        async with anyio.create_task_group() as tg:
+            await tg.start(committer.run)
+            await tg.start(scheduler.run)
+            yield Rig(scheduler, hub, runtime, intake, tmp_path)
+            tg.cancel_scope.cancel()
+
+
+def _instruction(sid: str, **extra: object) -> dict[str, object]:
+    return {
+        "session_id": sid,
+        "kind": "instruction",
+        "command_type": "READ",
+        "target_selector": "#main",
+        "timeout_ms": 1000,
+        "declared_outputs": [],
+        **extra,
+    }
+
+
+async def _open(r: Rig) -> str:
+    return (await r.scheduler.open_session(package_id="demo")).session_id
+
+
+async def _run(r: Rig, params: dict[str, object]) -> Any:
+    turn, _ = await r.scheduler.submit(parse_turn_request(params))
+    return await r.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+
+
+def _verify(root: Path, sid: str) -> list[Any]:
+    return verify_session_dir(root / "planes" / "default" / "sessions" / sid)
+
+
+async def test_instruction_success(tmp_path: Path) -> None:
+    """A SUCCESS outcome ends the turn `succeeded` with both ledger entries written."""
+    async with rig(tmp_path) as r:
+        sid = await _open(r)
+        turn = await _run(r, _instruction(sid))
+        assert turn.state is TurnState.SUCCEEDED
+        assert [a.decision for a in turn.attempts] == ["SUCCEED"]
+        assert r.hub.envelopes[0].instruction_id == f"INS-{turn.turn_id}-1"
+        reports = _verify(tmp_path, sid)
+        assert [rep.entries for rep in reports] == [2, 2]
+
+
+async def test_retry_then_success(tmp_path: Path) -> None:
+    """A CRASH is retried after the backoff; the next attempt succeeds."""
+    hub = FakeHub(script=[AttemptOutcome.fault(ExecutionFaultType.CRASH), AttemptOutcome.success()])
+    async with rig(tmp_path, hub) as r:
+        sid = await _open(r)
+        turn = await _run(r, _instruction(sid))
+        assert turn.state is TurnState.SUCCEEDED
+        assert [a.decision for a in turn.attempts] == ["RETRY", "SUCCEED"]
+        assert [a.fault_type for a in turn.attempts] == ["CRASH", None]
+        assert [e.instruction_id for e in hub.envelopes] == [
+            f"INS-{turn.turn_id}-1",
+            f"INS-{turn.turn_id}-2",
+        ]
+
+
+async def test_timeout_terminates_after_three(tmp_path: Path) -> None:
+    """TIMEOUT retries twice and terminates on the third attempt (state `timeout`)."""
+    hub = FakeHub(script=[AttemptOutcome.fault(ExecutionFaultType.TIMEOUT)])
+    async with rig(tmp_path, hub) as r:
+        sid = await _open(r)
+        turn = await _run(r, _instruction(sid))
+        assert turn.state is TurnState.TIMEOUT
+        assert [a.decision for a in turn.attempts] == ["RETRY", "RETRY", "TERMINATE"]
+        assert turn.reason_code == "TIMEOUT_RETRY_LIMIT_REACHED"
+
+
+@pytest.mark.parametrize(
+    ("outcome", "state", "reason"),
+    [
+        (
+            AttemptOutcome.fault(ExecutionFaultType.PARTIAL),
+            TurnState.TERMINATED,
+            "PARTIAL_NOT_RETRYABLE",
+        ),
+        (
+            AttemptOutcome.fault(ExecutionFaultType.INVALID_RESPONSE),
+            TurnState.TERMINATED,
+            "INVALID_RESPONSE_NOT_RETRYABLE",
+        ),
+        (
+            AttemptOutcome.fault(ExecutionFaultType.SECURITY_VIOLATION),
+            TurnState.VIOLATION,
+            "SECURITY_VIOLATION_TERMINATE",
+        ),
+        (AttemptOutcome.refused("no"), TurnState.TERMINATED, "EXECUTOR_REFUSED"),
+        (AttemptOutcome.failure(None, "did not work"), TurnState.FAILED, "FAILURE_NOT_RETRIED"),
+    ],
+)
+async def test_terminal_outcomes(
+    tmp_path: Path, outcome: AttemptOutcome, state: TurnState, reason: str
+) -> None:
+    """Non-retryable outcomes end the turn after one attempt with the policy's reason."""
+    async with rig(tmp_path, FakeHub(script=[outcome])) as r:
+        sid = await _open(r)
+        turn = await _run(r, _instruction(sid))
+        assert (turn.state, turn.reason_code, len(turn.attempts)) == (state, reason, 1)
+
+
+async def test_escalation_resolved_by_retry_and_terminate(tmp_path: Path) -> None:
+    """RESOURCE_EXHAUSTED parks the turn; an operator's retry runs it again, terminate ends it."""
+    hub = FakeHub(
+        script=[
+            AttemptOutcome.fault(ExecutionFaultType.RESOURCE_EXHAUSTED),
+            AttemptOutcome.success(),
+            AttemptOutcome.fault(ExecutionFaultType.RESOURCE_EXHAUSTED),
+        ]
+    )
+    async with rig(tmp_path, hub) as r:
+        sid = await _open(r)
+        turn = await _run(r, _instruction(sid))
+        assert turn.state is TurnState.ESCALATED
+        assert [t.turn_id for t in await r.scheduler.list_escalations()] == [turn.turn_id]
+        await r.scheduler.resolve_escalation(turn.turn_id, "retry")
+        done = await r.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+        assert done.state is TurnState.SUCCEEDED
+        other = await _run(r, _instruction(sid))
+        assert other.state is TurnState.ESCALATED
+        ended = await r.scheduler.resolve_escalation(other.turn_id, "terminate")
+        assert (ended.state, ended.reason_code) == (TurnState.TERMINATED, "OPERATOR_TERMINATED")
+        with pytest.raises(RequestError, match=r"^turn \d+ is terminated, not escalated$"):
+            await r.scheduler.resolve_escalation(other.turn_id, "retry")
+        assert all(rep.entries >= 2 for rep in _verify(tmp_path, sid))
+
+
+async def test_idempotent_resubmission(tmp_path: Path) -> None:
+    """The same idempotency key returns the same turn and runs it once."""
+    async with rig(tmp_path) as r:
+        sid = await _open(r)
+        request = parse_turn_request(_instruction(sid, idempotency_key="abc"))
+        first, created = await r.scheduler.submit(request)
+        again, created_again = await r.scheduler.submit(request)
+        assert created
+        assert not created_again
+        assert again.turn_id == first.turn_id
+        await r.scheduler.wait_turn(first.turn_id, timeout_s=10)
+        assert len(r.hub.envelopes) == 1
+
+
+async def test_queue_full_is_refused_before_accepting(tmp_path: Path) -> None:
+    """When the hub's queue is full, submit fails with queue_full and nothing is accepted."""
+    async with rig(tmp_path, FakeHub(full=True)) as r:
+        sid = await _open(r)
+        with pytest.raises(
+            RequestError, match=r"^the READ queue is full; retry in 250 ms$"
+        ) as info:
+            await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+        assert info.value.code == "queue_full"
+        assert info.value.details["retry_after_ms"] == 250
+        assert r.intake.list_turns() == []
+
+
+async def test_cancel_running_turn(tmp_path: Path) -> None:
+    """Cancelling a turn whose attempt is in flight ends it `cancelled`, ledgers written."""
+    hub = FakeHub(gate=anyio.Event())
+    async with rig(tmp_path, hub) as r:
+        sid = await _open(r)
+        turn, _ = await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+        await hub.started.wait()
+        cancelled = await r.scheduler.cancel_turn(turn.turn_id)
+        assert cancelled.state is TurnState.CANCELLED
+        assert [rep.entries for rep in _verify(tmp_path, sid)] == [2, 2]
+
+
+async def test_process_turn_runs_in_session(tmp_path: Path) -> None:
+    """Process turns go to Session.run_process_turn with the turn number and declarations."""
+    async with rig(tmp_path, process_status="failed") as r:
+        sid = await _open(r)
+        turn = await _run(
+            r,
+            {
+                "session_id": sid,
+                "kind": "process",
+                "argv": ["python3", "-c", "pass"],
+                "declared_outputs": ["out.txt"],
+                "phase": "GREEN",
+                "timeout_ms": 500,
+            },
+        )
+        assert turn.state is TurnState.FAILED
+        (call,) = r.runtime.sessions[sid].process_calls
+        assert call["turn_number"] == turn.turn_number
+        assert call["declared_outputs"] == [{"path": "out.txt", "role": "output"}]
+        assert call["timeout_ms"] == 500
+
+
+async def test_process_turn_rejected_at_intake(tmp_path: Path) -> None:
+    """A request the session refuses (capabilities) is not accepted."""
+    async with rig(tmp_path) as r:
+        sid = await _open(r)
+        request = parse_turn_request(
+            {"session_id": sid, "kind": "process", "argv": ["forbidden"], "declared_outputs": []}
+        )
+        with pytest.raises(RequestError, match=r"^forbidden executable$"):
+            await r.scheduler.submit(request)
+        assert r.intake.list_turns() == []
+
+
+async def test_drain_leaves_unstarted_work_for_restart(tmp_path: Path) -> None:
+    """Draining refuses new turns; an in-flight attempt cancelled at the deadline stays running."""
+    hub = FakeHub(gate=anyio.Event())
+    async with rig(tmp_path, hub) as r:
+        sid = await _open(r)
+        turn, _ = await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+        await hub.started.wait()
+        assert await r.scheduler.drain(0.01) is False
+        with pytest.raises(RequestError, match=r"^the daemon is draining"):
+            await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+    with Intake.open(tmp_path / "state" / "intake.sqlite3") as intake:
+        assert intake.get_turn(turn.turn_id).state is TurnState.RUNNING
+
+
+async def test_restart_turns_interrupted_attempt_into_crash(tmp_path: Path) -> None:
+    """After a restart an interrupted attempt is a CRASH and the policy retries it."""
+    hub = FakeHub(gate=anyio.Event())
+    async with rig(tmp_path, hub) as r:
+        sid = await _open(r)
+        turn, _ = await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+        await hub.started.wait()
+    async with rig(tmp_path) as r2:
+        done = await r2.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+        assert done.state is TurnState.SUCCEEDED
+        assert [(a.fault_type, a.decision) for a in done.attempts] == [
+            ("CRASH", "RETRY"),
+            (None, "SUCCEED"),
+        ]
+        assert all(rep.entries == 2 for rep in _verify(tmp_path, sid))
+
+
+@pytest.mark.parametrize(
+    ("params", "code", "pattern"),
+    [
+        ({"kind": "instruction"}, "bad_request", r"^declared_outputs: is required"),
+        ({"kind": "nope", "declared_outputs": []}, "bad_request", r"^kind: must be"),
+        (
+            {"kind": "instruction", "declared_outputs": ["x"], "command_type": "READ"},
+            "bad_request",
+            r"^declared_outputs: must be \[\] for an instruction turn",
+        ),
+        (
+            {"kind": "instruction", "declared_outputs": [], "command_type": "FLY"},
+            "bad_request",
+            r"^command_type: must be one of",
+        ),
+        (
+            {
+                "kind": "instruction",
+                "declared_outputs": [],
+                "command_type": "NAVIGATE",
+                "target_url": "ftp://x",
+            },
+            "invalid_instruction",
+            r"^target_url: ",
+        ),
+        ({"kind": "process", "declared_outputs": [], "argv": []}, "bad_request", r"^argv: "),
+        (
+            {"kind": "process", "declared_outputs": [], "argv": ["x"], "timeout_ms": 0},
+            "bad_request",
+            r"^timeout_ms: must be between",
+        ),
+    ],
+)
+def test_parse_turn_request_rejects(params: dict[str, object], code: str, pattern: str) -> None:
+    """Bad submissions are refused with a code and a message naming the field."""
+    with pytest.raises(RequestError, match=pattern) as info:
+        parse_turn_request({"session_id": "SES-x", **params})
+    assert info.value.code == code
+
+
+def test_spec_round_trip() -> None:
+    """A request's stored spec parses back to the same request."""
+    request = parse_turn_request(
+        {
+            "session_id": "SES-x",
+            "kind": "instruction",
+            "command_type": "EXTRACT",
+            "target_selector": "h1",
+            "parameters": {"attr": "text", "n": 2, "all": True},
+            "declared_outputs": [],
+            "phase": "VERIFY",
+            "idempotency_key": "k",
+        }
+    )
+    again = parse_turn_request(request.to_spec(), session_id="SES-x")
+    assert again.instruction == request.instruction
+    assert again.phase == request.phase
+    assert again.kind is TurnKind.INSTRUCTION
+
+
+async def test_error_in_a_turn_ends_that_turn_only(tmp_path: Path) -> None:
+    """An unexpected error while running a turn terminates it; the scheduler keeps working."""
+    async with rig(tmp_path) as r:
+        sid = await _open(r)
+        broken = await _run(
+            r, {"session_id": sid, "kind": "process", "argv": ["explode"], "declared_outputs": []}
+        )
+        assert (broken.state, broken.reason_code) == (TurnState.TERMINATED, "INTERNAL_ERROR")
+        assert broken.reason == "RuntimeError: the sandbox broke"
+        fine = await _run(r, _instruction(sid))
+        assert fine.state is TurnState.SUCCEEDED
+
+
+async def test_drain_waits_until_the_outcome_is_recorded(tmp_path: Path) -> None:
+    """An attempt that answers within the grace period is recorded before drain returns."""
+    hub = FakeHub(gate=anyio.Event())
+    async with rig(tmp_path, hub) as r:
+        sid = await _open(r)
+        turn, _ = await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+        await hub.started.wait()
+        async with anyio.create_task_group() as tg:
+
+            async def drain() -> None:
+                assert await r.scheduler.drain(30) is True
+
+            tg.start_soon(drain)
+            await r.scheduler.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
+            assert hub.gate is not None
+            hub.gate.set()
+        assert r.intake.get_turn(turn.turn_id).state is TurnState.SUCCEEDED
+
+
+async def test_restart_reruns_interrupted_process_turn(tmp_path: Path) -> None:
+    """A process turn interrupted by a restart is a CRASH; its retry gets the rest of the
+    attempt budget."""
+    async with rig(tmp_path) as r:
+        sid = await _open(r)
+        params = {"session_id": sid, "kind": "process", "argv": ["block"], "declared_outputs": []}
+        turn, _ = await r.scheduler.submit(parse_turn_request(params))
+        await r.runtime.sessions[sid].blocked.wait()
+    with Intake.open(tmp_path / "state" / "intake.sqlite3") as intake:
+        intake.set_state(turn.turn_id, TurnState.RUNNING)
+        conn = intake._conn
+        conn.execute("UPDATE turns SET spec = ? WHERE turn_id = ?", (
+            orjson.dumps({**dict(turn.spec), "argv": ["true"]}), turn.turn_id,
+        ))  # fmt: skip
+    async with rig(tmp_path) as r2:
+        done = await r2.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+        assert done.state is TurnState.SUCCEEDED
+        assert next((a.fault_type, a.decision) for a in done.attempts) == ("CRASH", "RETRY")
+        (call,) = r2.runtime.sessions[sid].process_calls
+        assert call["options"].max_attempts == 2
+
+
+async def test_cancel_running_process_turn_writes_ledgers(tmp_path: Path) -> None:
+    """A process turn cancelled mid-run ends `cancelled` and still gets both ledger entries."""
+    async with rig(tmp_path) as r:
+        sid = await _open(r)
+        params = {"session_id": sid, "kind": "process", "argv": ["block"], "declared_outputs": []}
+        turn, _ = await r.scheduler.submit(parse_turn_request(params))
+        await r.runtime.sessions[sid].blocked.wait()
+        cancelled = await r.scheduler.cancel_turn(turn.turn_id)
+        assert cancelled.state is TurnState.CANCELLED
+        assert [rep.entries for rep in _verify(tmp_path, sid)] == [2, 2]
+
+
+async def test_close_refused_while_a_turn_is_being_submitted(tmp_path: Path) -> None:
+    """A session cannot be closed under a submission still in its intake checks."""
+    async with rig(tmp_path) as r:
+        sid = await _open(r)
+        session = r.runtime.sessions[sid]
+        params = {"session_id": sid, "kind": "process", "argv": ["slow-check"]}
+        submitted: list[Any] = []
+
+        async def submit() -> None:
+            request = parse_turn_request({**params, "declared_outputs": []})
+            submitted.append(await r.scheduler.submit(request))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(submit)
+            await anyio.to_thread.run_sync(session.checking.wait, 10)
+            try:
+                with pytest.raises(RequestError, match=r"^session .* a turn being submitted") as e:
+                    await r.scheduler.close_session(sid)
+                assert e.value.code == "session_busy"
+            finally:
+                session.check_gate.set()
+        ((turn, created),) = submitted
+        assert created
+        done = await r.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+        assert done.state is TurnState.SUCCEEDED
+        assert [rep.entries for rep in _verify(tmp_path, sid)] == [2, 2]
+        await r.scheduler.close_session(sid)
+
+
+async def test_restart_ending_an_interrupted_process_turn_writes_ledgers(tmp_path: Path) -> None:
+    """A process turn whose interrupted last attempt ends it after a restart gets both ledger
+    entries (the runtime never saw that ending, so the scheduler writes them)."""
+    async with rig(tmp_path) as r:
+        sid = await _open(r)
+        params = {"session_id": sid, "kind": "process", "argv": ["block"], "declared_outputs": []}
+        turn, _ = await r.scheduler.submit(parse_turn_request(params))
+        await r.runtime.sessions[sid].blocked.wait()
+    with Intake.open(tmp_path / "state" / "intake.sqlite3") as intake:
+        intake.start_attempt(turn.turn_id, attempt=FAST.max_attempts)  # the last one
+    async with rig(tmp_path) as r2:
+        done = await r2.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+        assert done.final
+        assert done.attempts[-1].fault_type == "CRASH"
+        assert r2.runtime.sessions[sid].process_calls == []
+        assert [rep.entries for rep in _verify(tmp_path, sid)] == [2, 2]
+
+
+async def test_concurrent_resolutions_of_one_escalation(tmp_path: Path) -> None:
+    """Two operators resolving one parked turn at once: the first decision wins, the second
+    is refused, and the intake never moves a terminated turn back to accepted."""
+    hub = FakeHub(script=[AttemptOutcome.fault(ExecutionFaultType.RESOURCE_EXHAUSTED)])
+    async with rig(tmp_path, hub) as r:
+        sid = await _open(r)
+        turn = await _run(r, _instruction(sid))
+        assert turn.state is TurnState.ESCALATED
+        answers: dict[str, object] = {}
+
+        async def resolve(action: str) -> None:
+            try:
+                answers[action] = (await r.scheduler.resolve_escalation(turn.turn_id, action)).state
+            except RequestError as exc:
+                answers[action] = exc.code
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(resolve, "terminate")
+            tg.start_soon(resolve, "retry")
+        assert answers == {"terminate": TurnState.TERMINATED, "retry": "not_escalated"}
+        assert r.intake.get_turn(turn.turn_id).state is TurnState.TERMINATED
+        assert all(rep.entries == 3 for rep in _verify(tmp_path, sid))
+
+
+async def test_a_failing_attempt_keeps_its_cause_when_the_running_commit_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the hub fails and the `running` commit fails too, the turn ends with the hub's error
+    (the cause), not the intake's."""
+
+    class BrokenHub(FakeHub):
+        async def run_attempt(self, envelope: ExecutorInstructionEnvelope) -> FakeReport:
+            raise RuntimeError("the hub broke")
+
+    async with rig(tmp_path, BrokenHub()) as r:
+        sid = await _open(r)
+
+        def refuse(turn_id: int, **kw: object) -> None:
+            raise OSError("disk gone")
+
+        monkeypatch.setattr(r.intake, "op_start_attempt", refuse)
+        turn = await _run(r, _instruction(sid))
+        assert (turn.state, turn.reason_code) == (TurnState.TERMINATED, "INTERNAL_ERROR")
+        assert turn.reason == "RuntimeError: the hub broke"
