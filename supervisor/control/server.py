@@ -45,9 +45,11 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
+from supervisor.errors import RequestError
 from supervisor.logging import get_logger
 from supervisor.store.sqlite.intake import TurnRow, TurnState
-from supervisor.turns.scheduler import RequestError, Scheduler, parse_turn_request
+from supervisor.turns.requests import parse_turn_request
+from supervisor.turns.scheduler import Scheduler
 from supervisor.wire.frames import FrameError, FrameReader, FrameWriter, encode_frame
 
 __all__ = ["CONTROL_PROTOCOL_VERSION", "ERROR_CODES", "ControlServer"]

@@ -25,13 +25,10 @@ from sandbox.policy.attempts import AttemptOutcome
 from sandbox.policy.envelopes import ExecutorCommandType, ExecutorInstructionEnvelope
 from sandbox.policy.faults import ExecutionFaultType
 from sandbox.policy.retry_protocol import RetryOptions
+from supervisor.errors import RequestError
 from supervisor.store.sqlite.intake import Intake, IntakeCommitter, TurnKind, TurnState
-from supervisor.turns.scheduler import (
-    RequestError,
-    Scheduler,
-    SchedulerSettings,
-    parse_turn_request,
-)
+from supervisor.turns.requests import parse_turn_request
+from supervisor.turns.scheduler import Scheduler, SchedulerSettings
 
 FAST = RetryOptions(max_attempts=3, base_delay_ms=1, backoff_multiplier=2, max_delay_ms=5)
 
