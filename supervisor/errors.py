@@ -24,9 +24,12 @@ __all__ = [
     "ExecutorRejected",
     "IntakeClosedError",
     "IntakeError",
+    "NotEscalatedError",
     "ProtocolError",
     "QueueFullError",
     "RequestError",
+    "SessionClosedError",
+    "StaleClaimError",
     "UnknownSessionError",
     "UnknownTurnError",
 ]
@@ -114,6 +117,43 @@ class UnknownTurnError(IntakeError):
     def __init__(self, turn_id: int) -> None:
         super().__init__(f"unknown turn {turn_id}")
         self.turn_id = turn_id
+
+
+class SessionClosedError(IntakeError):
+    """Raised when a turn is submitted to a session that is closed; ``session_id`` names it."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id} is closed; open a new session")
+        self.session_id = session_id
+
+
+class StaleClaimError(IntakeError):
+    """Raised when a write is made under a claim the daemon no longer holds: its lease expired
+    and the turn was claimed again (a larger fencing token), or the turn was released or ended.
+    Nothing was written; the late result must be dropped (and logged), never recorded.
+
+    ``turn_id``, ``token`` (the claim's) and ``current_token`` (the store's) say which.
+    """
+
+    def __init__(self, turn_id: int, *, token: int, current_token: int, owner: str) -> None:
+        super().__init__(
+            f"turn {turn_id}: the claim of {owner} (token {token}) is stale; the turn's token"
+            f" is now {current_token}, so this write was refused"
+        )
+        self.turn_id = turn_id
+        self.token = token
+        self.current_token = current_token
+        self.owner = owner
+
+
+class NotEscalatedError(IntakeError):
+    """Raised when an escalation is resolved for a turn that is not parked (``state`` says
+    where it is)."""
+
+    def __init__(self, turn_id: int, state: str) -> None:
+        super().__init__(f"turn {turn_id} is {state}, not escalated")
+        self.turn_id = turn_id
+        self.state = state
 
 
 # -- executors ----------------------------------------------------------------------------------
