@@ -40,7 +40,7 @@ class AttemptRecord:
     duration_ms: int | None = None
     #: the backoff before the next attempt, when the decision was RETRY
     delay_ms: int | None = None
-    extra: Mapping[str, object] = field(default=_EMPTY)
+    extra: Mapping[str, object] = field(default_factory=lambda: _EMPTY)
 
     @property
     def finished(self) -> bool:
