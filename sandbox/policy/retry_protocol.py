@@ -1,9 +1,11 @@
 """Seed 003: the sandbox retry protocol for GREEN/VERIFY phases.
 
 ``SandboxRetryProtocol.execute_with_retry`` runs a tool call through an injected
-``SandboxExecutor`` and asks ``decide_attempt`` (sandbox/policy/attempts.py, the one mapping of
-DESIGN.md) what to do after every attempt; it contains no retry rules of its own. Backoff waits
-go through the injected ``delay`` (default ``anyio.sleep``) so tests can record them. Every
+``SandboxExecutor`` inside THE attempt loop (``sandbox.policy.attempt_loop.run_attempts``), which
+asks ``decide_attempt`` (sandbox/policy/attempts.py, the one mapping of DESIGN.md) what to do
+after every attempt; this module has neither retry rules nor a loop of its own. Backoff waits
+go through the injected ``delay`` (default ``anyio.sleep``; a zero backoff does not wait) so
+tests can record them. Every
 attempt receives the same, deep-frozen ``ToolCall`` object (identical arguments); resetting the
 sandbox or making the call idempotent between attempts is the executor's job.
 
@@ -21,13 +23,13 @@ from typing import Protocol, runtime_checkable
 import anyio
 
 from sandbox.policy import reason_codes as rc
+from sandbox.policy.attempt_loop import AttemptReport, run_attempts
+from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.attempts import (
     AgentPhase,
     AttemptDecision,
     AttemptOutcome,
     RetryOptions,
-    Verdict,
-    decide_attempt,
 )
 from sandbox.policy.classifier import (
     EXIT_COMPILATION_ERROR,
@@ -207,10 +209,34 @@ class RetryRun:
         return self.decision.reason_code in _BUDGET_CODES
 
 
-class SandboxRetryProtocol:
-    """Runs a tool call with the seed-003 retry protocol; decisions come from ``decide_attempt``."""
+class _DecisionLog:
+    """Attempt hooks that keep the decisions of the attempts that were retried."""
 
-    __slots__ = ("_delay", "_entropy", "_executor", "options")
+    __slots__ = ("decisions",)
+
+    def __init__(self) -> None:
+        self.decisions: list[AttemptDecision] = []
+
+    async def attempt_started(self, attempt: AttemptRecord) -> None:
+        del attempt
+
+    async def retry_scheduled(
+        self, attempt: AttemptRecord, decision: AttemptDecision, next_attempt_us: int
+    ) -> None:
+        del attempt, next_attempt_us
+        self.decisions.append(decision)
+
+
+def _no_clock() -> int:
+    """The default clock: the protocol's records are not kept, so their times do not matter."""
+    return 0
+
+
+class SandboxRetryProtocol:
+    """Runs a tool call with the seed-003 retry protocol over THE attempt loop (`run_attempts`);
+    decisions come from ``decide_attempt``."""
+
+    __slots__ = ("_clock", "_delay", "_entropy", "_executor", "options")
 
     def __init__(
         self,
@@ -219,37 +245,53 @@ class SandboxRetryProtocol:
         options: RetryOptions | None = None,
         *,
         delay: Callable[[float], Awaitable[None]] = anyio.sleep,
+        clock: Callable[[], int] = _no_clock,
     ) -> None:
         self._executor = executor
         self._entropy = entropy_detector
         self.options = RetryOptions() if options is None else options
         self._delay = delay
+        self._clock = clock
 
     async def run(self, tool_call: ToolCall, phase: AgentPhase | None) -> RetryRun:
         """Attempt ``tool_call`` until ``decide_attempt`` stops; never raises on failure.
 
+        The attempts go through THE attempt loop (`run_attempts`): this class only supplies
+        "run one attempt" (``executor.execute(tool_call)``, mapped by ``ToolResult.outcome``).
         Records the exhaustion with the entropy detector when the verdict is EXHAUSTED.
         """
-        decisions: list[AttemptDecision] = []
-        attempt = 1
-        while True:
-            result = await self._executor.execute(tool_call)
-            decision = decide_attempt(
-                result.outcome(),
-                phase=phase,
-                attempt_number=attempt,
-                options=self.options,
-                instruction_id=tool_call.id,
+        executor = self._executor
+
+        async def one_attempt(attempt: AttemptRecord) -> AttemptReport[ToolResult]:
+            del attempt  # every attempt receives the same, frozen tool call
+            result = await executor.execute(tool_call)
+            return AttemptReport(
+                outcome=result.outcome(), payload=result, duration_ms=result.duration_ms
             )
-            decisions.append(decision)
-            if decision.verdict is not Verdict.RETRY:
-                break
-            await self._delay(decision.delay_ms / 1000)
-            attempt += 1
+
+        hooks = _DecisionLog()
+        end = await run_attempts(
+            one_attempt,
+            phase=phase,
+            options=self.options,
+            clock=self._clock,
+            sleep=self._delay,
+            hooks=hooks,
+            instruction_id=lambda _n: tool_call.id,
+        )
+        # Neither a drain (should_continue) nor an interrupted attempt is used here.
+        assert end is not None
+        assert end.report is not None
+        decision = end.decision
         flagged = False
         if decision.record_entropy and phase is not None:
             flagged = self._entropy.record(tool_call, phase)
-        return RetryRun(result, decision, tuple(decisions), entropy_flagged=flagged)
+        return RetryRun(
+            end.report.payload,
+            decision,
+            (*hooks.decisions, decision),
+            entropy_flagged=flagged,
+        )
 
     async def execute_with_retry(self, tool_call: ToolCall, phase: AgentPhase | None) -> ToolResult:
         """Run ``tool_call``; return the successful (or, when not retried, the last) result.
