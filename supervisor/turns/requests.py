@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox.policy.attempts import AgentPhase
+from sandbox.policy.declarations import DeclarationProblem, DeclaredOutput, parse_declared_outputs
 from sandbox.policy.envelopes import ExecutorCommandType
 from sandbox.policy.errors import InstructionError
+from sandbox.policy.lifecycle import TurnKind
 from sandbox.policy.safety import build_executor_instruction
 from supervisor.errors import RequestError
-from supervisor.store.sqlite.intake import TurnKind
 
 __all__ = [
     "DeclaredOutput",
@@ -28,15 +29,6 @@ __all__ = [
 ]
 
 _MAX_TIMEOUT_MS = 600_000
-
-
-@dataclass(frozen=True, slots=True)
-class DeclaredOutput:
-    path: str
-    role: str | None = None
-
-    def to_wire(self) -> dict[str, object]:
-        return {"path": self.path, "role": self.role}
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,23 +102,11 @@ def _timeout(params: Mapping[str, Any], default_ms: int) -> int:
 
 
 def _declared_outputs(value: object) -> tuple[DeclaredOutput, ...]:
-    if not isinstance(value, list):
-        raise _bad(
-            "declared_outputs",
-            "is required and must be a list (use [] when the turn writes nothing)",
-        )
-    out: list[DeclaredOutput] = []
-    for i, item in enumerate(value):
-        if isinstance(item, str) and item:
-            out.append(DeclaredOutput(item))
-        elif isinstance(item, Mapping) and isinstance(item.get("path"), str) and item["path"]:
-            role = item.get("role")
-            if role is not None and not isinstance(role, str):
-                raise _bad(f"declared_outputs[{i}].role", "must be a string")
-            out.append(DeclaredOutput(item["path"], role))
-        else:
-            raise _bad(f"declared_outputs[{i}]", "must be a path or {path, role}")
-    return tuple(out)
+    """The one parser of ``declared_outputs`` (sandbox/policy/declarations.py), as a reply."""
+    try:
+        return parse_declared_outputs(value)
+    except DeclarationProblem as exc:
+        raise _bad(exc.field, exc.problem) from None
 
 
 def parse_turn_request(

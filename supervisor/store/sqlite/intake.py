@@ -43,6 +43,7 @@ import anyio.abc
 import anyio.to_thread
 import orjson
 
+from sandbox.policy.lifecycle import FINAL_STATES, TurnKind, TurnState
 from supervisor.errors import (
     IntakeClosedError,
     IntakeError,
@@ -77,40 +78,6 @@ SCHEMA_VERSION = 1
 def now_us() -> int:
     """Wall-clock time in integer microseconds since the epoch (the ledgers' unit)."""
     return time.time_ns() // 1000
-
-
-class TurnState(enum.StrEnum):
-    ACCEPTED = "accepted"
-    RUNNING = "running"
-    WAITING_RETRY = "waiting_retry"
-    ESCALATED = "escalated"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    TERMINATED = "terminated"
-    EXHAUSTED = "exhausted"
-    CANCELLED = "cancelled"
-    TIMEOUT = "timeout"
-    VIOLATION = "violation"
-    REJECTED = "rejected"
-
-
-FINAL_STATES: frozenset[TurnState] = frozenset(
-    {
-        TurnState.SUCCEEDED,
-        TurnState.FAILED,
-        TurnState.TERMINATED,
-        TurnState.EXHAUSTED,
-        TurnState.CANCELLED,
-        TurnState.TIMEOUT,
-        TurnState.VIOLATION,
-        TurnState.REJECTED,
-    }
-)
-
-
-class TurnKind(enum.StrEnum):
-    INSTRUCTION = "instruction"
-    PROCESS = "process"
 
 
 class SessionState(enum.StrEnum):

@@ -1,0 +1,148 @@
+"""What the turn runners share: the store, the tracker, the sessions, settings; and the hooks
+through which the one attempt loop's steps become durable (fenced store writes) and visible
+(log events, the tracker).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import anyio
+
+from sandbox.policy.attempt_record import AttemptRecord
+from sandbox.policy.attempts import AttemptDecision, RetryOptions
+from sandbox.policy.lifecycle import TurnState
+from supervisor.logging import get_logger
+from supervisor.store.protocol import Claim, TurnEnding, TurnRecord, TurnStore
+from supervisor.turns.sessions import DaemonSessions
+from supervisor.turns.tracker import ActiveTurn, Tracker
+
+__all__ = ["CoreSettings", "LoopHooks", "TurnDeps", "merge_attempts", "now_us", "with_ending"]
+
+
+def now_us() -> int:
+    """Wall-clock time in integer microseconds since the epoch (the ledgers' unit)."""
+    return time.time_ns() // 1000
+
+
+@dataclass(frozen=True, slots=True)
+class CoreSettings:
+    root: Path = Path(".hunter")
+    retry: RetryOptions = field(default_factory=RetryOptions)
+    process_slots: int = 4
+    default_timeout_ms: int = 30_000
+    wait_limit_s: float = 3600.0
+    #: how long a claim holds without renewal; renewed every third of it
+    lease_ms: int = 30_000
+
+
+@dataclass(slots=True)
+class TurnDeps:
+    """The neighbours a turn runner works with (owned by `TurnCore`, lent to the runners)."""
+
+    store: TurnStore
+    tracker: Tracker
+    sessions: DaemonSessions
+    settings: CoreSettings
+    owner: str
+    process_limiter: anyio.CapacityLimiter
+    draining: bool = False
+
+
+def merge_attempts(
+    stored: Sequence[AttemptRecord], new: Sequence[AttemptRecord]
+) -> tuple[AttemptRecord, ...]:
+    """The turn's attempts with *new* ones replacing stored ones of the same number."""
+    replaced = {a.attempt for a in new}
+    return (*(a for a in stored if a.attempt not in replaced), *new)
+
+
+def with_ending(
+    turn: TurnRecord, ending: TurnEnding, attempts: Sequence[AttemptRecord] = ()
+) -> TurnRecord:
+    """The record as it will be once *ending* is stored (for the ledger entries written first)."""
+    return replace(
+        turn,
+        state=ending.state,
+        verdict=ending.verdict,
+        reason_code=ending.reason_code,
+        reason=ending.reason,
+        fault_type=ending.fault_type,
+        result=dict(ending.result),
+        attempts=merge_attempts(turn.attempts, attempts),
+    )
+
+
+class LoopHooks:
+    """`AttemptHooks` for one turn: fenced store writes, the tracker, the log events."""
+
+    def __init__(
+        self, deps: TurnDeps, active: ActiveTurn, *, process: bool = False, **log_ids: object
+    ) -> None:
+        self._deps = deps
+        self._active = active
+        self._process = process
+        self._log_ids: Mapping[str, object] = log_ids
+        #: true from an attempt's start until its outcome is durable (the drain waits for it)
+        self.counting = False
+
+    @property
+    def claim(self) -> Claim:
+        claim = self._active.claim
+        if claim is None:
+            msg = f"turn {self._active.turn_id} has no claim"
+            raise RuntimeError(msg)
+        return claim
+
+    async def attempt_started(self, attempt: AttemptRecord) -> None:
+        self._active.claim = await self._deps.store.start_attempt(self.claim, attempt)
+        self._active.attempt = attempt.attempt
+        self._active.move(TurnState.RUNNING)
+        self._deps.tracker.attempt_started(process=self._process)
+        self.counting = True
+        get_logger("supervisor.turns").info(
+            "attempt_started",
+            attempt=attempt.attempt,
+            instruction_id=attempt.instruction_id,
+            **self._log_ids,
+        )
+
+    async def retry_scheduled(
+        self, attempt: AttemptRecord, decision: AttemptDecision, next_attempt_us: int
+    ) -> None:
+        log = get_logger("supervisor.turns")
+        self.log_fault(attempt)
+        self._active.claim = await self._deps.store.record_attempt(
+            self.claim, attempt, next_attempt_us=next_attempt_us
+        )
+        self._active.move(TurnState.WAITING_RETRY)
+        self.stop_counting()
+        log.info(
+            "retry_scheduled",
+            attempt=attempt.attempt,
+            delay_ms=decision.delay_ms,
+            reason_code=decision.reason_code,
+        )
+
+    def log_fault(self, attempt: AttemptRecord) -> None:
+        if attempt.outcome != "FAULT":
+            return
+        get_logger("supervisor.turns").info(
+            "fault_classified",
+            attempt=attempt.attempt,
+            fault_type=attempt.fault_type,
+            decision=attempt.decision,
+            reason_code=attempt.reason_code,
+            duration_ms=attempt.duration_ms,
+            detail=attempt.detail,
+            executor_id=attempt.executor_id,
+            instruction_id=attempt.instruction_id,
+        )
+
+    def stop_counting(self) -> None:
+        if self.counting:
+            self.counting = False
+            self._deps.tracker.attempt_ended(process=self._process)

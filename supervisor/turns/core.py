@@ -1,0 +1,653 @@
+"""The turn core's front: what the control API calls, and the task group every turn runs in.
+
+Design notes
+------------
+* **One owner per turn.** A turn runs in this daemon only while it holds the turn's claim (a
+  lease with a fencing token, `supervisor.store.protocol`). Accepting a turn claims it at once
+  (no polling on the hot path). Claims are renewed every third of the lease; a claim lost
+  meanwhile cancels that turn here (its late writes would be refused by the store anyway).
+* **Kinds supply one attempt.** `instruction.run_instruction_turn` and
+  `process.run_process_turn` run a turn to its ending; both go through the one attempt loop.
+  The front never runs a kind's work inline.
+* **Restart.** `run` first resumes the open sessions, then takes back every unfinished turn
+  (`store.recover`): an attempt that was running is decided as a CRASH fault
+  (`lifecycle.interrupted_outcome`), a turn waiting for a retry sleeps the rest of its backoff,
+  an accepted one starts. Escalated turns stay parked in the store until someone resolves them.
+* **Escalations** are resolved in the store (from any daemon on a shared store): retry puts the
+  turn back to ``accepted`` and this daemon claims it and runs it; terminate and cancel end it,
+  with its ledger entries written first.
+* **Drain.** `drain` stops new attempts and waits (up to a grace deadline) for running ones.
+  What is still running when the daemon then cancels everything stays ``running`` in the store:
+  the next start (or another daemon, once the lease expires) decides it as a CRASH.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass, replace
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+import structlog.contextvars
+
+from sandbox.policy.attempt_record import AttemptRecord
+from sandbox.policy.lifecycle import TurnKind, TurnState
+from supervisor.errors import (
+    NotEscalatedError,
+    QueueFullError,
+    RequestError,
+    SessionClosedError,
+    StaleClaimError,
+    UnknownSessionError,
+    UnknownTurnError,
+)
+from supervisor.logging import get_logger
+from supervisor.store.protocol import (
+    Claim,
+    NewSession,
+    NewTurn,
+    Resolution,
+    SessionRecord,
+    SessionState,
+    StoreStatistics,
+    TurnEnding,
+    TurnRecord,
+    TurnStore,
+)
+from supervisor.turns.context import CoreSettings, TurnDeps, now_us, with_ending
+from supervisor.turns.instruction import HubLike, run_instruction_turn
+from supervisor.turns.process import run_process_turn
+from supervisor.turns.requests import TurnRequest, parse_turn_request
+from supervisor.turns.sessions import DaemonSessions, RuntimeLike, SessionLike
+from supervisor.turns.tracker import ActiveTurn, Tracker, TrackerStatistics
+
+__all__ = ["CoreStatistics", "TurnCore", "error_code"]
+
+#: A page of `turns.list` / `escalations.list` when the caller does not say.
+_PAGE = 500
+
+
+@dataclass(frozen=True, slots=True)
+class CoreStatistics:
+    sessions_open: int
+    draining: bool
+    owner: str
+    turns: TrackerStatistics
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "sessions_open": self.sessions_open,
+            "draining": self.draining,
+            "owner": self.owner,
+            **self.turns.to_dict(),
+        }
+
+
+def error_code(exc: BaseException, *, default: str) -> str:
+    """The control API's code for an error raised by the sandbox runtime."""
+    table = {
+        "PackageNotFoundError": "unknown_package",
+        "ManifestError": "bad_manifest",
+        "DeclarationError": "declaration_error",
+        "CapabilityViolation": "capability_violation",
+        "SandboxUnavailableError": "sandbox_unavailable",
+    }
+    return table.get(type(exc).__name__, default)
+
+
+def _owner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class TurnCore:
+    """Accepts, runs and ends turns; the control API calls its public coroutines."""
+
+    def __init__(
+        self,
+        *,
+        store: TurnStore,
+        hub: HubLike,
+        runtime: RuntimeLike,
+        settings: CoreSettings | None = None,
+        owner: str | None = None,
+    ) -> None:
+        settings = settings or CoreSettings()
+        self._hub = hub
+        self._deps = TurnDeps(
+            store=store,
+            tracker=Tracker(),
+            sessions=DaemonSessions(runtime),
+            settings=settings,
+            owner=owner or _owner_id(),
+            process_limiter=anyio.CapacityLimiter(max(1, settings.process_slots)),
+        )
+        self._log = get_logger("supervisor.turns")
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._requests: dict[int, TurnRequest] = {}
+        # Submissions past their session check but not yet started, and sessions being closed:
+        # each refuses while the other is under way, so no turn lands in a closed session.
+        self._submitting: dict[str, int] = {}
+        self._closing: set[str] = set()
+
+    # -- settings and views -----------------------------------------------------------------
+
+    @property
+    def settings(self) -> CoreSettings:
+        return self._deps.settings
+
+    @settings.setter
+    def settings(self, settings: CoreSettings) -> None:
+        self._deps.settings = settings
+
+    @property
+    def draining(self) -> bool:
+        return self._deps.draining
+
+    @property
+    def owner(self) -> str:
+        return self._deps.owner
+
+    def statistics(self) -> CoreStatistics:
+        return CoreStatistics(
+            sessions_open=len(self._deps.sessions),
+            draining=self._deps.draining,
+            owner=self._deps.owner,
+            turns=self._deps.tracker.statistics(),
+        )
+
+    def store_statistics(self) -> StoreStatistics:
+        return self._deps.store.statistics()
+
+    def in_flight(self) -> list[dict[str, object]]:
+        return self._deps.tracker.in_flight()
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Resume sessions and unfinished turns, then run turns until cancelled."""
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                await self._recover()
+                tg.start_soon(self._renew_leases, name="lease-renewal")
+                task_status.started()
+                await anyio.sleep_forever()
+        finally:
+            self._tg = None
+            self._deps.sessions.close_all()
+
+    async def _recover(self) -> None:
+        store = self._deps.store
+        for record in await store.list_sessions(state=SessionState.OPEN):
+            await self._deps.sessions.resume(record)
+        claims = await store.recover(self._deps.owner, lease_ms=self.settings.lease_ms)
+        for claim in claims:
+            if self._deps.sessions.get(claim.turn.session_id) is None:
+                await self._end_without_session(claim)
+                continue
+            self._start(claim.turn, claim, recovered=True)
+        if claims:
+            self._log.info("turns_recovered", count=len(claims))
+
+    async def _end_without_session(self, claim: Claim) -> None:
+        await self._deps.store.finish(
+            claim,
+            TurnEnding(
+                state=TurnState.TERMINATED,
+                verdict="TERMINATE",
+                reason_code="SESSION_UNAVAILABLE",
+                reason="the turn's session could not be resumed after a restart",
+            ),
+        )
+
+    async def _renew_leases(self) -> None:
+        interval = max(0.05, self.settings.lease_ms / 3000)
+        while True:
+            await anyio.sleep(interval)
+            held = self._deps.tracker.claims()
+            if not held:
+                continue
+            kept = {
+                c.turn_id: c
+                for c in await self._deps.store.renew(held, lease_ms=self.settings.lease_ms)
+            }
+            for claim in held:
+                active = self._deps.tracker.get(claim.turn_id)
+                if active is None or active.claim is None:
+                    continue
+                renewed = kept.get(claim.turn_id)
+                if renewed is not None:
+                    if active.claim.token == renewed.token:
+                        active.claim = replace(active.claim, lease_until_us=renewed.lease_until_us)
+                    continue
+                if active.claim is claim:  # lost meanwhile: another daemon owns it now
+                    self._log.warning("claim_lost", turn_id=claim.turn_id, token=claim.token)
+                    active.claim = None
+                    if active.scope is not None:
+                        active.scope.cancel()
+
+    async def drain(self, grace_s: float) -> bool:
+        """Stop starting attempts; wait up to *grace_s* for running ones. True when none is left."""
+        self._deps.draining = True
+        tracker = self._deps.tracker
+        self._log.info("drain_started", attempts_running=tracker.attempts_running, grace_s=grace_s)
+        with anyio.move_on_after(grace_s):
+            await tracker.wait_idle()
+        clean = tracker.attempts_running == 0
+        self._log.info("drain_finished", clean=clean, attempts_left=tracker.attempts_running)
+        return clean
+
+    # -- sessions ---------------------------------------------------------------------------
+
+    async def open_session(
+        self,
+        *,
+        package_id: str,
+        tier: str = "default",
+        work_order_id: str | None = None,
+        workspace: str | None = None,
+    ) -> SessionRecord:
+        if self._deps.draining:
+            raise RequestError("draining", "the daemon is draining; open the session after restart")
+        try:
+            session = await self._deps.sessions.open(
+                package_id=package_id, tier=tier, work_order_id=work_order_id, workspace=workspace
+            )
+        except Exception as exc:
+            raise RequestError(
+                error_code(exc, default="session_open_failed"),
+                f"cannot open a session of package {package_id!r}: {exc}",
+                package_id=package_id,
+            ) from exc
+        try:
+            record = await self._deps.store.open_session(
+                NewSession(
+                    session_id=session.session_id,
+                    package_id=package_id,
+                    tier=tier,
+                    work_order_id=work_order_id,
+                    workspace=workspace,
+                )
+            )
+        except BaseException:
+            session.close()
+            raise
+        self._deps.sessions.add(session)
+        self._log.info(
+            "session_opened", session_id=record.session_id, package_id=package_id, tier=tier
+        )
+        return record
+
+    async def close_session(self, session_id: str) -> SessionRecord:
+        await self.get_session(session_id)
+        busy = self._deps.tracker.in_session(session_id)
+        if busy or self._submitting.get(session_id):
+            what = f"unfinished turns {busy}" if busy else "a turn being submitted"
+            raise RequestError(
+                "session_busy",
+                f"session {session_id} still has {what}; wait for or cancel them",
+                turn_ids=busy,
+            )
+        self._closing.add(session_id)
+        try:
+            record = await self._deps.store.close_session(session_id)
+        finally:
+            self._closing.discard(session_id)
+        await self._deps.sessions.close(session_id)
+        self._log.info("session_closed", session_id=session_id)
+        return record
+
+    async def list_sessions(self) -> list[SessionRecord]:
+        return await self._deps.store.list_sessions()
+
+    async def get_session(self, session_id: str) -> SessionRecord:
+        try:
+            return await self._deps.store.get_session(session_id)
+        except UnknownSessionError:
+            raise RequestError(
+                "unknown_session",
+                f"no session {session_id!r}; list sessions with `hunter session list`",
+                session_id=session_id,
+            ) from None
+
+    # -- turns ------------------------------------------------------------------------------
+
+    async def submit(self, request: TurnRequest) -> tuple[TurnRecord, bool]:
+        """Validate, admit and durably accept a turn; returns ``(turn, created)``."""
+        if self._deps.draining:
+            raise RequestError(
+                "draining", "the daemon is draining and accepts no new turns; retry after restart"
+            )
+        store = self._deps.store
+        sid = request.session_id
+        if request.idempotency_key is not None:
+            existing = await store.find_turn(sid, request.idempotency_key)
+            if existing is not None:
+                return existing, False
+        session = self._deps.sessions.get(sid)
+        if session is None or sid in self._closing:
+            record = await self.get_session(sid)
+            if record.state is not SessionState.OPEN or sid in self._closing:
+                raise RequestError(
+                    "session_closed", f"session {sid} is closed; open a new one", session_id=sid
+                )
+            raise RequestError(
+                "session_unavailable",
+                f"session {sid} is not loaded in this daemon",
+                session_id=sid,
+            )
+        if request.instruction is not None:
+            self._admit(request)
+        self._submitting[sid] = self._submitting.get(sid, 0) + 1
+        try:
+            if request.process is not None:
+                await self._check_process(session, request)
+            try:
+                accepted = await store.accept(
+                    NewTurn(
+                        session_id=sid,
+                        kind=request.kind,
+                        spec=request.to_spec(),
+                        idempotency_key=request.idempotency_key,
+                    ),
+                    claim_for=self._deps.owner,
+                    lease_ms=self.settings.lease_ms,
+                )
+            except SessionClosedError:
+                raise RequestError(
+                    "session_closed", f"session {sid} is closed; open a new one", session_id=sid
+                ) from None
+            if accepted.created and accepted.claim is not None:
+                self._requests[accepted.turn.turn_id] = request
+                self._start(accepted.turn, accepted.claim, recovered=False)
+        finally:
+            self._submitting[sid] -= 1
+            if not self._submitting[sid]:
+                del self._submitting[sid]
+        turn = accepted.turn
+        if accepted.created:
+            self._deps.tracker.accepted()
+            self._log.info(
+                "turn_accepted",
+                session_id=sid,
+                turn_number=turn.turn_number,
+                turn_id=turn.turn_id,
+                kind=turn.kind.value,
+            )
+        return turn, accepted.created
+
+    def _admit(self, request: TurnRequest) -> None:
+        assert request.instruction is not None
+        command_type = request.instruction.command_type
+        try:
+            self._hub.admit(command_type)
+        except QueueFullError as exc:
+            raise RequestError(
+                "queue_full",
+                f"the {command_type.value} queue is full; retry in {exc.retry_after_ms} ms",
+                retry_after_ms=exc.retry_after_ms,
+                command_type=command_type.value,
+            ) from None
+
+    async def _check_process(self, session: SessionLike, request: TurnRequest) -> None:
+        """Capability check at intake (a violation is written to the evidence ledger, durably,
+        so it runs on a worker thread)."""
+        assert request.process is not None
+        outputs = [{"path": d.path, "role": d.role or "output"} for d in request.declared_outputs]
+        try:
+            await anyio.to_thread.run_sync(
+                session.check_turn_request, list(request.process.argv), outputs
+            )
+        except Exception as exc:
+            code = error_code(exc, default="turn_rejected")
+            raise RequestError(code, str(exc), session_id=request.session_id) from exc
+
+    async def get_turn(self, turn_id: int) -> TurnRecord:
+        cached = self._deps.tracker.recent(turn_id)
+        if cached is not None:
+            return cached
+        try:
+            return await self._deps.store.get_turn(turn_id)
+        except UnknownTurnError:
+            raise RequestError(
+                "unknown_turn", f"no turn {turn_id}; see `hunter status`", turn_id=turn_id
+            ) from None
+
+    async def wait_turn(
+        self,
+        turn_id: int,
+        *,
+        timeout_s: float | None = None,
+        until: frozenset[TurnState] = frozenset(),
+    ) -> TurnRecord:
+        """Wait until the turn is final or parked (escalated), or its state is in *until*,
+        or *timeout_s* passes; returns the turn as it is then."""
+        limit = self.settings.wait_limit_s if timeout_s is None else timeout_s
+        with anyio.move_on_after(limit):
+            while True:
+                active = self._deps.tracker.get(turn_id)
+                if active is None or active.settled or active.state in until:
+                    break
+                if until:
+                    await active.wait_changed()
+                else:
+                    await active.wait_settled()
+        return await self.get_turn(turn_id)
+
+    async def cancel_turn(self, turn_id: int) -> TurnRecord:
+        turn = await self.get_turn(turn_id)
+        if turn.final:
+            return turn
+        active = self._deps.tracker.get(turn_id)
+        if active is None:
+            if turn.state is TurnState.ESCALATED:
+                return await self._resolve(turn, Resolution.CANCEL)
+            raise RequestError("not_cancellable", f"turn {turn_id} is not active", turn_id=turn_id)
+        active.cancel_requested = True
+        if active.scope is not None:
+            active.scope.cancel()
+        await active.wait_finished()
+        return await self.get_turn(turn_id)
+
+    async def list_turns(
+        self, *, session_id: str | None = None, after_turn_id: int = 0, limit: int = _PAGE
+    ) -> list[TurnRecord]:
+        page = await self._deps.store.list_turns(
+            session_id=session_id, after_turn_id=after_turn_id, limit=limit
+        )
+        return list(page.turns)
+
+    async def counts(self) -> dict[str, int]:
+        return await self._deps.store.counts()
+
+    async def verify_ledgers(self, *, session_id: str | None = None) -> dict[str, object]:
+        """Verify the exec and evidence ledgers of one session (or of every session)."""
+        from ledger import IntegrityError, session_dir_for, verify_session_dir
+
+        if session_id is not None:
+            records = [await self.get_session(session_id)]
+        else:
+            records = await self.list_sessions()
+        reports: list[dict[str, object]] = []
+        failures: list[dict[str, object]] = []
+        for record in records:
+            session_dir = session_dir_for(self.settings.root, record.tier, record.session_id)
+            try:
+                found = await anyio.to_thread.run_sync(verify_session_dir, session_dir)
+            except IntegrityError as exc:
+                failures.append({"session_id": record.session_id, "error": str(exc)})
+                continue
+            reports.extend(
+                {
+                    "session_id": record.session_id,
+                    "ledger_id": r.ledger_id,
+                    "path": str(r.path),
+                    "entries": r.entries,
+                    "head_seq": r.head_seq,
+                    "warnings": list(r.warnings),
+                }
+                for r in found
+            )
+        return {"ok": not failures, "ledgers": reports, "failures": failures}
+
+    # -- escalations ------------------------------------------------------------------------
+
+    async def list_escalations(self) -> list[TurnRecord]:
+        page = await self._deps.store.list_turns(
+            states=frozenset({TurnState.ESCALATED}), limit=_PAGE
+        )
+        return list(page.turns)
+
+    async def resolve_escalation(self, turn_id: int, action: str) -> TurnRecord:
+        """An operator's decision for a parked turn: ``retry`` or ``terminate``."""
+        if action not in {"retry", "terminate"}:
+            raise RequestError(
+                "bad_request", "action: must be 'retry' or 'terminate'", field="action"
+            )
+        turn = await self.get_turn(turn_id)
+        return await self._resolve(turn, Resolution(action))
+
+    async def _resolve(self, turn: TurnRecord, resolution: Resolution) -> TurnRecord:
+        store = self._deps.store
+        if resolution is not Resolution.RETRY:
+            state = (
+                TurnState.TERMINATED if resolution is Resolution.TERMINATE else TurnState.CANCELLED
+            )
+            code, why = (
+                ("OPERATOR_TERMINATED", "an operator terminated the escalated turn")
+                if resolution is Resolution.TERMINATE
+                else ("CANCELLED_BY_CLIENT", "cancelled through the control API")
+            )
+            if turn.state is TurnState.ESCALATED:
+                ending = TurnEnding(state=state, verdict="TERMINATE", reason_code=code, reason=why)
+                await self._deps.sessions.record_end(with_ending(turn, ending))
+        try:
+            resolved = await store.resolve_escalation(turn.turn_id, resolution)
+        except NotEscalatedError as exc:
+            raise RequestError(
+                "not_escalated",
+                f"turn {turn.turn_id} is {exc.state}, not escalated",
+                turn_id=turn.turn_id,
+                state=exc.state,
+            ) from None
+        self._log.info("escalation_resolved", turn_id=turn.turn_id, action=resolution.value)
+        if resolved.final:
+            self._deps.tracker.remember(resolved)
+            self._deps.tracker.finished(resolved.state)
+            return resolved
+        # retry: claim it again and run it here with a fresh attempt budget
+        for claim in await store.claim(self._deps.owner, limit=64, lease_ms=self.settings.lease_ms):
+            if self._deps.tracker.get(claim.turn_id) is None:
+                self._start(claim.turn, claim, recovered=False)
+        return await self.get_turn(turn.turn_id)
+
+    # -- turn tasks -------------------------------------------------------------------------
+
+    def _start(self, turn: TurnRecord, claim: Claim, *, recovered: bool) -> None:
+        if self._tg is None:
+            msg = "the turn core is not running"
+            raise RuntimeError(msg)
+        active = self._deps.tracker.add(turn, claim)
+        self._tg.start_soon(self._turn_task, turn, active, recovered, name=f"turn-{turn.turn_id}")
+
+    def _request(self, turn: TurnRecord) -> TurnRequest:
+        request = self._requests.get(turn.turn_id)
+        if request is None:
+            request = parse_turn_request(turn.spec, session_id=turn.session_id)
+        return request
+
+    async def _turn_task(self, turn: TurnRecord, active: ActiveTurn, recovered: bool) -> None:
+        # Each task runs in its own copy of the context: the ids bound here label every event
+        # of this turn (the hub's too) and vanish with the task.
+        structlog.contextvars.bind_contextvars(
+            session_id=turn.session_id, turn_number=turn.turn_number, turn_id=turn.turn_id
+        )
+        interrupted: AttemptRecord | None = None
+        if recovered and turn.state is TurnState.RUNNING and turn.attempt >= 1:
+            prior = next((a for a in turn.attempts if a.attempt == turn.attempt), None)
+            interrupted = replace(
+                prior or AttemptRecord(attempt=turn.attempt, started_us=now_us()),
+                detail="interrupted by a daemon restart",
+            )
+            self._log.info("attempt_interrupted", attempt=turn.attempt)
+        try:
+            with anyio.CancelScope() as scope:
+                active.scope = scope
+                request = self._request(turn)
+                if turn.kind is TurnKind.INSTRUCTION:
+                    await run_instruction_turn(
+                        self._deps, self._hub, turn, active, request, interrupted=interrupted
+                    )
+                else:
+                    await run_process_turn(
+                        self._deps, turn, active, request, interrupted=interrupted
+                    )
+            active.scope = None
+            if active.cancel_requested and active.claim is not None:
+                await self._end_cancelled(turn, active)
+        except StaleClaimError as exc:
+            self._log.warning(
+                "stale_result_refused", token=exc.token, current_token=exc.current_token
+            )
+        except Exception as exc:  # a bug or a broken dependency ends this turn, not the daemon
+            self._log.exception("turn_failed", error_type=type(exc).__name__, error=str(exc))
+            await self._end_error(turn, active, exc)
+        finally:
+            self._requests.pop(turn.turn_id, None)
+            self._deps.tracker.remove(active)
+
+    async def _end(self, turn: TurnRecord, active: ActiveTurn, ending: TurnEnding) -> TurnRecord:
+        claim = active.claim
+        if claim is None:
+            msg = f"turn {turn.turn_id} has no claim to end it with"
+            raise RuntimeError(msg)
+        current = await self._deps.store.get_turn(turn.turn_id)
+        if current.final:
+            return current  # it ended before the cancellation reached it
+        await self._deps.sessions.record_end(with_ending(current, ending))
+        finished = await self._deps.store.finish(claim, ending)
+        active.claim = None
+        active.move(finished.state)
+        self._deps.tracker.remember(finished)
+        self._deps.tracker.finished(finished.state)
+        self._log.info("turn_finished", state=finished.state.value, reason_code=ending.reason_code)
+        return finished
+
+    async def _end_cancelled(self, turn: TurnRecord, active: ActiveTurn) -> None:
+        with anyio.CancelScope(shield=True):
+            await self._end(
+                turn,
+                active,
+                TurnEnding(
+                    state=TurnState.CANCELLED,
+                    reason_code="CANCELLED_BY_CLIENT",
+                    reason="cancelled through the control API",
+                ),
+            )
+
+    async def _end_error(self, turn: TurnRecord, active: ActiveTurn, exc: Exception) -> None:
+        """End a turn whose run raised: `rejected` when the sandbox refused it, else
+        `terminated` with INTERNAL_ERROR; the ledgers still get the turn's entries."""
+        if active.claim is None:
+            return
+        code = error_code(exc, default="internal")
+        state = TurnState.REJECTED if code != "internal" else TurnState.TERMINATED
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._end(
+                    turn,
+                    active,
+                    TurnEnding(
+                        state=state,
+                        verdict="TERMINATE",
+                        reason_code="INTERNAL_ERROR" if code == "internal" else code.upper(),
+                        reason=f"{type(exc).__name__}: {exc}",
+                    ),
+                )
+        except Exception as again:  # the store or a ledger itself is broken: log, keep serving
+            self._log.exception("turn_finish_failed", error=str(again))

@@ -1,0 +1,198 @@
+"""Instruction turns: each attempt is one envelope sent through the executor hub.
+
+The turn's attempts go through the one attempt loop (`sandbox.policy.attempt_loop`); this module
+supplies only "run one attempt": build a fresh `ExecutorInstructionEnvelope` (instruction id
+``INS-<turn>-<attempt>``, execution id ``EXE-<turn>``), hand it to the hub (which queues it for a
+READY executor, enforces the deadline and maps the response to an outcome), and report. A retry
+may go to another executor. The turn's ledger entries are written before its ending is stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import anyio
+
+from sandbox.policy.attempt_loop import AttemptReport, LoopEnd, run_attempts
+from sandbox.policy.attempt_record import AttemptRecord
+from sandbox.policy.attempts import AttemptOutcome
+from sandbox.policy.envelopes import (
+    ExecutorCommandType,
+    ExecutorInstructionEnvelope,
+    ExecutorResponseEnvelope,
+    deep_thaw,
+)
+from sandbox.policy.safety import build_executor_instruction, instruction_to_wire
+from supervisor.logging import get_logger
+from supervisor.store.protocol import TurnEnding, TurnRecord
+from supervisor.turns.context import LoopHooks, TurnDeps, now_us, with_ending
+from supervisor.turns.requests import InstructionSpec, TurnRequest, iso_now
+from supervisor.turns.tracker import ActiveTurn
+
+__all__ = ["HubAttemptLike", "HubLike", "run_instruction_turn"]
+
+
+class HubAttemptLike(Protocol):
+    """One attempt as the hub reports it (`supervisor.executors.hub.AttemptReport`)."""
+
+    @property
+    def outcome(self) -> AttemptOutcome: ...
+    @property
+    def executor_id(self) -> str | None: ...
+    @property
+    def response(self) -> ExecutorResponseEnvelope | None: ...
+    @property
+    def safety_reason_code(self) -> str: ...
+    @property
+    def duration_ms(self) -> int: ...
+    @property
+    def detail(self) -> str: ...
+
+
+class HubLike(Protocol):
+    """What the turn core needs from the executor hub."""
+
+    def admit(self, command_type: ExecutorCommandType) -> None:
+        """Raise `QueueFullError` when the command type's queue is full."""
+
+    async def run_attempt(self, envelope: ExecutorInstructionEnvelope) -> HubAttemptLike: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    envelope: Mapping[str, object]
+    report: HubAttemptLike
+
+
+def _result(sent: _Sent | None, fallback_detail: str | None) -> dict[str, object]:
+    if sent is None:
+        return {"detail": fallback_detail}
+    report = sent.report
+    result: dict[str, object] = {
+        "executor_id": report.executor_id,
+        "safety_reason_code": report.safety_reason_code,
+        "detail": report.detail,
+    }
+    response = report.response
+    if response is not None:
+        result.update(
+            response_type=response.response_type.value,
+            evidence_hash=response.evidence_hash,
+            error_message=response.error_message,
+            output=deep_thaw(response.output or {}),
+            partial=bool(response.partial),
+        )
+    result["last_instruction"] = dict(sent.envelope)
+    return result
+
+
+async def run_instruction_turn(
+    deps: TurnDeps,
+    hub: HubLike,
+    turn: TurnRecord,
+    active: ActiveTurn,
+    request: TurnRequest,
+    *,
+    interrupted: AttemptRecord | None,
+) -> TurnRecord | None:
+    """Run the turn's attempts to its ending (final or escalated); None when a drain stopped
+    it before an attempt (it stays accepted / waiting_retry for the restart)."""
+    spec = request.instruction
+    if spec is None:
+        msg = f"turn {turn.turn_id} is not an instruction turn"
+        raise ValueError(msg)
+    execution_id = f"EXE-{turn.turn_id}"
+    hooks = LoopHooks(deps, active, command_type=spec.command_type.value)
+
+    async def one_attempt(attempt: AttemptRecord) -> AttemptReport[_Sent]:
+        envelope = _envelope(spec, attempt, execution_id)
+        report = await hub.run_attempt(envelope)
+        active.executor_id = report.executor_id
+        detail = ": ".join(p for p in (report.safety_reason_code, report.detail) if p)
+        return AttemptReport(
+            outcome=report.outcome,
+            payload=_Sent(instruction_to_wire(envelope), report),
+            executor_id=report.executor_id,
+            detail=detail or None,
+            duration_ms=report.duration_ms,
+        )
+
+    try:
+        end = await run_attempts(
+            one_attempt,
+            phase=request.phase,
+            options=deps.settings.retry,
+            clock=now_us,
+            sleep=anyio.sleep,
+            hooks=hooks,
+            first_attempt=turn.attempt + 1,
+            interrupted=interrupted,
+            resume_at_us=turn.next_attempt_us if interrupted is None else None,
+            execution_id=execution_id,
+            instruction_id=lambda n: f"INS-{turn.turn_id}-{n}",
+            should_continue=lambda: not deps.draining,
+        )
+        if end is None:
+            return None
+        return await _end(deps, hooks, turn, active, end)
+    finally:
+        hooks.stop_counting()
+
+
+def _envelope(
+    spec: InstructionSpec, attempt: AttemptRecord, execution_id: str
+) -> ExecutorInstructionEnvelope:
+    return build_executor_instruction(
+        instruction_id=attempt.instruction_id or f"INS-{execution_id}-{attempt.attempt}",
+        execution_id=execution_id,
+        command_type=spec.command_type,
+        target_url=spec.target_url,
+        target_selector=spec.target_selector,
+        timestamp=iso_now(),
+        timeout_ms=spec.timeout_ms,
+        parameters=dict(spec.parameters),
+    )
+
+
+async def _end(
+    deps: TurnDeps, hooks: LoopHooks, turn: TurnRecord, active: ActiveTurn, end: LoopEnd[_Sent]
+) -> TurnRecord:
+    last = end.attempts[-1]
+    hooks.log_fault(last)
+    ending = TurnEnding(
+        state=end.state,
+        verdict=end.decision.verdict.name,
+        reason_code=end.decision.reason_code,
+        reason=end.decision.reason,
+        fault_type=None if end.outcome.fault_type is None else end.outcome.fault_type.value,
+        result=_result(end.report.payload if end.report else None, last.detail),
+    )
+    # Ledgers first, then the store: a crash in between re-runs the attempt after the restart;
+    # it never leaves a turn without its ledger entries.
+    await deps.sessions.record_end(with_ending(turn, ending, [last]))
+    finished = await deps.store.finish(hooks.claim, ending, [last])
+    active.claim = None
+    hooks.stop_counting()
+    deps.tracker.remember(finished)
+    active.move(finished.state)
+    log = get_logger("supervisor.turns")
+    if finished.final:
+        deps.tracker.finished(finished.state)
+        log.info(
+            "turn_finished",
+            state=finished.state.value,
+            attempts=last.attempt,
+            decision=ending.verdict,
+            reason_code=ending.reason_code,
+            duration_ms=(now_us() - turn.accepted_us) // 1000,
+        )
+    else:
+        log.info(
+            "turn_escalated",
+            attempt=last.attempt,
+            fault_type=last.fault_type,
+            reason_code=ending.reason_code,
+        )
+    return finished

@@ -1,0 +1,207 @@
+"""Process turns: the sandbox runtime runs them in the session's confined area.
+
+The runtime runs the turn's attempts through the one attempt loop itself (each attempt is a
+confined run; the loop retries with backoff) and writes both ledger entries in one sync. This
+module takes the session's lock (process turns of one session share its sandbox directories)
+and a process slot, moves the turn to ``running`` under its claim, and stores how it ended.
+
+After a restart, an attempt that was running is decided first as a CRASH (the loop's
+``interrupted``); if the policy retries it, the runtime gets the rest of the attempt budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import anyio
+
+from sandbox.policy.attempt_loop import AttemptReport, run_attempts
+from sandbox.policy.attempt_record import AttemptRecord
+from sandbox.policy.lifecycle import TurnState
+from supervisor.logging import get_logger
+from supervisor.store.protocol import TurnEnding, TurnRecord
+from supervisor.turns.context import LoopHooks, TurnDeps, now_us, with_ending
+from supervisor.turns.requests import TurnRequest
+from supervisor.turns.sessions import ProcessResultLike
+from supervisor.turns.tracker import ActiveTurn
+
+__all__ = ["run_process_turn"]
+
+
+async def _never(attempt: AttemptRecord) -> AttemptReport[None]:
+    msg = "the recovery pass runs no attempt"  # should_continue is False there
+    raise AssertionError(msg)
+
+
+def _text(value: object) -> str | None:
+    if value is None:
+        return None
+    name = getattr(value, "value", value)
+    return str(name)
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _records(result: ProcessResultLike, first: int, started_us: int) -> tuple[AttemptRecord, ...]:
+    """The runtime's attempts as the store's records, numbered within the turn's budget."""
+    out: list[AttemptRecord] = []
+    finished = now_us()
+    for i, attempt in enumerate(result.attempts):
+        data: Mapping[str, object] = attempt.to_dict()
+        extra = {
+            k: data[k]
+            for k in ("signal", "timed_out", "resource_exhausted", "security_violation", "launcher")
+            if k in data
+        }
+        out.append(
+            AttemptRecord(
+                attempt=first + i,
+                started_us=_int(data.get("started_us")) or started_us,
+                finished_us=finished,
+                outcome=_text(data.get("outcome")),
+                fault_type=_text(data.get("fault_type")),
+                exit_code=_int(data.get("exit_code")),
+                decision=_text(data.get("verdict")),
+                reason_code=_text(data.get("reason_code")),
+                reason=_text(data.get("reason")),
+                detail=_text(data.get("detail")),
+                duration_ms=_int(data.get("duration_ms")),
+                delay_ms=_int(data.get("delay_ms")),
+                extra=extra,
+            )
+        )
+    if not out:
+        out.append(
+            AttemptRecord(
+                attempt=first,
+                started_us=started_us,
+                finished_us=finished,
+                fault_type=_text(result.fault_type),
+                decision=_text(result.verdict),
+                reason_code=result.reason_code,
+                reason=result.reason,
+            )
+        )
+    return tuple(out)
+
+
+def _state(status: str) -> TurnState:
+    try:
+        return TurnState(status)
+    except ValueError:
+        return TurnState.TERMINATED
+
+
+async def run_process_turn(
+    deps: TurnDeps,
+    turn: TurnRecord,
+    active: ActiveTurn,
+    request: TurnRequest,
+    *,
+    interrupted: AttemptRecord | None,
+) -> TurnRecord | None:
+    """Run the turn to its ending; None when a drain stopped it before it started."""
+    process = request.process
+    if process is None:
+        msg = f"turn {turn.turn_id} is not a process turn"
+        raise ValueError(msg)
+    session = deps.sessions.get(turn.session_id)
+    if session is None:
+        msg = f"session {turn.session_id} is not loaded"
+        raise RuntimeError(msg)
+    options = deps.settings.retry
+    hooks = LoopHooks(deps, active, process=True)
+    used = 0
+    if interrupted is not None:
+        end = await run_attempts(
+            _never,
+            phase=request.phase,
+            options=options,
+            clock=now_us,
+            sleep=anyio.sleep,
+            hooks=hooks,
+            interrupted=interrupted,
+            execution_id=f"EXE-{turn.turn_id}",
+            instruction_id=lambda n: f"INS-{turn.turn_id}-{n}",
+            should_continue=lambda: False,
+        )
+        if end is not None:
+            last = end.attempts[-1]
+            hooks.log_fault(last)
+            ending = TurnEnding(
+                state=end.state,
+                verdict=end.decision.verdict.name,
+                reason_code=end.decision.reason_code,
+                reason=end.decision.reason,
+                fault_type=None if end.outcome.fault_type is None else end.outcome.fault_type.value,
+            )
+            # The runtime never saw this ending: the daemon writes the ledger entries.
+            await deps.sessions.record_end(with_ending(turn, ending, [last]))
+            return await _store_end(deps, turn, active, hooks, ending, (last,))
+        used = interrupted.attempt
+        options = dataclasses.replace(options, max_attempts=max(1, options.max_attempts - used))
+    else:
+        used = turn.attempt
+    async with deps.sessions.lock(turn.session_id), deps.process_limiter:
+        if deps.draining:
+            return None
+        first = used + 1
+        started_us = now_us()
+        try:
+            await hooks.attempt_started(AttemptRecord(attempt=first, started_us=started_us))
+            result = await session.run_process_turn(
+                list(process.argv),
+                declared_outputs=[
+                    {"path": d.path, "role": d.role or "output"} for d in request.declared_outputs
+                ],
+                declared_inputs=list(request.declared_inputs),
+                phase=request.phase,
+                timeout_ms=process.timeout_ms,
+                turn_number=turn.turn_number,
+                options=options,
+            )
+            records = _records(result, first, started_us)
+            ending = TurnEnding(
+                state=_state(str(result.status)),
+                verdict=_text(result.verdict),
+                reason_code=result.reason_code,
+                reason=result.reason,
+                fault_type=_text(result.fault_type),
+                result={str(k): v for k, v in result.to_dict().items()},
+            )
+            for record in records:
+                hooks.log_fault(record)
+            return await _store_end(deps, turn, active, hooks, ending, records)
+        finally:
+            hooks.stop_counting()
+
+
+async def _store_end(  # noqa: PLR0917 (private; every argument is needed once)
+    deps: TurnDeps,
+    turn: TurnRecord,
+    active: ActiveTurn,
+    hooks: LoopHooks,
+    ending: TurnEnding,
+    records: tuple[AttemptRecord, ...],
+) -> TurnRecord:
+    finished = await deps.store.finish(hooks.claim, ending, records)
+    active.claim = None
+    hooks.stop_counting()
+    deps.tracker.remember(finished)
+    active.move(finished.state)
+    log = get_logger("supervisor.turns")
+    if finished.final:
+        deps.tracker.finished(finished.state)
+        log.info(
+            "turn_finished",
+            state=finished.state.value,
+            attempts=len(records),
+            reason_code=finished.reason_code,
+            duration_ms=(now_us() - turn.accepted_us) // 1000,
+        )
+    else:
+        log.info("turn_escalated", reason_code=finished.reason_code)
+    return finished

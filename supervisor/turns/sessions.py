@@ -1,0 +1,223 @@
+"""The daemon's sessions: the sandbox sessions it has loaded, and the turn entries of their ledgers.
+
+Process turns write their own exec and evidence entries inside the sandbox runtime (one sync for
+both). Every other ending is the daemon's own: instruction turns, and the decisions the runtime
+never saw (a cancel, an operator's terminate, an interrupted attempt that ends the turn after a
+restart). `DaemonSessions.record_end` writes those, for either kind, from the store's record.
+
+The sandbox runtime is reached through the `RuntimeLike` / `SessionLike` protocols, so tests can
+run the turn core with a runtime of their own.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Protocol
+
+import anyio
+import anyio.to_thread
+
+from sandbox.policy.attempts import AgentPhase, RetryOptions
+from sandbox.policy.lifecycle import TurnState
+from supervisor.logging import get_logger
+from supervisor.store.protocol import SessionRecord, TurnRecord
+
+__all__ = ["DaemonSessions", "ProcessResultLike", "RuntimeLike", "SessionLike"]
+
+
+class ProcessAttemptLike(Protocol):
+    """One attempt as the sandbox runtime reports it."""
+
+    def to_dict(self) -> Mapping[str, object]: ...
+
+
+class ProcessResultLike(Protocol):
+    """What `SessionLike.run_process_turn` returns (`sandbox.runtime.TurnResult`)."""
+
+    @property
+    def status(self) -> str: ...
+    @property
+    def verdict(self) -> object: ...
+    @property
+    def reason_code(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def fault_type(self) -> object: ...
+    @property
+    def attempts(self) -> Sequence[ProcessAttemptLike]: ...
+
+    def to_dict(self) -> Mapping[str, object]: ...
+
+
+class SessionLike(Protocol):
+    """What the turn core needs from a sandbox session (`sandbox.runtime.Session`)."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    def check_turn_request(
+        self, argv: Sequence[str], declared_outputs: object, *, turn_number: int | None = None
+    ) -> None: ...
+
+    async def run_process_turn(
+        self,
+        argv: Sequence[str],
+        *,
+        declared_outputs: object,
+        declared_inputs: Sequence[str] = (),
+        phase: AgentPhase | None = None,
+        timeout_ms: int | None = None,
+        turn_number: int | None = None,
+        options: RetryOptions | None = None,
+    ) -> ProcessResultLike: ...
+
+    async def record_instruction_turn(
+        self,
+        *,
+        turn_number: int,
+        instruction: Mapping[str, object],
+        result: Mapping[str, object],
+        status: str,
+        external_calls: Iterable[object] = (),
+    ) -> object: ...
+
+    def close(self) -> None: ...
+
+
+class RuntimeLike(Protocol):
+    """What the turn core needs from the sandbox runtime (`sandbox.runtime.Runtime`)."""
+
+    def open_session(
+        self,
+        package_id: str,
+        *,
+        tier: str = "default",
+        work_order_id: str | None = None,
+        workspace: Path | None = None,
+    ) -> SessionLike: ...
+
+    def resume_session(
+        self,
+        session_id: str,
+        *,
+        tier: str = "default",
+        package_id: str | None = None,
+        workspace: Path | None = None,
+        work_order_id: str | None = None,
+    ) -> SessionLike: ...
+
+
+class DaemonSessions:
+    """Sandbox sessions loaded in this daemon, by id, and their process-turn locks."""
+
+    def __init__(self, runtime: RuntimeLike) -> None:
+        self._runtime = runtime
+        self._sessions: dict[str, SessionLike] = {}
+        self._locks: dict[str, anyio.Lock] = {}
+        self._log = get_logger("supervisor.turns.sessions")
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def get(self, session_id: str) -> SessionLike | None:
+        return self._sessions.get(session_id)
+
+    def lock(self, session_id: str) -> anyio.Lock:
+        """Process turns of one session run one at a time (they share its sandbox dirs)."""
+        return self._locks.setdefault(session_id, anyio.Lock())
+
+    async def open(
+        self,
+        *,
+        package_id: str,
+        tier: str,
+        work_order_id: str | None,
+        workspace: str | None,
+    ) -> SessionLike:
+        """Create a sandbox session (dirs, ledgers); not yet registered (see `add`)."""
+        return await anyio.to_thread.run_sync(
+            functools.partial(
+                self._runtime.open_session,
+                package_id,
+                tier=tier,
+                work_order_id=work_order_id,
+                workspace=Path(workspace) if workspace else None,
+            )
+        )
+
+    def add(self, session: SessionLike) -> None:
+        self._sessions[session.session_id] = session
+
+    async def resume(self, record: SessionRecord) -> bool:
+        """Load a session the store says is open (after a restart); False if it cannot be."""
+        try:
+            session = await anyio.to_thread.run_sync(
+                functools.partial(
+                    self._runtime.resume_session,
+                    record.session_id,
+                    tier=record.tier,
+                    package_id=record.package_id,
+                    workspace=Path(record.workspace) if record.workspace else None,
+                    work_order_id=record.work_order_id,
+                )
+            )
+        except Exception as exc:  # one broken session must not stop the daemon
+            self._log.error("session_resume_failed", session_id=record.session_id, error=str(exc))
+            return False
+        self._sessions[record.session_id] = session
+        return True
+
+    async def close(self, session_id: str) -> None:
+        session = self._sessions.pop(session_id, None)
+        self._locks.pop(session_id, None)
+        if session is not None:
+            await anyio.to_thread.run_sync(session.close)
+
+    def close_all(self) -> None:
+        for session in list(self._sessions.values()):
+            session.close()
+        self._sessions.clear()
+        self._locks.clear()
+
+    async def record_end(self, turn: TurnRecord) -> None:
+        """Write the turn's exec and evidence entries for an ending the daemon decided.
+
+        Called before the store records the ending: a crash in between runs or parks the turn
+        again after the restart; a turn never ends without its entries.
+        """
+        session = self._sessions.get(turn.session_id)
+        if session is None:
+            self._log.error(
+                "ledger_write_skipped", turn_id=turn.turn_id, reason="session not loaded"
+            )
+            return
+        calls = [
+            {
+                "executor_id": a.executor_id,
+                "instruction_id": a.instruction_id,
+                "attempt": a.attempt,
+                "outcome": a.outcome,
+                "fault_type": a.fault_type,
+                "decision": a.decision,
+                "reason_code": a.reason_code,
+                "duration_ms": a.duration_ms,
+            }
+            for a in turn.attempts
+        ]
+        result = dict(turn.result) if turn.result is not None else {}
+        result.update(
+            state=turn.state.value,
+            verdict=turn.verdict,
+            reason_code=turn.reason_code,
+            fault_type=turn.fault_type,
+        )
+        await session.record_instruction_turn(
+            turn_number=turn.turn_number,
+            instruction=dict(turn.spec),
+            result=result,
+            status=turn.state.value if turn.state is not TurnState.ACCEPTED else "accepted",
+            external_calls=calls,
+        )

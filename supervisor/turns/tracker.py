@@ -1,0 +1,227 @@
+"""What this daemon knows, in memory, about the turns it is running: the live view.
+
+The store holds the truth; the tracker holds what only a running daemon has: each active turn's
+claim, its cancel scope, who waits for it, and counters for `hunter status`. It never touches
+the store. Waiters are woken through events created only when someone waits (most turns have
+one waiter or none: an event per state change per turn showed up in profiles).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+import anyio
+
+from sandbox.policy.lifecycle import TurnKind, TurnState
+from supervisor.store.protocol import Claim, TurnRecord
+
+__all__ = ["ActiveTurn", "Tracker", "TrackerStatistics"]
+
+#: Finished turns kept in memory so that waits and gets right after the end skip the store.
+_RECENT = 4096
+
+
+@dataclass(slots=True, eq=False)
+class ActiveTurn:
+    """One turn this daemon is running (or has parked and still watches)."""
+
+    turn_id: int
+    session_id: str
+    turn_number: int
+    kind: TurnKind
+    state: TurnState
+    claim: Claim | None
+    attempt: int = 0
+    executor_id: str | None = None
+    scope: anyio.CancelScope | None = None
+    cancel_requested: bool = False
+    #: true once the turn is final or parked: `wait` returns
+    settled: bool = False
+    done: bool = False
+    _changed: anyio.Event | None = None
+    _settled: anyio.Event | None = None
+    _finished: anyio.Event | None = None
+    _resolving: bool = field(default=False)
+
+    def move(self, state: TurnState) -> None:
+        self.state = state
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
+
+    def settle(self) -> None:
+        self.settled = True
+        settled, self._settled = self._settled, None
+        if settled is not None:
+            settled.set()
+
+    def finish(self) -> None:
+        self.done = True
+        self.settle()
+        if self._finished is not None:
+            self._finished.set()
+        self.move(self.state)
+
+    async def wait_changed(self) -> None:
+        if self._changed is None:
+            self._changed = anyio.Event()
+        await self._changed.wait()
+
+    async def wait_settled(self) -> None:
+        if self.settled:
+            return
+        if self._settled is None:
+            self._settled = anyio.Event()
+        await self._settled.wait()
+
+    async def wait_finished(self) -> None:
+        if self.done:
+            return
+        if self._finished is None:
+            self._finished = anyio.Event()
+        await self._finished.wait()
+
+
+@dataclass(frozen=True, slots=True)
+class TrackerStatistics:
+    turns_active: int
+    attempts_running: int
+    turns_waiting_retry: int
+    turns_escalated: int
+    process_turns_running: int
+    accepted_total: int
+    finished_total: int
+    finished_by_state: Mapping[str, int]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "turns_active": self.turns_active,
+            "attempts_running": self.attempts_running,
+            "turns_waiting_retry": self.turns_waiting_retry,
+            "turns_escalated": self.turns_escalated,
+            "process_turns_running": self.process_turns_running,
+            "accepted_total": self.accepted_total,
+            "finished_total": self.finished_total,
+            "finished_by_state": dict(self.finished_by_state),
+        }
+
+
+class Tracker:
+    """The active turns of this daemon, the recently finished ones, and the counters."""
+
+    def __init__(self) -> None:
+        self._active: dict[int, ActiveTurn] = {}
+        self._recent: collections.OrderedDict[int, TurnRecord] = collections.OrderedDict()
+        self._attempts_running = 0
+        self._process_running = 0
+        self._idle = anyio.Event()
+        self._idle.set()
+        self._accepted_total = 0
+        self._finished_total = 0
+        self._finished_by_state: collections.Counter[str] = collections.Counter()
+
+    # -- active turns
+    def add(self, turn: TurnRecord, claim: Claim | None) -> ActiveTurn:
+        active = ActiveTurn(
+            turn_id=turn.turn_id,
+            session_id=turn.session_id,
+            turn_number=turn.turn_number,
+            kind=turn.kind,
+            state=turn.state,
+            claim=claim,
+            attempt=turn.attempt,
+        )
+        self._active[turn.turn_id] = active
+        return active
+
+    def get(self, turn_id: int) -> ActiveTurn | None:
+        return self._active.get(turn_id)
+
+    def remove(self, active: ActiveTurn) -> None:
+        if self._active.get(active.turn_id) is active:
+            del self._active[active.turn_id]
+        active.finish()
+
+    def __iter__(self) -> Iterator[ActiveTurn]:
+        return iter(list(self._active.values()))
+
+    def __len__(self) -> int:
+        return len(self._active)
+
+    def in_session(self, session_id: str) -> list[int]:
+        return [a.turn_id for a in self._active.values() if a.session_id == session_id]
+
+    def claims(self) -> list[Claim]:
+        return [a.claim for a in self._active.values() if a.claim is not None]
+
+    # -- recently finished
+    def remember(self, turn: TurnRecord) -> None:
+        if not turn.final:
+            return
+        self._recent[turn.turn_id] = turn
+        self._recent.move_to_end(turn.turn_id)
+        while len(self._recent) > _RECENT:
+            self._recent.popitem(last=False)
+
+    def recent(self, turn_id: int) -> TurnRecord | None:
+        if turn_id in self._active:
+            return None
+        return self._recent.get(turn_id)
+
+    # -- counters
+    def accepted(self) -> None:
+        self._accepted_total += 1
+
+    def finished(self, state: TurnState) -> None:
+        self._finished_total += 1
+        self._finished_by_state[state.value] += 1
+
+    def attempt_started(self, *, process: bool = False) -> None:
+        self._attempts_running += 1
+        if process:
+            self._process_running += 1
+        if self._idle.is_set():
+            self._idle = anyio.Event()
+
+    def attempt_ended(self, *, process: bool = False) -> None:
+        self._attempts_running -= 1
+        if process:
+            self._process_running -= 1
+        if self._attempts_running == 0:
+            self._idle.set()
+
+    @property
+    def attempts_running(self) -> int:
+        return self._attempts_running
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+    def statistics(self) -> TrackerStatistics:
+        active = list(self._active.values())
+        return TrackerStatistics(
+            turns_active=len(active),
+            attempts_running=self._attempts_running,
+            turns_waiting_retry=sum(1 for a in active if a.state is TurnState.WAITING_RETRY),
+            turns_escalated=sum(1 for a in active if a.state is TurnState.ESCALATED),
+            process_turns_running=self._process_running,
+            accepted_total=self._accepted_total,
+            finished_total=self._finished_total,
+            finished_by_state=dict(self._finished_by_state),
+        )
+
+    def in_flight(self) -> list[dict[str, object]]:
+        return [
+            {
+                "turn_id": a.turn_id,
+                "session_id": a.session_id,
+                "turn_number": a.turn_number,
+                "kind": a.kind.value,
+                "state": a.state.value,
+                "attempt": a.attempt,
+                "executor_id": a.executor_id,
+            }
+            for a in sorted(self._active.values(), key=lambda a: a.turn_id)
+        ]
