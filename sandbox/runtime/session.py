@@ -63,6 +63,8 @@ from sandbox.policy.attempts import (
     Verdict,
     decide_attempt,
 )
+from sandbox.policy.declarations import DeclarationProblem, DeclaredOutput
+from sandbox.policy.declarations import parse_declared_outputs as _parse_declared_outputs
 from sandbox.policy.faults import ExecutionFaultType
 from sandbox.policy.retry_protocol import EntropyDetector, ToolCall
 from sandbox.promote import PromotedOutput, PromotionError, promote_outputs
@@ -175,18 +177,6 @@ class RuntimeConfig:
         first, last = self.uid_range
         if not 0 < first <= last:
             raise ValueError(f"uid_range must be 0 < first <= last, got {self.uid_range}")
-
-
-@dataclass(frozen=True, slots=True)
-class DeclaredOutput:
-    """A file the turn promises to write: path relative to ``output/<sid>``, and its role."""
-
-    path: str
-    role: str
-
-    def to_dict(self) -> dict[str, str]:
-        """As recorded in the ledgers."""
-        return {"path": self.path, "role": self.role}
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,43 +312,12 @@ def _ms_since(start_ns: int) -> int:
 
 
 def parse_declared_outputs(declared: object) -> tuple[DeclaredOutput, ...]:
-    """Validate the shape of ``declared_outputs`` (FR-RT-013); raise ``DeclarationError``.
-
-    Each entry is a mapping with ``path`` and ``role`` (or a ``DeclaredOutput``). A path is
-    relative, normalised (no ``.``/``..``/empty segments, no trailing ``/``), unique.
-    """
-    if declared is None:
-        raise DeclarationError(field="declared_outputs", problem="required (may be empty)")
-    if isinstance(declared, (str, bytes)) or not isinstance(declared, Iterable):
-        raise DeclarationError(field="declared_outputs", problem="expected a list of entries")
-    out: list[DeclaredOutput] = []
-    seen: set[str] = set()
-    for i, entry in enumerate(declared):
-        where = f"declared_outputs[{i}]"
-        path: object
-        role: object
-        if isinstance(entry, DeclaredOutput):
-            path, role = entry.path, entry.role
-        elif isinstance(entry, Mapping):
-            path, role = entry.get("path"), entry.get("role")
-        else:
-            raise DeclarationError(field=where, problem="expected an object with path and role")
-        if not isinstance(path, str) or not path:
-            raise DeclarationError(field=f"{where}.path", problem="required non-empty string")
-        if not isinstance(role, str) or not role:
-            raise DeclarationError(field=f"{where}.role", problem="required non-empty string")
-        if "\0" in path or path.startswith("/"):
-            raise DeclarationError(field=f"{where}.path", problem="must be a relative path")
-        parts = path.split("/")
-        if any(p in ("", ".", "..") for p in parts):
-            raise DeclarationError(
-                field=f"{where}.path", problem="must be normalised (no '', '.' or '..' segments)"
-            )
-        if path in seen:
-            raise DeclarationError(field=f"{where}.path", problem=f"{path!r} declared twice")
-        seen.add(path)
-        out.append(DeclaredOutput(path, role))
-    return tuple(out)
+    """Validate ``declared_outputs`` (FR-RT-013) with the one parser of
+    ``sandbox.policy.declarations``; raise ``DeclarationError`` naming the field."""
+    try:
+        return _parse_declared_outputs(declared)
+    except DeclarationProblem as exc:
+        raise DeclarationError(field=exc.field, problem=exc.problem) from None
 
 
 def _searchable_by_others(path: Path) -> Path | None:
