@@ -53,9 +53,6 @@ __all__ = [
     "TurnStore",
 ]
 
-_EMPTY: Mapping[str, object] = MappingProxyType({})
-
-
 class SessionState(enum.StrEnum):
     OPEN = "open"
     CLOSED = "closed"
@@ -211,7 +208,7 @@ class TurnEnding:
     reason_code: str | None = None
     reason: str | None = None
     fault_type: str | None = None
-    result: Mapping[str, object] = field(default=_EMPTY)
+    result: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
