@@ -4,8 +4,8 @@
 ``output/<sid>``), and runs process turns: capability checks before the run, a confined
 launch (unprivileged uid, fresh environment, Landlock, empty network namespace, cgroup
 limits, rlimits), a deadline with whole-tree kill, enumeration of realized writes, the
-write-surface comparison, promotion into the workspace, attempts decided by
-``sandbox.policy.attempts.decide_attempt``, and both ledger entries for every turn.
+write-surface comparison, promotion into the workspace, attempts run by THE attempt loop
+(``sandbox.policy.attempt_loop.run_attempts``), and both ledger entries for every turn.
 docs/sandbox.md describes the threat model and what each mechanism does and does not stop.
 """
 
@@ -54,6 +54,8 @@ from sandbox.errors import (
     SpawnError,
 )
 from sandbox.packages import Package, load_package
+from sandbox.policy.attempt_loop import AttemptReport, run_attempts
+from sandbox.policy.attempt_record import AttemptRecord as LoopRecord
 from sandbox.policy.attempts import (
     AgentPhase,
     AttemptDecision,
@@ -61,7 +63,6 @@ from sandbox.policy.attempts import (
     OutcomeKind,
     RetryOptions,
     Verdict,
-    decide_attempt,
 )
 from sandbox.policy.declarations import DeclarationProblem, DeclaredOutput
 from sandbox.policy.declarations import parse_declared_outputs as _parse_declared_outputs
@@ -301,6 +302,54 @@ class _TurnProgress:
     violations: list[CapabilityViolation] = field(default_factory=list)
     recorded: list[dict[str, object]] = field(default_factory=list)
     promoted: list[PromotedOutput] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class _ConfinedRun:
+    """What one confined run produced besides its outcome (the loop's report payload)."""
+
+    record: AttemptRecord
+    outcome: AttemptOutcome
+    surface: WriteSurface
+
+
+class _ProcessHooks:
+    """THE attempt loop's hooks for a process turn: a retried attempt is recorded on the turn's
+    progress (so a turn cut short during its backoff still records it) and logged."""
+
+    __slots__ = ("_finished", "_session_id", "_turn", "last")
+
+    def __init__(
+        self,
+        session_id: str,
+        turn: int,
+        finished: Callable[[_ConfinedRun, AttemptDecision], None],
+    ) -> None:
+        self._session_id = session_id
+        self._turn = turn
+        self._finished = finished
+        self.last: _ConfinedRun | None = None
+
+    async def attempt_started(self, attempt: LoopRecord) -> None:
+        del attempt
+
+    async def retry_scheduled(
+        self, attempt: LoopRecord, decision: AttemptDecision, next_attempt_us: int
+    ) -> None:
+        del next_attempt_us
+        assert self.last is not None
+        self._finished(self.last, decision)
+        _log.info(
+            "retry_scheduled",
+            session_id=self._session_id,
+            turn_number=self._turn,
+            attempt=attempt.attempt,
+            delay_ms=decision.delay_ms,
+        )
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
 
 
 def _digest(data: object) -> str:
@@ -1129,79 +1178,81 @@ class Session:
         attempts = progress.attempts
         violations = progress.violations
         recorded = progress.recorded
-        attempt_no = 0
-        decision: AttemptDecision
-        last_outcome: AttemptOutcome
-        while True:
-            attempt_no += 1
+
+        async def one_attempt(attempt: LoopRecord) -> AttemptReport[_ConfinedRun]:
+            """The runner of THE attempt loop: one confined run of the command."""
             record, outcome, surface, attempt_violations = await self._attempt(
                 exe=exe,
                 argv=argv,
                 declared=declared,
                 turn=turn,
-                attempt_no=attempt_no,
+                attempt_no=attempt.attempt,
                 timeout_s=timeout_s,
-            )
-            decision = decide_attempt(
-                outcome,
-                phase=phase,
-                attempt_number=attempt_no,
-                options=options,
-                execution_id=self.session_id,
-                instruction_id=f"{self.session_id}#{turn}",
             )
             for v in attempt_violations:
                 recorded.extend(await self._record_violation(turn, v))
                 violations.append(v)
-            record = _with_decision(record, outcome, decision)
+            hooks.last = _ConfinedRun(record, outcome, surface)
+            return AttemptReport(
+                outcome=outcome, payload=hooks.last, duration_ms=record.duration_ms
+            )
+
+        def finished(run: _ConfinedRun, decision: AttemptDecision) -> None:
+            record = _with_decision(run.record, run.outcome, decision)
             attempts.append(record)
-            last_outcome = outcome
             _log.info(
                 "attempt_finished",
                 session_id=self.session_id,
                 turn_number=turn,
-                attempt=attempt_no,
+                attempt=record.attempt_number,
                 exit_code=record.exit_code,
                 verdict=record.verdict,
                 reason_code=record.reason_code,
                 duration_ms=record.duration_ms,
             )
-            if decision.verdict is Verdict.SUCCEED:
-                realized = surface.in_area("output")
-                # Each promoted file goes onto `progress` as it lands (in the worker thread):
-                # neither a later file failing nor a cancellation meanwhile loses the record
-                # of what already reached the workspace.
-                promote = functools.partial(promote_outputs, done=progress.promoted)
-                try:
-                    await anyio.to_thread.run_sync(
-                        promote,
-                        self.output_dir,
-                        [realized[d.path] for d in declared],
-                        self.workspace,
-                    )
-                except (PromotionError, OSError) as exc:
-                    v = self._violation(
-                        turn, "promote", str(self.workspace), "declared_outputs", str(exc)
-                    )
-                    recorded.extend(await self._record_violation(turn, v))
-                    violations.append(v)
-                    decision = AttemptDecision(
-                        Verdict.TERMINATE,
-                        PROMOTION_FAILED,
-                        str(exc),
-                        fault_type=ExecutionFaultType.SECURITY_VIOLATION,
-                    )
-                break
-            if decision.verdict is not Verdict.RETRY:
-                break
-            _log.info(
-                "retry_scheduled",
-                session_id=self.session_id,
-                turn_number=turn,
-                attempt=attempt_no,
-                delay_ms=decision.delay_ms,
-            )
-            await delay(decision.delay_ms / 1000)
+
+        hooks = _ProcessHooks(self.session_id, turn, finished)
+        end = await run_attempts(
+            one_attempt,
+            phase=phase,
+            options=options,
+            clock=_now_us,
+            sleep=delay,
+            hooks=hooks,
+            execution_id=self.session_id,
+            instruction_id=lambda _n: f"{self.session_id}#{turn}",
+        )
+        # No drain and no interrupted attempt here: the loop always ends with a report.
+        assert end is not None
+        assert end.report is not None
+        decision = end.decision
+        last_outcome = end.outcome
+        finished(end.report.payload, decision)
+        if decision.verdict is Verdict.SUCCEED:
+            realized = end.report.payload.surface.in_area("output")
+            # Each promoted file goes onto `progress` as it lands (in the worker thread):
+            # neither a later file failing nor a cancellation meanwhile loses the record
+            # of what already reached the workspace.
+            promote = functools.partial(promote_outputs, done=progress.promoted)
+            try:
+                await anyio.to_thread.run_sync(
+                    promote,
+                    self.output_dir,
+                    [realized[d.path] for d in declared],
+                    self.workspace,
+                )
+            except (PromotionError, OSError) as exc:
+                v = self._violation(
+                    turn, "promote", str(self.workspace), "declared_outputs", str(exc)
+                )
+                recorded.extend(await self._record_violation(turn, v))
+                violations.append(v)
+                decision = AttemptDecision(
+                    Verdict.TERMINATE,
+                    PROMOTION_FAILED,
+                    str(exc),
+                    fault_type=ExecutionFaultType.SECURITY_VIOLATION,
+                )
         if decision.record_entropy and entropy_detector is not None and phase is not None:
             entropy_detector.record(
                 ToolCall(
