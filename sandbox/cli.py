@@ -69,7 +69,7 @@ def _cmd_turn_run(args: argparse.Namespace) -> int:
 
     from sandbox.errors import ManifestError, PackageNotFoundError, SandboxError
     from sandbox.policy.attempts import AgentPhase, RetryOptions
-    from sandbox.runtime.session import Runtime, RuntimeConfig
+    from sandbox.runtime.runtime import Runtime, RuntimeConfig
 
     command = list(args.command)
     if command and command[0] == "--":

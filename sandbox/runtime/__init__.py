@@ -1,22 +1,27 @@
 # The sandbox runtime: sessions of an agent package, and the confined process turns run in them.
 # May import `sandbox.policy`, `sandbox.confine`, the sandbox edge modules and `ledger`.
+# runtime.py (Runtime: probe, uid pool, open/resume) -> session.py (Session) -> area.py (dirs,
+# uid, ruleset, cgroup), process_turn.py (checks, the attempt loop, promotion, ledger entries)
+# -> attempt.py (one confined run).
 """The sandbox runtime (sessions, confined process turns, realized writes, promotion)."""
 
-from sandbox.runtime.session import DEFAULT_LOADER_PATHS as DEFAULT_LOADER_PATHS
-from sandbox.runtime.session import DEFAULT_SYSTEM_READ_PATHS as DEFAULT_SYSTEM_READ_PATHS
-from sandbox.runtime.session import AttemptRecord as AttemptRecord
-from sandbox.runtime.session import DeclaredOutput as DeclaredOutput
-from sandbox.runtime.session import Runtime as Runtime
-from sandbox.runtime.session import RuntimeConfig as RuntimeConfig
+from sandbox.policy.declarations import DeclaredOutput as DeclaredOutput
+from sandbox.runtime.attempt import AttemptRecord as AttemptRecord
+from sandbox.runtime.attempt import ProcessAttempt as ProcessAttempt
+from sandbox.runtime.process_turn import TurnResult as TurnResult
+from sandbox.runtime.process_turn import TurnStatus as TurnStatus
+from sandbox.runtime.runtime import DEFAULT_LOADER_PATHS as DEFAULT_LOADER_PATHS
+from sandbox.runtime.runtime import DEFAULT_SYSTEM_READ_PATHS as DEFAULT_SYSTEM_READ_PATHS
+from sandbox.runtime.runtime import Runtime as Runtime
+from sandbox.runtime.runtime import RuntimeConfig as RuntimeConfig
 from sandbox.runtime.session import Session as Session
-from sandbox.runtime.session import TurnResult as TurnResult
-from sandbox.runtime.session import TurnStatus as TurnStatus
 
 __all__ = [
     "DEFAULT_LOADER_PATHS",
     "DEFAULT_SYSTEM_READ_PATHS",
     "AttemptRecord",
     "DeclaredOutput",
+    "ProcessAttempt",
     "Runtime",
     "RuntimeConfig",
     "Session",

@@ -20,6 +20,7 @@ from sandbox.confine.cgroups import CgroupLayout
 from sandbox.errors import CapabilityViolation, DeclarationError, SandboxUnavailableError
 from sandbox.policy.attempts import AgentPhase, RetryOptions
 from sandbox.policy.retry_protocol import CountingEntropyDetector
+from sandbox.runtime.area import SessionArea
 from sandbox.runtime.session import Runtime, RuntimeConfig, Session, TurnResult
 from sandbox.session_ids import new_session_id
 
@@ -808,7 +809,7 @@ async def test_background_process_dies_with_the_turn_without_cgroups(
     root: Path, install: Installer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Best-effort without cgroups: what the command leaves running is killed at its exit."""
-    monkeypatch.setattr("sandbox.runtime.session.detect_layout", CgroupLayout)
+    monkeypatch.setattr("sandbox.runtime.runtime.detect_layout", CgroupLayout)
     install("pkg")
     with (
         Runtime(root, config=RuntimeConfig(enforcement="best-effort")) as runtime,
@@ -894,7 +895,7 @@ async def test_cancelled_turn_is_recorded_and_its_tree_killed(session: Session) 
     assert_recorded(session, 1, "terminated")
     exec_turn = turn_entries(session.ledgers.session_dir, 1)["exec"][0]
     assert exec_turn["reason_code"] == "TURN_CANCELLED"
-    cgroup = session._cgroup
+    cgroup = session.area.cgroup
     assert cgroup is not None
     assert cgroup.members() == []
 
@@ -930,11 +931,11 @@ def test_failed_session_setup_releases_uid_and_ledgers(
     """A session whose sandbox dirs cannot be prepared returns its uid and closes its ledgers."""
     install("pkg")
 
-    def broken(self: Session) -> None:
+    def broken(self: SessionArea) -> None:
         raise OSError(28, "No space left on device")
 
     sid = new_session_id()
-    monkeypatch.setattr(Session, "_prepare_dirs", broken)
+    monkeypatch.setattr(SessionArea, "prepare", broken)
     with pytest.raises(OSError, match=r"^\[Errno 28\] No space left on device$"):
         runtime.open_session("pkg", session_id=sid)
     assert runtime._uids_in_use == set()

@@ -1,0 +1,353 @@
+"""A session's confined area: its directories, its uid, its Landlock ruleset and its cgroup.
+
+``tmp/<sid>`` and ``output/<sid>`` are owned by the session's unprivileged uid (mode 0700) and
+emptied before every attempt; the Landlock ruleset (writes only there, reads only under the
+read roots, ``forbidden`` carved out) and the empty network namespace are built once and reused
+while the directories keep their inodes; the cgroup leaf is created on first use. ``env`` and
+``rlimits`` are what every confined run of the session gets.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import stat
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from sandbox.capabilities import CompiledCapabilities, compile_capabilities, has_glob
+from sandbox.confine import landlock
+from sandbox.confine.cgroups import TurnCgroup
+from sandbox.confine.spawn import close_quietly, new_network_namespace
+from sandbox.errors import SandboxUnavailableError
+from sandbox.packages import Package
+
+if TYPE_CHECKING:
+    from sandbox.runtime.runtime import Runtime
+
+__all__ = ["SessionArea", "all_empty", "empty_directory", "session_capabilities"]
+
+_DEV_NULL_ACCESS: Final = int(
+    landlock.FsAccess.READ_FILE | landlock.FsAccess.WRITE_FILE | landlock.FsAccess.TRUNCATE
+)
+_MAX_CARVE_RULES: Final = 4096
+
+
+def _forbidden_may_match_beneath(caps: CompiledCapabilities, root: str) -> bool:
+    for pat in caps.forbidden:
+        prefix = pat.prefix
+        if prefix == root or prefix.startswith(root.rstrip("/") + "/"):
+            return True
+        if has_glob(pat.absolute) and (prefix == "/" or root.startswith(prefix + "/")):
+            return True
+    return False
+
+
+def _carve(roots: Iterable[str], caps: CompiledCapabilities, access: int) -> list[tuple[str, int]]:
+    """Landlock rules granting *access* under *roots* except where ``forbidden`` matches.
+
+    Landlock cannot deny inside an allowed tree, so a root that contains forbidden paths is
+    replaced by rules for its children, recursively, skipping forbidden entries and symlinks.
+    Raises ``SandboxUnavailableError`` when that would take more than 4096 rules.
+    """
+    rules: list[tuple[str, int]] = []
+
+    def visit(path: str) -> None:
+        if caps.forbidden_match(path) is not None:
+            return
+        if not _forbidden_may_match_beneath(caps, path) or not os.path.isdir(path):
+            rules.append((path, access))
+        else:
+            with os.scandir(path) as entries:
+                children = [e.path for e in entries if not e.is_symlink()]
+            for child in sorted(children):
+                visit(child)
+        if len(rules) > _MAX_CARVE_RULES:
+            raise SandboxUnavailableError(
+                mechanisms={"landlock": f"forbidden patterns inside {path} need too many rules"}
+            )
+
+    for root in dict.fromkeys(roots):
+        if os.path.lexists(root):
+            visit(os.path.realpath(root))
+    return rules
+
+
+def session_capabilities(
+    runtime: Runtime, package: Package, workspace: Path
+) -> CompiledCapabilities:
+    """The package's capabilities, with the runtime's own trees and sockets forbidden."""
+    cfg = runtime.config
+    root = runtime.root
+    implicit_forbidden = [
+        f"{root}/{sub}/**" for sub in ("planes", "state", "installed", "run", "tmp", "output")
+    ]
+    implicit_forbidden += [str(p) for p in runtime.forbidden_sockets]
+    implicit_forbidden += list(cfg.denied_paths)
+    caps = package.capabilities
+    return compile_capabilities(
+        read=caps.read,
+        write=caps.write,
+        execute=caps.execute,
+        forbidden=(*caps.forbidden, *implicit_forbidden),
+        workspace=workspace,
+        search_path=cfg.turn_path,
+    )
+
+
+class SessionArea:
+    """The directories, uid, Landlock ruleset, network namespace and cgroup of one session.
+
+    Nothing is acquired by the constructor; `open` takes a uid from the runtime's pool and
+    prepares the directories, `close` gives back everything (idempotent).
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        session_id: str,
+        package: Package,
+        capabilities: CompiledCapabilities,
+    ) -> None:
+        self.runtime = runtime
+        self.session_id = session_id
+        self.package = package
+        self.capabilities = capabilities
+        self.tmp_dir = runtime.root / "tmp" / session_id
+        self.output_dir = runtime.root / "output" / session_id
+        self.uid = self.gid = -1
+        self.netns_fd = -1
+        self.ruleset_fd = -1
+        self.cgroup: TurnCgroup | None = None
+        self._ruleset_notes: dict[str, str] = {}
+        self._area_inodes: dict[str, tuple[int, int]] = {}
+        self._closed = False
+
+    def open(self) -> None:
+        """Take the session's uid and prepare its directories (``close`` undoes both)."""
+        self.uid, self.gid = self.runtime.allocate_uid(self.session_id)
+        self.prepare()
+
+    def close(self) -> None:
+        """Release the fds, the cgroup and the uid (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        close_quietly([fd for fd in (self.netns_fd, self.ruleset_fd) if fd >= 0])
+        self.netns_fd = self.ruleset_fd = -1
+        self.drop_cgroup()
+        if self.uid > 0:
+            self.runtime.release_uid(self.uid)
+
+    def _make_area(self, path: Path) -> None:
+        path.mkdir(mode=0o700)
+        if self.uid >= 0:
+            os.chown(path, self.uid, self.gid)
+        os.chmod(path, 0o700)
+
+    def prepare(self) -> None:
+        """Empty ``tmp/<sid>`` and ``output/<sid>`` (every attempt starts clean).
+
+        The directories themselves are kept (Landlock rules are bound to their inodes);
+        their contents are removed without following symlinks, and owner and mode reset.
+        A directory that is missing or was replaced is recreated and the session's Landlock
+        ruleset is rebuilt for the new inode.
+        """
+        for area in (self.tmp_dir, self.output_dir):
+            st = os.lstat(area) if os.path.lexists(area) else None
+            if st is not None and not stat.S_ISDIR(st.st_mode):
+                area.unlink()
+                st = None
+            if st is None:
+                self._make_area(area)
+                self._invalidate_ruleset()
+                continue
+            empty_directory(area)
+            if self.uid >= 0 and (st.st_uid, st.st_gid) != (self.uid, self.gid):
+                os.chown(area, self.uid, self.gid)
+            if stat.S_IMODE(st.st_mode) != 0o700:
+                os.chmod(area, 0o700)
+            if (st.st_ino, st.st_dev) != self._area_inodes.get(str(area), (st.st_ino, st.st_dev)):
+                self._invalidate_ruleset()
+            self._area_inodes[str(area)] = (st.st_ino, st.st_dev)
+
+    def turn_cgroup(self) -> TurnCgroup:
+        """The session's cgroup leaf, created on first use and reused by its attempts.
+
+        Only one attempt of a session runs at a time and each ends with the leaf empty, so
+        reuse is safe; limit counters are read as deltas around each attempt.
+        """
+        if self.cgroup is None:
+            limits = self.package.manifest.limits
+            cfg = self.runtime.config
+            self.cgroup = TurnCgroup.create(
+                self.runtime.layout,
+                f"{self.session_id}-{os.urandom(3).hex()}",
+                memory_bytes=(limits.memory_mb or cfg.memory_mb) << 20,
+                pids=limits.pids or cfg.pids,
+            )
+        return self.cgroup
+
+    def drop_cgroup(self) -> None:
+        """Stop using the session's cgroup (kill what is left, remove it if empty)."""
+        cg, self.cgroup = self.cgroup, None
+        if cg is not None:
+            cg.kill_all()
+            cg.remove()
+
+    def _invalidate_ruleset(self) -> None:
+        if self.ruleset_fd >= 0:
+            os.close(self.ruleset_fd)
+            self.ruleset_fd = -1
+        self._area_inodes.clear()
+
+    @property
+    def network_granted(self) -> bool:
+        """Whether the manifest grants network access."""
+        return self.package.capabilities.network
+
+    def landlock_rules(self) -> landlock.LandlockRules:
+        cfg = self.runtime.config
+        caps = self.capabilities
+        merged: dict[str, int] = {}
+
+        def add(rules: Iterable[tuple[str, int]]) -> None:
+            for path, access in rules:
+                merged[path] = merged.get(path, 0) | access
+
+        read_roots = [p for p in cfg.system_read_paths if not p.startswith("/dev/")]
+        add(_carve(read_roots, caps, int(landlock.ACCESS_READ)))
+        add(_carve(caps.prefixes("read"), caps, int(landlock.ACCESS_READ)))
+        add(_carve(caps.prefixes("execute"), caps, int(landlock.ACCESS_EXEC)))
+        add(
+            (os.path.realpath(p), int(landlock.ACCESS_EXEC))
+            for p in cfg.loader_paths
+            if os.path.exists(p)
+        )
+        add(
+            (p, int(landlock.FsAccess.READ_FILE))
+            for p in cfg.system_read_paths
+            if p.startswith("/dev/") and os.path.exists(p)
+        )
+        add([(os.devnull, _DEV_NULL_ACCESS)])
+        add(
+            [
+                (str(self.tmp_dir), int(landlock.ACCESS_WRITE_TREE)),
+                (str(self.output_dir), int(landlock.ACCESS_WRITE_TREE)),
+            ]
+        )
+        return landlock.LandlockRules(
+            paths=tuple(sorted(merged.items())), handle_net=not self.network_granted
+        )
+
+    def ensure_confinement(self) -> dict[str, str]:
+        levels = dict(self.runtime.levels)
+        if self.ruleset_fd < 0 and levels["landlock"] != "unavailable":
+            self.ruleset_fd, self._ruleset_notes = landlock.build_ruleset(self.landlock_rules())
+        levels.update(self._ruleset_notes)
+        if self.network_granted:
+            levels["network"] = "granted"
+        elif self.netns_fd < 0 and levels["network"] == "netns":
+            self.netns_fd = new_network_namespace()
+        return levels
+
+    def env(self, turn: int) -> tuple[tuple[str, str], ...]:
+        tmp = str(self.tmp_dir)
+        env = {
+            "PATH": self.runtime.config.turn_path,
+            "HOME": tmp,
+            "TMPDIR": tmp,
+            "TEMP": tmp,
+            "TMP": tmp,
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "LANG": "C.UTF-8",
+            "HUNTER_SESSION_ID": self.session_id,
+            "HUNTER_TURN_NUMBER": str(turn),
+            "HUNTER_OUTPUT_DIR": str(self.output_dir),
+        }
+        for name in self.package.manifest.env_allow:
+            if name in os.environ:
+                env[name] = os.environ[name]
+        return tuple(env.items())
+
+    def rlimits(self) -> tuple[tuple[int, int, int], ...]:
+        limits = self.package.manifest.limits
+        cfg = self.runtime.config
+        fsize = (limits.file_size_mb or cfg.file_size_mb) << 20
+        out = [
+            (resource.RLIMIT_CORE, 0, 0),
+            (resource.RLIMIT_FSIZE, fsize, fsize),
+            (resource.RLIMIT_NOFILE, cfg.nofile, cfg.nofile),
+        ]
+        if self.uid > 0:
+            # Per-uid process count: the limit when there is no pids cgroup, otherwise a
+            # backstop above it (so the cgroup, whose hits are counted, trips first).
+            pids = limits.pids or cfg.pids
+            if self.runtime.levels.get("pids", "").startswith("cgroup"):
+                pids *= 2
+            out.append((resource.RLIMIT_NPROC, pids, pids))
+        return tuple(out)
+
+
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _unlink_non_directories(dir_fd: int) -> list[str]:
+    """Unlink every entry of *dir_fd* that is not a directory; return the directories."""
+    with os.scandir(dir_fd) as entries:
+        listed = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+    subdirs: list[str] = []
+    for name, is_dir in listed:
+        if is_dir:
+            subdirs.append(name)
+        else:
+            os.unlink(name, dir_fd=dir_fd)
+    return subdirs
+
+
+def empty_directory(path: Path) -> None:
+    """Remove everything inside *path* (kept itself), never following a symlink.
+
+    Iterative (``shutil.rmtree`` recurses in Python and fails on the thousands of nested
+    directories a turn can leave, which would stop every later attempt of the session);
+    one directory fd stays open per level of the current path.
+    """
+    stack: list[tuple[int, list[str]]] = []
+    top = os.open(path, _DIR_FLAGS)
+    try:
+        stack.append((top, _unlink_non_directories(top)))
+    except BaseException:
+        os.close(top)
+        raise
+    try:
+        while stack:
+            dir_fd, subdirs = stack[-1]
+            if subdirs:
+                child = os.open(subdirs[-1], _DIR_FLAGS, dir_fd=dir_fd)
+                try:
+                    stack.append((child, _unlink_non_directories(child)))
+                except BaseException:
+                    os.close(child)
+                    raise
+                continue
+            stack.pop()
+            os.close(dir_fd)
+            if stack:
+                parent_fd, siblings = stack[-1]
+                os.rmdir(siblings.pop(), dir_fd=parent_fd)
+    finally:
+        for dir_fd, _subdirs in stack:
+            os.close(dir_fd)
+
+
+def all_empty(directories: Iterable[Path]) -> bool:
+    for directory in directories:
+        try:
+            with os.scandir(directory) as entries:
+                if next(entries, None) is not None:
+                    return False
+        except FileNotFoundError:
+            continue
+    return True

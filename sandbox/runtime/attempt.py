@@ -1,0 +1,393 @@
+"""One confined run of a process turn: spawn, wait with a deadline, kill the tree, capture,
+enumerate the writes, and map how it ended to an `AttemptOutcome` (DESIGN.md "Process turn
+outcomes"). What the policy then decides is not this module's business.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+import anyio
+import structlog
+
+from sandbox.confine.spawn import SpawnRequest, close_quietly, reap, spawn
+from sandbox.enumerate import RealizedWrite, SurfaceProblem, WriteSurface, enumerate_writes
+from sandbox.errors import CapabilityViolation, SpawnError
+from sandbox.policy.attempts import AttemptOutcome
+from sandbox.policy.declarations import DeclaredOutput
+from sandbox.policy.faults import ExecutionFaultType
+from sandbox.runtime.area import all_empty
+
+if TYPE_CHECKING:
+    from sandbox.runtime.area import SessionArea
+
+__all__ = [
+    "SPAWN_FAILED",
+    "AttemptRecord",
+    "ConfinedRun",
+    "ProcessAttempt",
+    "capability_violation",
+    "run_confined",
+]
+
+_log = structlog.get_logger("sandbox.runtime.attempt")
+
+_SIGXFSZ: Final = int(signal.SIGXFSZ)
+#: Reason code of a launcher that could not start the command (the attempt is a CRASH).
+SPAWN_FAILED: Final = "SPAWN_FAILED"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessAttempt:
+    """One attempt of a process turn: how the confined run ended and what the policy decided.
+
+    The runtime's detailed view (output text, realized writes, resource events); the daemon
+    stores the one `sandbox.policy.attempt_record.AttemptRecord` made from it. ``AttemptRecord``
+    is kept as an alias of this class for existing importers.
+    """
+
+    attempt_number: int
+    exit_code: int | None
+    signal: int | None
+    timed_out: bool
+    resource_exhausted: bool
+    security_violation: bool
+    outcome: str
+    fault_type: str | None
+    verdict: str
+    reason_code: str
+    reason: str
+    delay_ms: int
+    duration_ms: int
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    leftover_processes: int
+    resource_events: Mapping[str, int]
+    realized_writes: tuple[RealizedWrite, ...]
+    problems: tuple[SurfaceProblem, ...]
+    launcher: str
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready summary (stdout/stderr as text; ledgers get hashes only)."""
+        return {
+            "attempt_number": self.attempt_number,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "timed_out": self.timed_out,
+            "resource_exhausted": self.resource_exhausted,
+            "security_violation": self.security_violation,
+            "outcome": self.outcome,
+            "fault_type": self.fault_type,
+            "verdict": self.verdict,
+            "reason_code": self.reason_code,
+            "reason": self.reason,
+            "delay_ms": self.delay_ms,
+            "duration_ms": self.duration_ms,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "stdout_truncated": self.stdout_truncated,
+            "stderr_truncated": self.stderr_truncated,
+            "leftover_processes": self.leftover_processes,
+            "resource_events": dict(self.resource_events),
+            "realized_writes": [w.to_dict() for w in self.realized_writes],
+            "problems": [p.to_dict() for p in self.problems],
+            "launcher": self.launcher,
+        }
+
+    def ledger_summary(self) -> dict[str, object]:
+        """The attempt as it goes into the exec ledger (no output text, only hashes)."""
+        data = self.to_dict()
+        for key in ("stdout", "stderr"):
+            text = data.pop(key)
+            assert isinstance(text, str)
+            data[f"{key}_sha256"] = hashlib.sha256(text.encode()).hexdigest()
+        data.pop("realized_writes")
+        return data
+
+
+#: The runtime's attempt record under its former name (kept for existing importers).
+AttemptRecord = ProcessAttempt
+
+
+@dataclass(frozen=True, slots=True)
+class ConfinedRun:
+    """What one confined run produced: its record (no decision yet), outcome, write surface, and
+    the capability violations found in it (undeclared, missing or special files)."""
+
+    record: ProcessAttempt
+    outcome: AttemptOutcome
+    surface: WriteSurface
+    violations: list[CapabilityViolation]
+
+
+def capability_violation(  # noqa: PLR0917 (the violation's own fields, in order)
+    session_id: str, turn: int, operation: str, target: str, capability: str, detail: str
+) -> CapabilityViolation:
+    """A `CapabilityViolation` of turn *turn* of the session."""
+    return CapabilityViolation(
+        operation=operation,
+        target=target,
+        capability=capability,
+        session_id=session_id,
+        turn_number=turn,
+        detail=detail,
+    )
+
+
+def ms_since(start_ns: int) -> int:
+    """Milliseconds since *start_ns* on the monotonic clock."""
+    return (time.monotonic_ns() - start_ns) // 1_000_000
+
+
+async def run_confined(
+    area: SessionArea,
+    *,
+    exe: str,
+    argv: list[str],
+    declared: tuple[DeclaredOutput, ...],
+    turn: int,
+    attempt_no: int,
+    timeout_s: float,
+) -> ConfinedRun:
+    """Run the command once, confined, in *area*; never raises for a failed run.
+
+    The area is emptied first; the process tree is dead when this returns (also when the
+    caller is cancelled). A launcher failure is a CRASH fault, not an exception.
+    """
+    start_ns = time.monotonic_ns()
+    cfg = area.runtime.config
+    limits = area.package.manifest.limits
+    area.prepare()
+    levels = area.ensure_confinement()
+    cg = area.turn_cgroup()
+    baseline = cg.resource_events()
+    out_fd = os.memfd_create("hunter-stdout", os.MFD_CLOEXEC)
+    try:
+        err_fd = os.memfd_create("hunter-stderr", os.MFD_CLOEXEC)
+    except BaseException:
+        os.close(out_fd)
+        raise
+    timed_out = False
+    leftovers = 0
+    status: int | None = None
+    launcher = levels.get("launcher", "native")
+    try:
+        procs_fds = cg.open_procs_fds()
+        try:
+            spawned = spawn(
+                SpawnRequest(
+                    path=exe,
+                    argv=tuple(argv),
+                    env=area.env(turn),
+                    cwd=str(area.output_dir),
+                    stdin_fd=area.runtime.stdin_fd(),
+                    stdout_fd=out_fd,
+                    stderr_fd=err_fd,
+                    uid=area.uid,
+                    gid=area.gid,
+                    netns_fd=area.netns_fd,
+                    landlock_fd=area.ruleset_fd,
+                    cgroup_fds=tuple(procs_fds),
+                    rlimits=area.rlimits(),
+                ),
+                launcher=cfg.launcher,
+            )
+        finally:
+            close_quietly(procs_fds)
+        launcher = spawned.launcher
+        try:
+            with anyio.move_on_after(timeout_s) as scope:
+                await anyio.wait_readable(spawned.pidfd)
+            if scope.cancelled_caught:
+                timed_out = True
+                cg.signal_all(signal.SIGTERM)
+                with anyio.move_on_after(cfg.kill_grace_s):
+                    await anyio.wait_readable(spawned.pidfd)
+                cg.kill_all()
+                if not cg.dirs:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(spawned.pid, signal.SIGKILL)
+                with anyio.CancelScope(shield=True):
+                    await anyio.wait_readable(spawned.pidfd)
+            if not cg.dirs:
+                # No cgroup: the process group is the only handle on what the command
+                # left running in the background. Kill it before reaping the leader (so
+                # the group id cannot have been reused) and before enumeration/promotion.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(spawned.pid, signal.SIGKILL)
+            status = reap(spawned)
+        finally:
+            if status is None:  # cancelled from outside: never leave the tree behind
+                cg.kill_all()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(spawned.pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    reap(spawned)
+            os.close(spawned.pidfd)
+            leftovers = len(cg.members())
+            if leftovers:
+                cg.kill_all()
+            with anyio.CancelScope(shield=True):
+                empty = await cg.wait_empty()
+            if not empty:
+                _log.error(
+                    "turn_processes_survived",
+                    session_id=area.session_id,
+                    turn_number=turn,
+                    pids=cg.members(),
+                )
+                area.drop_cgroup()
+        now = cg.resource_events()
+        events = {key: now[key] - baseline.get(key, 0) for key in now}
+    except SpawnError as exc:
+        close_quietly((out_fd, err_fd))
+        return _spawn_failed(exc, attempt_no, start_ns, launcher)
+    except BaseException:
+        close_quietly((out_fd, err_fd))
+        raise
+    cap = limits.output_bytes or cfg.output_bytes
+    stdout, out_trunc = _read_capped(out_fd, cap)
+    stderr, err_trunc = _read_capped(err_fd, cap)
+    capture_max = max(os.fstat(out_fd).st_size, os.fstat(err_fd).st_size)
+    close_quietly((out_fd, err_fd))
+    exit_code: int | None = None
+    sig: int | None = None
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+    elif os.WIFEXITED(status):
+        exit_code = os.WEXITSTATUS(status)
+    areas = {"output": area.output_dir, "tmp": area.tmp_dir}
+    if all_empty(areas.values()):
+        surface = WriteSurface((), ())  # nothing to walk: skip the worker thread
+    else:
+        surface = await anyio.to_thread.run_sync(enumerate_writes, areas)
+    disk_limit = (limits.disk_mb or cfg.disk_mb) << 20
+    fsize = (limits.file_size_mb or cfg.file_size_mb) << 20
+    exhausted = (
+        events["oom_kill"] > 0
+        or events["pids_max"] > 0
+        or sig == _SIGXFSZ
+        or exit_code == 128 + _SIGXFSZ  # a shell reporting a child killed by SIGXFSZ
+        or surface.total_bytes > disk_limit
+        # a file (or the captured output) that reached RLIMIT_FSIZE was cut off by it
+        or max((w.size for w in surface.writes), default=0) >= fsize
+        or capture_max >= fsize
+    )
+    violations = _surface_violations(
+        area.session_id, surface, declared, turn, check_missing=exit_code == 0 and not timed_out
+    )
+    outcome = AttemptOutcome.from_exit_code(
+        exit_code,
+        killed_by_signal=sig,
+        timed_out=timed_out,
+        resource_exhausted=exhausted,
+        security_violation=bool(violations),
+    )
+    record = ProcessAttempt(
+        attempt_number=attempt_no,
+        exit_code=exit_code,
+        signal=sig,
+        timed_out=timed_out,
+        resource_exhausted=exhausted,
+        security_violation=bool(violations),
+        outcome=outcome.kind.value,
+        fault_type=None if outcome.fault_type is None else outcome.fault_type.value,
+        verdict="",
+        reason_code="",
+        reason="",
+        delay_ms=0,
+        duration_ms=ms_since(start_ns),
+        stdout=stdout,
+        stderr=stderr,
+        stdout_truncated=out_trunc,
+        stderr_truncated=err_trunc,
+        leftover_processes=leftovers,
+        resource_events=events,
+        realized_writes=surface.writes,
+        problems=surface.problems,
+        launcher=launcher,
+    )
+    return ConfinedRun(record, outcome, surface, violations)
+
+
+def _spawn_failed(exc: SpawnError, attempt_no: int, start_ns: int, launcher: str) -> ConfinedRun:
+    outcome = AttemptOutcome.fault(ExecutionFaultType.CRASH, f"{SPAWN_FAILED}: {exc}")
+    record = ProcessAttempt(
+        attempt_number=attempt_no,
+        exit_code=None,
+        signal=None,
+        timed_out=False,
+        resource_exhausted=False,
+        security_violation=False,
+        outcome=outcome.kind.value,
+        fault_type=ExecutionFaultType.CRASH.value,
+        verdict="",
+        reason_code="",
+        reason="",
+        delay_ms=0,
+        duration_ms=ms_since(start_ns),
+        stdout="",
+        stderr=str(exc),
+        stdout_truncated=False,
+        stderr_truncated=False,
+        leftover_processes=0,
+        resource_events={},
+        realized_writes=(),
+        problems=(),
+        launcher=launcher,
+    )
+    return ConfinedRun(record, outcome, WriteSurface((), ()), [])
+
+
+def _surface_violations(
+    session_id: str,
+    surface: WriteSurface,
+    declared: Sequence[DeclaredOutput],
+    turn: int,
+    *,
+    check_missing: bool,
+) -> list[CapabilityViolation]:
+    """FR-RT-015/016: special files anywhere, undeclared or missing outputs."""
+    out: list[CapabilityViolation] = []
+    for problem in surface.problems:
+        out.append(
+            capability_violation(
+                session_id,
+                turn,
+                "write",
+                f"{problem.area}/{problem.path}",
+                "write_surface",
+                f"{problem.kind} in the sandbox",
+            )
+        )
+    realized = surface.in_area("output")
+    wanted = {d.path for d in declared}
+    for path in sorted(set(realized) - wanted):
+        out.append(
+            capability_violation(
+                session_id, turn, "write", path, "declared_outputs", "undeclared write"
+            )
+        )
+    if check_missing:
+        for path in sorted(wanted - set(realized)):
+            out.append(
+                capability_violation(
+                    session_id, turn, "write", path, "declared_outputs", "declared output missing"
+                )
+            )
+    return out
+
+
+def _read_capped(fd: int, cap: int) -> tuple[str, bool]:
+    size = os.fstat(fd).st_size
+    data = os.pread(fd, min(size, cap), 0) if size else b""
+    return data.decode("utf-8", "replace"), size > cap

@@ -1,0 +1,690 @@
+"""A process turn from request to ledger entries: checks, attempts, promotion, records.
+
+Before anything runs, the request is checked (``argv``, the one ``declared_outputs`` parser of
+``sandbox.policy.declarations``, the executable and every declared destination against the
+capabilities); a refused request is a *rejected* turn. The attempts go through THE attempt loop
+(``sandbox.policy.attempt_loop.run_attempts``): its runner is one confined run
+(``sandbox.runtime.attempt``), its hooks keep the turn's progress and log; time and sleep are
+injected here, at the edge. On SUCCEED the declared outputs are promoted into the workspace.
+Both ledger entries are written for every turn, also one cut short by cancellation or an error.
+
+Longer than 600 lines on purpose: every way a turn ends (rejected, finished, promoted or not,
+aborted) and the ledger entries it writes stay next to each other, so none is missed.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final, Literal
+
+import anyio
+import orjson
+import structlog
+
+from ledger import LedgerEntry
+from sandbox.capabilities import resolve_command
+from sandbox.enumerate import RealizedWrite
+from sandbox.errors import CapabilityViolation, DeclarationError, SandboxUnavailableError
+from sandbox.policy.attempt_loop import AttemptReport, run_attempts
+from sandbox.policy.attempt_record import AttemptRecord as LoopRecord
+from sandbox.policy.attempts import (
+    AgentPhase,
+    AttemptDecision,
+    AttemptOutcome,
+    OutcomeKind,
+    RetryOptions,
+    Verdict,
+)
+from sandbox.policy.declarations import DeclarationProblem, DeclaredOutput
+from sandbox.policy.declarations import parse_declared_outputs as _parse_declared_outputs
+from sandbox.policy.faults import ExecutionFaultType
+from sandbox.policy.retry_protocol import EntropyDetector, ToolCall
+from sandbox.promote import PromotedOutput, PromotionError, promote_outputs
+from sandbox.prompt_header import PromptHeader
+from sandbox.runtime.attempt import (
+    SPAWN_FAILED,
+    ConfinedRun,
+    ProcessAttempt,
+    capability_violation,
+    ms_since,
+    run_confined,
+)
+
+if TYPE_CHECKING:
+    from sandbox.runtime.session import Session
+
+__all__ = [
+    "CAPABILITY_REJECTED",
+    "DECLARATION_INVALID",
+    "PROMOTION_FAILED",
+    "SANDBOX_UNAVAILABLE",
+    "SPAWN_FAILED",
+    "TURN_CANCELLED",
+    "TURN_ERROR",
+    "ProcessTurn",
+    "TurnResult",
+    "TurnStatus",
+    "check_request",
+    "digest",
+    "parse_declared_outputs",
+]
+
+_log = structlog.get_logger("sandbox.runtime.process_turn")
+
+TurnStatus = Literal[
+    "succeeded",
+    "failed",
+    "timeout",
+    "violation",
+    "exhausted",
+    "escalated",
+    "rejected",
+    "terminated",
+]
+
+# Reason codes of the sandbox edge (the policy core's codes are in sandbox/policy/reason_codes.py).
+DECLARATION_INVALID: Final = "DECLARATION_INVALID"
+CAPABILITY_REJECTED: Final = "CAPABILITY_REJECTED"
+SANDBOX_UNAVAILABLE: Final = "SANDBOX_UNAVAILABLE"
+PROMOTION_FAILED: Final = "PROMOTION_FAILED"
+TURN_CANCELLED: Final = "TURN_CANCELLED"
+TURN_ERROR: Final = "TURN_ERROR"
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """The result of one process turn (every field is also in ``to_dict``)."""
+
+    session_id: str
+    turn_number: int
+    status: TurnStatus
+    exit_code: int | None
+    fault_type: str | None
+    verdict: str
+    reason_code: str
+    reason: str
+    attempts: tuple[ProcessAttempt, ...]
+    realized_writes: tuple[RealizedWrite, ...]
+    violations: tuple[CapabilityViolation, ...]
+    promoted_outputs: tuple[PromotedOutput, ...]
+    duration_ms: int
+    enforcement: Mapping[str, str] = field(default_factory=dict)
+    stdout: str = ""
+    stderr: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form (``hunter turn --json``)."""
+        return {
+            "session_id": self.session_id,
+            "turn_number": self.turn_number,
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "fault_type": self.fault_type,
+            "verdict": self.verdict,
+            "reason_code": self.reason_code,
+            "reason": self.reason,
+            "attempts": [a.to_dict() for a in self.attempts],
+            "realized_writes": [w.to_dict() for w in self.realized_writes],
+            "violations": [v.to_dict() for v in self.violations],
+            "promoted_outputs": [p.to_dict() for p in self.promoted_outputs],
+            "duration_ms": self.duration_ms,
+            "enforcement": dict(self.enforcement),
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+        }
+
+    def raise_for_violation(self) -> None:
+        """Raise the first ``CapabilityViolation`` of the turn, if there is one (FR-RT-016)."""
+        if self.violations:
+            raise self.violations[0]
+
+
+@dataclass(slots=True)
+class _TurnProgress:
+    """What a running turn has done so far, so a turn cut short still records it."""
+
+    request: dict[str, object]
+    attempts: list[ProcessAttempt] = field(default_factory=list)
+    violations: list[CapabilityViolation] = field(default_factory=list)
+    recorded: list[dict[str, object]] = field(default_factory=list)
+    promoted: list[PromotedOutput] = field(default_factory=list)
+    #: True once both ledger entries of the turn are written
+    written: bool = False
+
+
+class _ProcessHooks:
+    """THE attempt loop's hooks for a process turn: a retried attempt is recorded on the turn's
+    progress (so a turn cut short during its backoff still records it) and logged."""
+
+    __slots__ = ("_finished", "_session_id", "_turn", "last")
+
+    def __init__(
+        self,
+        session_id: str,
+        turn: int,
+        finished: Callable[[ConfinedRun, AttemptDecision], None],
+    ) -> None:
+        self._session_id = session_id
+        self._turn = turn
+        self._finished = finished
+        self.last: ConfinedRun | None = None
+
+    async def attempt_started(self, attempt: LoopRecord) -> None:
+        del attempt
+
+    async def retry_scheduled(
+        self, attempt: LoopRecord, decision: AttemptDecision, next_attempt_us: int
+    ) -> None:
+        del next_attempt_us
+        assert self.last is not None
+        self._finished(self.last, decision)
+        _log.info(
+            "retry_scheduled",
+            session_id=self._session_id,
+            turn_number=self._turn,
+            attempt=attempt.attempt,
+            delay_ms=decision.delay_ms,
+        )
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def digest(data: object) -> str:
+    return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def parse_declared_outputs(declared: object) -> tuple[DeclaredOutput, ...]:
+    """Validate ``declared_outputs`` (FR-RT-013) with the one parser of
+    ``sandbox.policy.declarations``; raise ``DeclarationError`` naming the field."""
+    try:
+        return _parse_declared_outputs(declared)
+    except DeclarationProblem as exc:
+        raise DeclarationError(field=exc.field, problem=exc.problem) from None
+
+
+def check_request(
+    session: Session, argv: Sequence[str], declared_outputs: object, turn: int
+) -> tuple[str, tuple[DeclaredOutput, ...]]:
+    """Validate a request; return the resolved executable and the declarations.
+
+    Raises ``DeclarationError`` (shape) or ``CapabilityViolation`` (not allowed).
+    """
+    items: Sequence[object] = argv
+    if not items or not all(isinstance(a, str) and "\0" not in a for a in items):
+        raise DeclarationError(field="argv", problem="a non-empty list of strings")
+    declared = parse_declared_outputs(declared_outputs)
+    exe = resolve_command(
+        argv[0], cwd=session.output_dir, search_path=session.runtime.config.turn_path
+    )
+    if exe is None:
+        raise capability_violation(
+            session.session_id,
+            turn,
+            "execute",
+            argv[0],
+            "capabilities.execute",
+            "command not found or not executable",
+        )
+    check = session.capabilities.check_execute(exe)
+    if not check.allowed:
+        detail = f"resolved to {exe}"
+        if check.matched:
+            detail += f"; matches forbidden pattern {check.matched!r}"
+        raise capability_violation(
+            session.session_id, turn, "execute", argv[0], check.capability, detail
+        )
+    for out in declared:
+        wcheck = session.capabilities.check_write(session.workspace / out.path)
+        if not wcheck.allowed:
+            detail = f"destination {wcheck.path}"
+            if wcheck.matched:
+                detail += f"; matches forbidden pattern {wcheck.matched!r}"
+            raise capability_violation(
+                session.session_id, turn, "declare", out.path, wcheck.capability, detail
+            )
+    return exe, declared
+
+
+class ProcessTurn:
+    """One process turn of a session: checks, THE attempt loop over confined runs, promotion,
+    and both ledger entries, written in every case (a rejection, an abort included)."""
+
+    def __init__(self, session: Session, turn: int, argv: Sequence[str]) -> None:
+        self.session = session
+        self.turn = turn
+        self.progress = _TurnProgress(request={"argv": list(argv)})
+
+    async def execute(
+        self,
+        argv: Sequence[str],
+        *,
+        declared_outputs: object,
+        declared_inputs: Sequence[str],
+        phase: AgentPhase | None,
+        timeout_ms: int | None,
+        options: RetryOptions,
+        delay: Callable[[float], Awaitable[None]],
+        entropy_detector: EntropyDetector | None,
+    ) -> TurnResult:
+        """Run the turn (see `Session.run_process_turn`); a turn cut short is still recorded."""
+        start_ns = time.monotonic_ns()
+        progress = self.progress
+        try:
+            return await self._run(
+                progress,
+                argv=list(argv),
+                declared_outputs=declared_outputs,
+                declared_inputs=tuple(declared_inputs),
+                phase=phase,
+                timeout_ms=timeout_ms,
+                turn=self.turn,
+                options=options,
+                delay=delay,
+                entropy_detector=entropy_detector,
+            )
+        except BaseException as exc:
+            if not progress.written:
+                with anyio.CancelScope(shield=True):
+                    await self._record_aborted(self.turn, progress, exc, start_ns)
+            raise
+
+    async def _record_aborted(
+        self, turn: int, progress: _TurnProgress, exc: BaseException, start_ns: int
+    ) -> None:
+        """Both ledger entries for a turn cut short by cancellation or an internal error.
+
+        The attempt's process tree is already dead (the attempt's cleanup runs shielded).
+        The attempts, violations and promotions done before the abort are recorded with it.
+        A failure to record is logged; it never replaces the original exception.
+        """
+        cancelled = isinstance(exc, anyio.get_cancelled_exc_class())
+        result = TurnResult(
+            session_id=self.session.session_id,
+            turn_number=turn,
+            status="terminated",
+            exit_code=None,
+            fault_type=None,
+            verdict=Verdict.TERMINATE.value,
+            reason_code=TURN_CANCELLED if cancelled else TURN_ERROR,
+            reason="the turn was cancelled" if cancelled else f"{type(exc).__name__}: {exc}",
+            attempts=tuple(progress.attempts),
+            realized_writes=(),
+            violations=tuple(progress.violations),
+            promoted_outputs=tuple(progress.promoted),
+            duration_ms=ms_since(start_ns),
+            enforcement=dict(self.session.runtime.levels),
+        )
+        try:
+            await self._record(
+                turn, progress.request, result, progress.recorded, declared=(), header=None
+            )
+        except Exception as record_exc:  # never mask the original exception
+            _log.error(
+                "turn_record_failed",
+                session_id=self.session.session_id,
+                turn_number=turn,
+                error=repr(record_exc),
+            )
+
+    async def _reject(
+        self,
+        turn: int,
+        request: dict[str, object],
+        start_ns: int,
+        *,
+        reason_code: str,
+        reason: str,
+        violation: CapabilityViolation | None,
+        levels: Mapping[str, str],
+    ) -> TurnResult:
+        violations: tuple[CapabilityViolation, ...] = ()
+        recorded: list[dict[str, object]] = []
+        if violation is not None:
+            recorded = await self._record_violation(turn, violation)
+            violations = (violation,)
+        result = TurnResult(
+            session_id=self.session.session_id,
+            turn_number=turn,
+            status="rejected",
+            exit_code=None,
+            fault_type=ExecutionFaultType.SECURITY_VIOLATION.value if violation else None,
+            verdict=Verdict.TERMINATE.value,
+            reason_code=reason_code,
+            reason=reason,
+            attempts=(),
+            realized_writes=(),
+            violations=violations,
+            promoted_outputs=(),
+            duration_ms=ms_since(start_ns),
+            enforcement=dict(levels),
+        )
+        await self._record(turn, request, result, recorded, declared=(), header=None)
+        _log.warning(
+            "turn_rejected",
+            session_id=self.session.session_id,
+            turn_number=turn,
+            reason_code=reason_code,
+            reason=reason,
+        )
+        return result
+
+    async def _record_violation(
+        self, turn: int, violation: CapabilityViolation
+    ) -> list[dict[str, object]]:
+        """Write a violation's evidence entry now; return it as the turn entry lists it."""
+        entry = await self.session.ledgers.arecord_violation(
+            turn_number=turn,
+            operation=violation.operation,
+            target=violation.target,
+            capability=violation.capability,
+            detail=violation.detail,
+        )
+        return _violations_of(entry)
+
+    async def _record(
+        self,
+        turn: int,
+        request: dict[str, object],
+        result: TurnResult,
+        violations: Sequence[Mapping[str, object]],
+        *,
+        declared: Sequence[DeclaredOutput],
+        header: PromptHeader | None,
+    ) -> tuple[LedgerEntry, LedgerEntry]:
+        summary = {
+            "status": result.status,
+            "exit_code": result.exit_code,
+            "realized_writes": [w.to_dict() for w in result.realized_writes],
+            "promoted_outputs": [p.to_dict() for p in result.promoted_outputs],
+        }
+        evidence_extra: dict[str, object] = {
+            "enforcement": dict(result.enforcement),
+            "realized_writes": [w.to_dict() for w in result.realized_writes],
+            "promoted_outputs": [p.to_dict() for p in result.promoted_outputs],
+            "surface_problems": [p.to_dict() for a in result.attempts[-1:] for p in a.problems],
+        }
+        if header is not None:
+            evidence_extra["prompt_header"] = header.to_dict()
+        entries = await self.session.ledgers.arecord_turn(
+            turn_number=turn,
+            query_hash=digest(request),
+            result_hash=digest(summary),
+            status=result.status,
+            declared_reads=list(request.get("declared_inputs", [])),  # type: ignore[call-overload]
+            declared_writes=[d.to_dict() for d in declared],
+            capability_violations=list(violations),
+            exec_extra={
+                "argv": request["argv"],
+                "exit_code": result.exit_code,
+                "fault_type": result.fault_type,
+                "verdict": result.verdict,
+                "reason_code": result.reason_code,
+                "attempt_count": len(result.attempts),
+                "duration_ms": result.duration_ms,
+                "attempts": [a.ledger_summary() for a in result.attempts],
+            },
+            evidence_extra=evidence_extra,
+        )
+        self.progress.written = True
+        return entries
+
+    async def _run(
+        self,
+        progress: _TurnProgress,
+        *,
+        argv: list[str],
+        declared_outputs: object,
+        declared_inputs: tuple[str, ...],
+        phase: AgentPhase | None,
+        timeout_ms: int | None,
+        turn: int,
+        options: RetryOptions,
+        delay: Callable[[float], Awaitable[None]],
+        entropy_detector: EntropyDetector | None,
+    ) -> TurnResult:
+        start_ns = time.monotonic_ns()
+        request: dict[str, object] = {
+            "argv": argv,
+            "declared_outputs": _plain(declared_outputs),
+            "declared_inputs": list(declared_inputs),
+            "phase": None if phase is None else phase.value,
+            "timeout_ms": timeout_ms,
+        }
+        progress.request = request
+        levels: Mapping[str, str] = dict(self.session.runtime.levels)
+        try:
+            self.session.runtime.require_enforcement()
+        except SandboxUnavailableError as exc:
+            await self._reject(
+                turn,
+                request,
+                start_ns,
+                reason_code=SANDBOX_UNAVAILABLE,
+                reason=str(exc),
+                violation=None,
+                levels=levels,
+            )
+            raise
+        try:
+            exe, declared = check_request(self.session, argv, declared_outputs, turn)
+        except DeclarationError as exc:
+            return await self._reject(
+                turn,
+                request,
+                start_ns,
+                reason_code=DECLARATION_INVALID,
+                reason=str(exc),
+                violation=None,
+                levels=levels,
+            )
+        except CapabilityViolation as exc:
+            return await self._reject(
+                turn,
+                request,
+                start_ns,
+                reason_code=CAPABILITY_REJECTED,
+                reason=str(exc),
+                violation=exc,
+                levels=levels,
+            )
+        levels = self.session.area.ensure_confinement()
+        header = self.session.prompt_header(
+            turn_number=turn,
+            declared_inputs=declared_inputs,
+            declared_outputs=[d.to_dict() for d in declared],
+        )
+        limits = self.session.package.manifest.limits
+        cfg = self.session.runtime.config
+        timeout_s = (
+            (timeout_ms / 1000) if timeout_ms is not None else (limits.timeout_s or cfg.timeout_s)
+        )
+        timeout_s = min(timeout_s, limits.timeout_s or cfg.timeout_s)
+        _log.info(
+            "turn_started",
+            session_id=self.session.session_id,
+            turn_number=turn,
+            argv=argv,
+            phase=request["phase"],
+            timeout_ms=int(timeout_s * 1000),
+        )
+        attempts = progress.attempts
+        violations = progress.violations
+        recorded = progress.recorded
+
+        async def one_attempt(attempt: LoopRecord) -> AttemptReport[ConfinedRun]:
+            """The runner of THE attempt loop: one confined run of the command."""
+            run = await run_confined(
+                self.session.area,
+                exe=exe,
+                argv=argv,
+                declared=declared,
+                turn=turn,
+                attempt_no=attempt.attempt,
+                timeout_s=timeout_s,
+            )
+            for v in run.violations:
+                recorded.extend(await self._record_violation(turn, v))
+                violations.append(v)
+            hooks.last = run
+            return AttemptReport(
+                outcome=run.outcome, payload=run, duration_ms=run.record.duration_ms
+            )
+
+        def finished(run: ConfinedRun, decision: AttemptDecision) -> None:
+            record = _with_decision(run.record, run.outcome, decision)
+            attempts.append(record)
+            _log.info(
+                "attempt_finished",
+                session_id=self.session.session_id,
+                turn_number=turn,
+                attempt=record.attempt_number,
+                exit_code=record.exit_code,
+                verdict=record.verdict,
+                reason_code=record.reason_code,
+                duration_ms=record.duration_ms,
+            )
+
+        hooks = _ProcessHooks(self.session.session_id, turn, finished)
+        end = await run_attempts(
+            one_attempt,
+            phase=phase,
+            options=options,
+            clock=_now_us,
+            sleep=delay,
+            hooks=hooks,
+            execution_id=self.session.session_id,
+            instruction_id=lambda _n: f"{self.session.session_id}#{turn}",
+        )
+        # No drain and no interrupted attempt here: the loop always ends with a report.
+        assert end is not None
+        assert end.report is not None
+        decision = end.decision
+        last_outcome = end.outcome
+        finished(end.report.payload, decision)
+        if decision.verdict is Verdict.SUCCEED:
+            realized = end.report.payload.surface.in_area("output")
+            # Each promoted file goes onto `progress` as it lands (in the worker thread):
+            # neither a later file failing nor a cancellation meanwhile loses the record
+            # of what already reached the workspace.
+            promote = functools.partial(promote_outputs, done=progress.promoted)
+            try:
+                await anyio.to_thread.run_sync(
+                    promote,
+                    self.session.area.output_dir,
+                    [realized[d.path] for d in declared],
+                    self.session.workspace,
+                )
+            except (PromotionError, OSError) as exc:
+                v = capability_violation(
+                    self.session.session_id,
+                    turn,
+                    "promote",
+                    str(self.session.workspace),
+                    "declared_outputs",
+                    str(exc),
+                )
+                recorded.extend(await self._record_violation(turn, v))
+                violations.append(v)
+                decision = AttemptDecision(
+                    Verdict.TERMINATE,
+                    PROMOTION_FAILED,
+                    str(exc),
+                    fault_type=ExecutionFaultType.SECURITY_VIOLATION,
+                )
+        if decision.record_entropy and entropy_detector is not None and phase is not None:
+            entropy_detector.record(
+                ToolCall(
+                    id=f"{self.session.session_id}#{turn}",
+                    name=argv[0],
+                    arguments={"argv": list(argv)},
+                ),
+                phase,
+            )
+        status = _status(decision, last_outcome, bool(violations))
+        last = attempts[-1]
+        result = TurnResult(
+            session_id=self.session.session_id,
+            turn_number=turn,
+            status=status,
+            exit_code=last.exit_code,
+            fault_type=None if decision.fault_type is None else decision.fault_type.value,
+            verdict=decision.verdict.value,
+            reason_code=decision.reason_code,
+            reason=decision.reason,
+            attempts=tuple(attempts),
+            realized_writes=last.realized_writes,
+            violations=tuple(violations),
+            promoted_outputs=tuple(progress.promoted),
+            duration_ms=ms_since(start_ns),
+            enforcement=dict(levels),
+            stdout=last.stdout,
+            stderr=last.stderr,
+        )
+        await self._record(turn, request, result, recorded, declared=declared, header=header)
+        _log.info(
+            "turn_finished",
+            session_id=self.session.session_id,
+            turn_number=turn,
+            status=status,
+            reason_code=result.reason_code,
+            duration_ms=result.duration_ms,
+        )
+        return result
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, DeclaredOutput):
+        return value.to_dict()
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    return repr(value)
+
+
+def _violations_of(entry: LedgerEntry) -> list[dict[str, object]]:
+    items = entry.get("capability_violations", [])
+    if not isinstance(items, (list, tuple)):
+        return []
+    return [dict(v) for v in items if isinstance(v, Mapping)]
+
+
+def _with_decision(
+    record: ProcessAttempt, outcome: AttemptOutcome, decision: AttemptDecision
+) -> ProcessAttempt:
+    from dataclasses import replace
+
+    return replace(
+        record,
+        verdict=decision.verdict.value,
+        reason_code=decision.reason_code,
+        reason=decision.reason,
+        delay_ms=decision.delay_ms,
+        fault_type=(
+            outcome.fault_type.value if outcome.fault_type is not None else record.fault_type
+        ),
+    )
+
+
+def _status(decision: AttemptDecision, outcome: AttemptOutcome, violated: bool) -> TurnStatus:
+    if violated:
+        return "violation"
+    if decision.verdict is Verdict.SUCCEED:
+        return "succeeded"
+    if decision.verdict is Verdict.EXHAUSTED:
+        return "exhausted"
+    if decision.verdict is Verdict.ESCALATE:
+        return "escalated"
+    if outcome.fault_type is ExecutionFaultType.TIMEOUT:
+        return "timeout"
+    if outcome.kind is OutcomeKind.FAILURE:
+        return "failed"
+    return "terminated"

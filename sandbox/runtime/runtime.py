@@ -1,0 +1,354 @@
+"""The sandbox runtime: what this machine enforces, the uid pool, and opening sessions.
+
+``Runtime(root)`` probes the kernel once (Landlock ABI, network namespaces, uid drop, cgroup
+controllers and ``cgroup.kill``) and records each mechanism's enforcement level; with
+``enforcement="strict"`` a process turn never runs while one is missing. It hands each session
+a dedicated unprivileged uid and opens (or, after a restart, resumes) sessions with both ledgers.
+docs/sandbox.md describes the threat model and what each mechanism does and does not stop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Final, Literal
+
+import orjson
+import structlog
+
+from ledger import GroupSyncer, SessionLedgers, session_dir_for
+from sandbox.capabilities import DEFAULT_TURN_PATH
+from sandbox.confine import landlock
+from sandbox.confine.cgroups import CgroupLayout, detect_layout
+from sandbox.confine.spawn import native_available, new_network_namespace
+from sandbox.errors import SandboxUnavailableError, SessionNotFoundError
+from sandbox.packages import load_package
+from sandbox.session_ids import is_session_id, new_session_id
+
+if TYPE_CHECKING:
+    from sandbox.runtime.session import Session
+
+__all__ = [
+    "DEFAULT_LOADER_PATHS",
+    "DEFAULT_SYSTEM_READ_PATHS",
+    "Runtime",
+    "RuntimeConfig",
+]
+
+_log = structlog.get_logger("sandbox.runtime.runtime")
+
+#: What every dynamically linked program needs to start, plus a few read-only basics.
+DEFAULT_SYSTEM_READ_PATHS: Final = (
+    "/usr",
+    "/lib",
+    "/lib64",
+    "/lib32",
+    "/bin",
+    "/sbin",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/nsswitch.conf",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/hosts",
+    "/dev/zero",
+    "/dev/urandom",
+    "/dev/random",
+)
+#: ELF interpreters: execve needs Landlock EXECUTE on the dynamic loader as well.
+DEFAULT_LOADER_PATHS: Final = (
+    "/lib64/ld-linux-x86-64.so.2",
+    "/lib/ld-linux-aarch64.so.1",
+    "/lib/ld-linux-x86-64.so.2",
+    "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+    "/lib/aarch64-linux-gnu/ld-linux-aarch64.so.1",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeConfig:
+    """How turns are confined; every field has a safe default.
+
+    ``enforcement``: ``"strict"`` refuses to run a process turn unless every mechanism is
+    available (Landlock, network isolation, uid drop, cgroup memory/pids limits and tree
+    kill); ``"best-effort"`` runs with what exists. Either way the level of each mechanism
+    is logged and written to the evidence entry.
+    ``uid_range`` (first, last inclusive): a dedicated uid per session when the runtime is
+    root; ``run_as_uid`` pins one uid instead. Limits apply when the manifest sets none.
+    """
+
+    enforcement: Literal["strict", "best-effort"] = "strict"
+    uid_range: tuple[int, int] = (200_000, 265_535)
+    run_as_uid: int | None = None
+    memory_mb: int = 512
+    pids: int = 256
+    timeout_s: float = 600.0
+    output_bytes: int = 1 << 20
+    file_size_mb: int = 64
+    disk_mb: int = 1024
+    nofile: int = 1024
+    kill_grace_s: float = 2.0
+    launcher: Literal["auto", "native", "python"] = "auto"
+    system_read_paths: tuple[str, ...] = DEFAULT_SYSTEM_READ_PATHS
+    loader_paths: tuple[str, ...] = DEFAULT_LOADER_PATHS
+    denied_paths: tuple[str, ...] = ()
+    turn_path: str = DEFAULT_TURN_PATH
+
+    def __post_init__(self) -> None:
+        if self.run_as_uid is not None and self.run_as_uid <= 0:
+            raise ValueError(
+                "run_as_uid must be an unprivileged uid (> 0): turns never run as root"
+            )
+        first, last = self.uid_range
+        if not 0 < first <= last:
+            raise ValueError(f"uid_range must be 0 < first <= last, got {self.uid_range}")
+
+
+def _searchable_by_others(path: Path) -> Path | None:
+    """The first ancestor of *path* (inclusive) that others cannot traverse, or None."""
+    for p in (path, *path.parents):
+        try:
+            mode = p.stat().st_mode
+        except FileNotFoundError:
+            continue
+        if not mode & stat.S_IXOTH:
+            return p
+    return None
+
+
+class Runtime:
+    """Packages, sessions and sandboxed turns under one root directory."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        config: RuntimeConfig | None = None,
+        syncer: GroupSyncer | None = None,
+        forbidden_sockets: Sequence[Path] = (),
+    ) -> None:
+        self.root = Path(os.path.abspath(root))
+        self.config = config or RuntimeConfig()
+        self._syncer = syncer
+        self.forbidden_sockets = tuple(Path(p) for p in forbidden_sockets)
+        self._uids_in_use: set[int] = set()
+        self._layout: CgroupLayout | None = None
+        self._stdin_fd = -1
+        for sub in ("", "tmp", "output"):
+            d = self.root / sub
+            d.mkdir(mode=0o711, parents=True, exist_ok=True)
+            if sub and d.stat().st_uid == os.geteuid():
+                d.chmod(0o711)  # others may traverse to their session dir, never list
+        self.levels, self.missing = self._probe()
+        _log.info("sandbox_enforcement", root=str(self.root), **self.levels)
+
+    # -- capability probing ----------------------------------------------------------------
+
+    def _probe(self) -> tuple[dict[str, str], dict[str, str]]:
+        levels: dict[str, str] = {}
+        missing: dict[str, str] = {}
+        is_root = os.geteuid() == 0
+        levels["launcher"] = (
+            "native" if self.config.launcher != "python" and native_available() else "python"
+        )
+        abi = landlock.abi_version()
+        levels["landlock"] = f"abi-{abi}" if abi else "unavailable"
+        if not abi:
+            missing["landlock"] = "kernel has no Landlock"
+        levels["landlock_scope"] = "enforced" if abi >= 6 else "unavailable"
+        if abi < 6:
+            missing["landlock_scope"] = f"Landlock ABI {abi} < 6 (signals, abstract sockets)"
+        if is_root:
+            # run_as_uid=0 is refused by RuntimeConfig: turns never run as root.
+            levels["uid_drop"] = "per-session" if self.config.run_as_uid is None else "fixed"
+            blocker = _searchable_by_others(self.root)
+            if blocker is not None:
+                missing["root_traversal"] = (
+                    f"{blocker} is not searchable by other users; the turn's uid cannot reach "
+                    f"{self.root} (chmod o+x or choose another root)"
+                )
+        else:
+            levels["uid_drop"] = "unavailable"
+            missing["uid_drop"] = "the runtime is not root, turns run as its own uid"
+        try:
+            fd = new_network_namespace()
+        except OSError as exc:
+            levels["network"] = "landlock-tcp" if abi >= 4 else "unavailable"
+            missing["netns"] = f"cannot create a network namespace: {exc.strerror}"
+        else:
+            os.close(fd)
+            levels["network"] = "netns"
+        self._layout = detect_layout()
+        levels["memory"] = self._layout.controller_level("memory")
+        levels["pids"] = self._layout.controller_level("pids")
+        levels["tree_kill"] = self._layout.kill_level
+        if levels["memory"] == "unavailable":
+            missing["cgroup_memory"] = "no writable memory cgroup controller"
+        if levels["pids"] == "unavailable":
+            if levels["uid_drop"] != "unavailable":
+                levels["pids"] = "rlimit-nproc"
+            else:
+                missing["cgroup_pids"] = "no pids controller and no uid drop for RLIMIT_NPROC"
+        if levels["tree_kill"] != "cgroup.kill":
+            missing["cgroup_kill"] = "no cgroup v2 cgroup.kill (setsid escapes are possible)"
+        levels["file_size"] = "rlimit"
+        levels["enforcement"] = self.config.enforcement
+        for sock in self.forbidden_sockets:
+            problem = self._socket_problem(sock)
+            if problem:
+                missing[f"socket:{sock}"] = problem
+        return levels, missing
+
+    @staticmethod
+    def _socket_problem(sock: Path) -> str:
+        try:
+            st = sock.stat()
+        except FileNotFoundError:
+            return ""
+        if st.st_uid != os.geteuid() or st.st_mode & 0o002:
+            return "socket is writable by other users (needs owner = supervisor, mode 0660)"
+        return ""
+
+    def require_enforcement(self) -> None:
+        """Raise ``SandboxUnavailableError`` in strict mode when a mechanism is missing."""
+        if self.config.enforcement == "strict" and self.missing:
+            raise SandboxUnavailableError(mechanisms=self.missing)
+        if "root_traversal" in self.missing:
+            raise SandboxUnavailableError(
+                mechanisms={"root_traversal": self.missing["root_traversal"]}
+            )
+
+    @property
+    def layout(self) -> CgroupLayout:
+        """The detected cgroup layout."""
+        assert self._layout is not None
+        return self._layout
+
+    def stdin_fd(self) -> int:
+        """A shared read-only ``/dev/null`` fd used as every turn's stdin."""
+        if self._stdin_fd < 0:
+            self._stdin_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        return self._stdin_fd
+
+    # -- sessions -------------------------------------------------------------------------
+
+    def allocate_uid(self, session_id: str) -> tuple[int, int]:
+        """A uid (and gid) for a session: dedicated when root, (-1, -1) when not root."""
+        if os.geteuid() != 0:
+            return -1, -1
+        if self.config.run_as_uid is not None:
+            return self.config.run_as_uid, self.config.run_as_uid
+        first, last = self.config.uid_range
+        size = last - first + 1
+        start = int.from_bytes(hashlib.sha256(session_id.encode()).digest()[:8], "big") % size
+        for i in range(size):
+            uid = first + (start + i) % size
+            if uid not in self._uids_in_use:
+                self._uids_in_use.add(uid)
+                return uid, uid
+        raise SandboxUnavailableError(mechanisms={"uid_drop": "uid range exhausted"})
+
+    def release_uid(self, uid: int) -> None:
+        """Return a session's uid to the pool."""
+        self._uids_in_use.discard(uid)
+
+    def open_session(
+        self,
+        package_id: str,
+        *,
+        tier: str = "default",
+        work_order_id: str | None = None,
+        workspace: Path | None = None,
+        session_id: str | None = None,
+    ) -> Session:
+        """Load the package, make a session id, create both ledgers and the sandbox dirs."""
+        package = load_package(self.root, package_id)
+        sid = session_id or new_session_id()
+        if not is_session_id(sid):
+            raise ValueError(f"not a session id: {sid!r}")
+        ws = Path(workspace) if workspace is not None else self.root / "workspace" / sid
+        ledgers = SessionLedgers.create(
+            root=self.root,
+            tier=tier,
+            session_id=sid,
+            syncer=self._syncer,
+            work_order_id=work_order_id,
+            opened_extra={
+                "package_id": package_id,
+                "workspace": str(ws),
+                "enforcement": dict(self.levels),
+            },
+        )
+        from sandbox.runtime.session import Session  # here: session.py imports this module
+
+        return Session(self, package, ledgers, workspace=ws, work_order_id=work_order_id)
+
+    def resume_session(
+        self,
+        session_id: str,
+        *,
+        tier: str = "default",
+        package_id: str | None = None,
+        workspace: Path | None = None,
+        work_order_id: str | None = None,
+    ) -> Session:
+        """Reopen an existing session (after a restart); its package comes from the ledger."""
+        if not is_session_id(session_id):
+            raise SessionNotFoundError(session_id=session_id, tier=tier)
+        exec_path = session_dir_for(self.root, tier, session_id) / "ledger" / "exec.jsonl"
+        if not exec_path.is_file():
+            raise SessionNotFoundError(session_id=session_id, tier=tier)
+        opened: dict[str, object] = {}
+        last_turn = 0
+        with exec_path.open("rb") as handle:
+            for line in handle:
+                try:
+                    entry = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue
+                if not isinstance(entry, dict):
+                    continue
+                if entry.get("kind") == "session_opened" and not opened:
+                    opened = entry
+                turn = entry.get("turn_number")
+                if isinstance(turn, int):
+                    last_turn = max(last_turn, turn)
+        pkg = package_id or str(opened.get("package_id", ""))
+        package = load_package(self.root, pkg)
+        ws_text = opened.get("workspace")
+        ws = workspace or (
+            Path(ws_text) if isinstance(ws_text, str) else self.root / "workspace" / session_id
+        )
+        wo = work_order_id
+        if wo is None and isinstance(opened.get("work_order_id"), str):
+            wo = str(opened["work_order_id"])
+        ledgers = SessionLedgers.open(
+            root=self.root,
+            tier=tier,
+            session_id=session_id,
+            syncer=self._syncer,
+            work_order_id=wo,
+        )
+        from sandbox.runtime.session import Session  # here: session.py imports this module
+
+        session = Session(self, package, ledgers, workspace=ws, work_order_id=wo)
+        session.next_turn_number = last_turn + 1
+        return session
+
+    def close(self) -> None:
+        """Release shared fds (sessions are closed by their owners)."""
+        if self._stdin_fd >= 0:
+            os.close(self._stdin_fd)
+            self._stdin_fd = -1
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
