@@ -47,9 +47,25 @@ import anyio.to_thread
 
 from supervisor.errors import RequestError
 from supervisor.logging import get_logger
-from supervisor.store.sqlite.intake import TurnRow, TurnState
+from supervisor.store.sqlite.intake import TurnRow
 from supervisor.turns.requests import parse_turn_request
 from supervisor.turns.scheduler import Scheduler
+from supervisor.wire.control import (
+    ControlRequest,
+    EscalationResolveParams,
+    ExecutorsWaitParams,
+    NoParams,
+    RequestDecodeError,
+    SessionFilter,
+    SessionOpenParams,
+    SessionRef,
+    TurnRef,
+    TurnSubmitParams,
+    TurnWaitParams,
+    convert_request,
+    decode_request,
+    op_of,
+)
 from supervisor.wire.frames import FrameError, FrameReader, FrameWriter, encode_frame
 
 __all__ = ["CONTROL_PROTOCOL_VERSION", "ERROR_CODES", "ControlServer"]
@@ -82,39 +98,14 @@ ERROR_CODES: Final[Mapping[str, str]] = {
     "internal": "a bug in the daemon (the log has the traceback)",
 }
 
-Handler = Callable[[Mapping[str, Any]], Awaitable[object]]
+#: A handler takes its operation's decoded params (see ``supervisor.wire.control``).
+Handler = Callable[[Any], Awaitable[object]]
 
 #: Operations that change state: they finish even if the client disconnects meanwhile
 #: (``turn.submit`` shields its own accept-and-schedule step, not its optional wait).
 _STATE_CHANGING: Final = frozenset(
     {"session.open", "session.close", "turn.cancel", "escalations.resolve", "drain"}
 )
-
-
-#: Turn ids are SQLite integer keys: positive and below 2**63.
-_MAX_TURN_ID: Final = 2**63 - 1
-
-
-def _turn_id(params: Mapping[str, Any]) -> int:
-    value = params.get("turn_id")
-    if isinstance(value, str) and value.isascii() and value.isdigit():
-        # A number too long to be an id is "no such turn", never a conversion error.
-        value = int(value) if len(value) <= 19 else _MAX_TURN_ID + 1
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError("bad_request", "turn_id: must be an integer turn id", field="turn_id")
-    if not 1 <= value <= _MAX_TURN_ID:
-        shown = str(value) if len(str(value)) <= 30 else f"{str(value)[:20]}..."
-        raise RequestError("unknown_turn", f"no turn {shown}; see `hunter status`", turn_id=shown)
-    return value
-
-
-def _str(params: Mapping[str, Any], key: str, *, required: bool = True) -> str | None:
-    value = params.get(key)
-    if value is None and not required:
-        return None
-    if not isinstance(value, str) or not value:
-        raise RequestError("bad_request", f"{key}: must be a non-empty string", field=key)
-    return value
 
 
 def _turn(turn: TurnRow) -> dict[str, object]:
@@ -185,7 +176,12 @@ class ControlServer:
             tg.start_soon(writer.run)
             while True:
                 try:
-                    frame = await reader.read()
+                    body = await reader.read_body()
+                    request: ControlRequest | RequestDecodeError
+                    try:
+                        request = decode_request(body)
+                    except RequestDecodeError as exc:
+                        request = exc
                 except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
                     break
                 except FrameError as exc:
@@ -206,21 +202,21 @@ class ControlServer:
                         )
                         await writer.flush()
                     break
-                tg.start_soon(self._serve_request, writer, frame)
+                tg.start_soon(self._serve_request, writer, request)
             # The client went away: nobody will read the answers. Waits and reads in progress
             # are cancelled; requests that change state run to the end (they are shielded).
             tg.cancel_scope.cancel()
         self._connections -= 1
 
-    async def _serve_request(self, writer: FrameWriter, frame: Mapping[str, Any]) -> None:
-        op = frame.get("op")
-        # `op` is untrusted: an object or list here must be answered as a bad request by
-        # `handle`, never looked up in a set (that raised TypeError and stopped the daemon).
-        if isinstance(op, str) and op in _STATE_CHANGING:
+    async def _serve_request(
+        self, writer: FrameWriter, request: ControlRequest | RequestDecodeError
+    ) -> None:
+        op = None if isinstance(request, RequestDecodeError) else op_of(request)
+        if op in _STATE_CHANGING:
             with anyio.CancelScope(shield=True):
-                response = await self.handle(frame)
+                response = await self.handle(request)
         else:
-            response = await self.handle(frame)
+            response = await self.handle(request)
         draining = op == "drain" and response["ok"] and self._on_drain is not None
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
             await writer.send(encode_frame(response), cork=False if draining else None)
@@ -229,38 +225,39 @@ class ControlServer:
         if draining and self._on_drain is not None:
             self._on_drain()  # after the answer is on its way: the drain may close this stream
 
-    async def handle(self, frame: Mapping[str, Any]) -> dict[str, object]:
-        """Answer one request frame (never raises for bad input)."""
+    async def handle(
+        self, request: ControlRequest | RequestDecodeError | Mapping[str, object]
+    ) -> dict[str, object]:
+        """Answer one request (never raises for bad input): a decoded request, the error its
+        body decoded to, or a frame already decoded to a dict (checked here the same way)."""
         self._requests += 1
-        req_id = frame.get("id")
-        op = frame.get("op")
-        params = frame.get("params", {})
-        if isinstance(req_id, bool) or not isinstance(req_id, str | int | None):
-            error = RequestError("bad_request", "id: must be an integer or a string", field="id")
-            return {"id": None, "ok": False, "error": error.to_wire()}
+        if isinstance(request, Mapping):
+            try:
+                request = convert_request(request)
+            except RequestDecodeError as exc:
+                request = exc
+        if isinstance(request, RequestDecodeError):
+            return {"id": request.request_id, "ok": False, "error": request.to_wire()}
+        op = op_of(request)
         try:
-            result = await self._dispatch(op, params)
+            result = await self._dispatch(op, request.params)
         except RequestError as exc:
-            return {"id": req_id, "ok": False, "error": exc.to_wire()}
+            return {"id": request.id, "ok": False, "error": exc.to_wire()}
         except Exception as exc:
             self._log.exception("control_request_failed", op=op)
             return {
-                "id": req_id,
+                "id": request.id,
                 "ok": False,
                 "error": {
                     "code": "internal",
                     "message": f"{op}: internal error {type(exc).__name__}: {exc}",
                 },
             }
-        return {"id": req_id, "ok": True, "result": result}
+        return {"id": request.id, "ok": True, "result": result}
 
-    async def _dispatch(self, op: object, params: object) -> object:
-        if not isinstance(op, str):
-            raise RequestError("bad_request", "op: every request needs an 'op' string")
-        if not isinstance(params, Mapping):
-            raise RequestError("bad_request", "params: must be an object", field="params")
+    async def _dispatch(self, op: str, params: object) -> object:
         handler = self._ops.get(op)
-        if handler is None:
+        if handler is None:  # decoded requests name known operations; kept for subclasses
             raise RequestError(
                 "unknown_op",
                 f"unknown operation {op!r}; known: {', '.join(self.operations)}",
@@ -270,7 +267,7 @@ class ControlServer:
 
     # -- operations -----------------------------------------------------------------------
 
-    async def _ping(self, params: Mapping[str, Any]) -> object:
+    async def _ping(self, params: NoParams) -> object:
         return {
             "pong": True,
             "pid": os.getpid(),
@@ -278,33 +275,29 @@ class ControlServer:
             **self._info,
         }
 
-    async def _session_open(self, params: Mapping[str, Any]) -> object:
-        package_id = _str(params, "package_id")
-        assert package_id is not None
+    async def _session_open(self, params: SessionOpenParams) -> object:
         row = await self._scheduler.open_session(
-            package_id=package_id,
-            tier=_str(params, "tier", required=False) or "default",
-            work_order_id=_str(params, "work_order_id", required=False),
-            workspace=_str(params, "workspace", required=False),
+            package_id=params.package_id,
+            tier=params.tier or "default",
+            work_order_id=params.work_order_id,
+            workspace=params.workspace,
         )
         return row.to_dict()
 
-    async def _session_close(self, params: Mapping[str, Any]) -> object:
-        sid = _str(params, "session_id")
-        assert sid is not None
+    async def _session_close(self, params: SessionRef) -> object:
+        sid = params.session_id
         return (await self._scheduler.close_session(sid)).to_dict()
 
-    async def _session_list(self, params: Mapping[str, Any]) -> object:
+    async def _session_list(self, params: NoParams) -> object:
         return {"sessions": [s.to_dict() for s in await self._scheduler.list_sessions()]}
 
-    async def _turn_submit(self, params: Mapping[str, Any]) -> object:
+    async def _turn_submit(self, params: TurnSubmitParams) -> object:
+        # Types were checked at decode time (``wait_s`` included: an error answer must mean
+        # "nothing accepted"); the declaration and Phase-20 rules are applied here.
         request = parse_turn_request(
-            params, default_timeout_ms=self._scheduler.settings.default_timeout_ms
+            params.as_mapping(), default_timeout_ms=self._scheduler.settings.default_timeout_ms
         )
-        # Checked before the turn is accepted: an error answer must mean "nothing accepted".
-        wait = params.get("wait_s")
-        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int | float)):
-            raise RequestError("bad_request", "wait_s: must be a number of seconds", field="wait_s")
+        wait = params.wait_s
         with anyio.CancelScope(shield=True):  # accepted means scheduled, client or not
             turn, created = await self._scheduler.submit(request)
         if wait is not None:
@@ -312,40 +305,28 @@ class ControlServer:
             turn = await self._scheduler.wait_turn(turn.turn_id, timeout_s=float(wait))
         return {"turn": _turn(turn), "created": created}
 
-    async def _turn_get(self, params: Mapping[str, Any]) -> object:
-        return {"turn": _turn(await self._scheduler.get_turn(_turn_id(params)))}
+    async def _turn_get(self, params: TurnRef) -> object:
+        return {"turn": _turn(await self._scheduler.get_turn(params.id))}
 
-    async def _turn_wait(self, params: Mapping[str, Any]) -> object:
-        timeout = params.get("timeout_s")
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int | float)
-        ):
-            raise RequestError(
-                "bad_request", "timeout_s: must be a number of seconds", field="timeout_s"
-            )
-        until_value = params.get("until", [])
-        try:
-            until = frozenset(TurnState(v) for v in until_value)
-        except (TypeError, ValueError):
-            raise RequestError(
-                "bad_request", "until: must be a list of turn states", field="until"
-            ) from None
+    async def _turn_wait(self, params: TurnWaitParams) -> object:
+        timeout = params.timeout_s
+        until = params.until
         turn = await self._scheduler.wait_turn(
-            _turn_id(params),
+            params.id,
             timeout_s=float(timeout) if timeout is not None else None,
             until=until,
         )
         return {"turn": _turn(turn)}
 
-    async def _turn_cancel(self, params: Mapping[str, Any]) -> object:
-        return {"turn": _turn(await self._scheduler.cancel_turn(_turn_id(params)))}
+    async def _turn_cancel(self, params: TurnRef) -> object:
+        return {"turn": _turn(await self._scheduler.cancel_turn(params.id))}
 
-    async def _turns_list(self, params: Mapping[str, Any]) -> object:
-        sid = _str(params, "session_id", required=False)
+    async def _turns_list(self, params: SessionFilter) -> object:
+        sid = params.session_id
         turns = await self._scheduler.list_turns(session_id=sid)
         return {"turns": [_turn(t) for t in turns]}
 
-    async def _status(self, params: Mapping[str, Any]) -> object:
+    async def _status(self, params: NoParams) -> object:
         stats = self._scheduler.statistics()
         hub_stats = self._hub.statistics()
         counts = await self._scheduler.counts()
@@ -359,24 +340,15 @@ class ControlServer:
             "executors": [_executor(i) for i in self._hub.list_executors()],
         }
 
-    async def _executors_list(self, params: Mapping[str, Any]) -> object:
+    async def _executors_list(self, params: NoParams) -> object:
         return {"executors": [_executor(i) for i in self._hub.list_executors()]}
 
-    async def _executors_wait(self, params: Mapping[str, Any]) -> object:
+    async def _executors_wait(self, params: ExecutorsWaitParams) -> object:
         """Wait until an executor is known with a status (default READY); for tools and tests."""
-        from sandbox.policy.envelopes import ExecutorStatus
-
-        executor_id = _str(params, "executor_id")
-        status_value = params.get("status", "READY")
-        try:
-            status = None if status_value is None else ExecutorStatus(status_value)
-        except ValueError:
-            raise RequestError(
-                "bad_request", f"status: not an executor status: {status_value!r}", field="status"
-            ) from None
-        timeout = params.get("timeout_s", 10.0)
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-            raise RequestError("bad_request", "timeout_s: must be a number", field="timeout_s")
+        executor_id = params.executor_id
+        status = params.status
+        status_value = None if status is None else status.value
+        timeout = params.timeout_s
         with anyio.move_on_after(float(timeout)):
             info = await self._hub.wait_for_executor(executor_id, status=status)
             return {"executor": _executor(info)}
@@ -386,20 +358,19 @@ class ControlServer:
             executor_id=executor_id,
         )
 
-    async def _escalations_list(self, params: Mapping[str, Any]) -> object:
+    async def _escalations_list(self, params: NoParams) -> object:
         return {"escalations": [_turn(t) for t in await self._scheduler.list_escalations()]}
 
-    async def _escalations_resolve(self, params: Mapping[str, Any]) -> object:
-        action = _str(params, "action")
-        assert action is not None
-        turn = await self._scheduler.resolve_escalation(_turn_id(params), action)
+    async def _escalations_resolve(self, params: EscalationResolveParams) -> object:
+        action = params.action
+        turn = await self._scheduler.resolve_escalation(params.id, action)
         return {"turn": _turn(turn)}
 
-    async def _ledger_verify(self, params: Mapping[str, Any]) -> object:
-        sid = _str(params, "session_id", required=False)
+    async def _ledger_verify(self, params: SessionFilter) -> object:
+        sid = params.session_id
         return await self._scheduler.verify_ledgers(session_id=sid)
 
-    async def _drain(self, params: Mapping[str, Any]) -> object:
+    async def _drain(self, params: NoParams) -> object:
         if self._on_drain is None:
             raise RequestError("bad_request", "drain: this server cannot be drained remotely")
         return {"draining": True}  # the drain starts once this answer is written

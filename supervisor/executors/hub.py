@@ -55,14 +55,17 @@ from supervisor.wire.executor import (
     PROTOCOL_VERSION,
     Cancel,
     Heartbeat,
+    MessageError,
     MessageType,
     ProtocolError,
     Reject,
     RejectReason,
+    ResponseMessage,
+    Status,
     Welcome,
+    decode_executor_message,
+    decode_hello,
     instruction_message,
-    parse_hello,
-    parse_status,
 )
 from supervisor.wire.frames import (
     FrameDecodeError,
@@ -71,6 +74,7 @@ from supervisor.wire.frames import (
     FrameTooLarge,
     FrameTruncated,
     FrameWriter,
+    decode_body,
     encode_frame,
 )
 
@@ -862,7 +866,8 @@ class ExecutorHub:
         reader = FrameReader(stream, max_bytes=self._frame_max)
         try:
             with anyio.fail_after(self.settings.hello_timeout_s):
-                frame = await reader.read()
+                body = await reader.read_body()
+            hello = decode_hello(body)  # one step: a hello that decodes is valid
         except TimeoutError:
             await self._reject(
                 stream,
@@ -886,10 +891,8 @@ class ExecutorHub:
                 creds=creds,
             )
             return
-        try:
-            hello = parse_hello(frame)
         except ProtocolError as exc:
-            executor_id = frame.get("executor_id")
+            executor_id = decode_body(body).get("executor_id")  # a JSON object: it got this far
             await self._reject(
                 stream,
                 Reject(exc.reason_code, exc.reason),
@@ -1047,19 +1050,25 @@ class ExecutorHub:
         """Read frames until the connection ends; returns (reason code, detail)."""
         try:
             while True:
-                frame = await reader.read()
+                body = await reader.read_body()
                 conn.last_rx = time.monotonic()
-                kind = frame.get("type")
-                if kind == MessageType.RESPONSE:
-                    self._on_response(conn, frame)
-                elif kind == MessageType.HEARTBEAT:
-                    continue
-                elif kind == MessageType.STATUS:
-                    self._on_status(conn, frame)
-                else:
-                    detail = f"unexpected message type {str(kind)[:64]!r}"
+                try:
+                    message = decode_executor_message(body)  # one step: typed and checked
+                except MessageError as exc:
+                    if exc.message_type == MessageType.HEARTBEAT:
+                        continue  # a heartbeat only proves liveness, whatever it carries
+                    if exc.message_type == MessageType.STATUS:
+                        self._log.warning(
+                            "status_rejected", executor_id=conn.executor_id, reason=exc.reason
+                        )
+                        continue
+                    detail = exc.reason
                     self._protocol_breach(conn, detail)
                     return HubReason.PROTOCOL_ERROR, detail
+                if isinstance(message, ResponseMessage):
+                    self._on_response(conn, message.response)
+                elif isinstance(message, Status):
+                    self._on_status(conn, message)
                 if conn.closed:
                     return HubReason.EXECUTOR_QUARANTINED, "closed by the hub"
         except anyio.EndOfStream:
@@ -1102,12 +1111,7 @@ class ExecutorHub:
             conn, ExecutionFaultType.INVALID_RESPONSE, HubReason.PROTOCOL_ERROR, detail
         )
 
-    def _on_status(self, conn: _Conn, frame: Mapping[str, Any]) -> None:
-        try:
-            status = parse_status(frame)
-        except ProtocolError as exc:
-            self._log.warning("status_rejected", executor_id=conn.executor_id, reason=exc.reason)
-            return
+    def _on_status(self, conn: _Conn, status: Status) -> None:
         previous = conn.status
         conn.self_status = status.status
         if conn.status is not previous:
@@ -1121,8 +1125,7 @@ class ExecutorHub:
             self._notify()
         self._slot_freed(conn)
 
-    def _on_response(self, conn: _Conn, frame: Mapping[str, Any]) -> None:
-        body = frame.get("response")
+    def _on_response(self, conn: _Conn, body: object) -> None:
         iid = body.get("instruction_id") if isinstance(body, dict) else None
         pending = conn.in_flight.get(iid) if isinstance(iid, str) else None
         if pending is None:

@@ -6,6 +6,13 @@ producing the exact dicts that go over the wire, and ``parse_*`` functions that 
 untrusted dict into a message or raise ``ProtocolError`` with a stable ``reason_code``.
 ``docs/protocol.md`` is the normative description; keep the two in step.
 
+Frames read off a socket are decoded in one step by ``decode_hello`` (the first frame) and
+``decode_executor_message`` (everything after it): msgspec Structs check every type and
+constraint while decoding the body bytes, so a message that decodes is valid. The Structs accept
+exactly what the ``parse_*`` functions accept (the fuzz tests check that); when a body does not
+decode, the matching ``parse_*`` function explains why, so the ``reason_code`` and wording of a
+``ProtocolError`` are the same on both paths.
+
 Responses are the exception: the daemon hands the raw ``response`` object to the Phase-20 safety
 rules (``sandbox.policy.safety.validate_executor_response``) unchanged, because deciding whether
 a response is well formed, lies or claims authority is the policy core's job."""
@@ -15,7 +22,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Annotated, Any, Final, TypeAlias
+
+import msgspec
+from msgspec import Meta
 
 from sandbox.policy.envelopes import (
     ExecutorCommandType,
@@ -25,20 +35,26 @@ from sandbox.policy.envelopes import (
 from sandbox.policy.errors import InstructionError
 from sandbox.policy.safety import instruction_from_wire
 from supervisor.errors import ProtocolError
+from supervisor.wire.frames import decode_body
 
 __all__ = [
     "MAX_SLOTS",
     "PROTOCOL_VERSION",
     "SUPPORTED_VERSIONS",
     "Cancel",
+    "ExecutorMessage",
     "Heartbeat",
     "Hello",
+    "MessageError",
     "MessageType",
     "ProtocolError",
     "Reject",
     "RejectReason",
+    "ResponseMessage",
     "Status",
     "Welcome",
+    "decode_executor_message",
+    "decode_hello",
     "instruction_message",
     "parse_cancel",
     "parse_heartbeat",
@@ -339,3 +355,122 @@ def parse_instruction(obj: Mapping[str, Any]) -> ExecutorInstructionEnvelope:
         return instruction_from_wire(obj.get("instruction"))
     except InstructionError as exc:
         raise _bad(f"instruction.{exc.field}", exc.reason, RejectReason.BAD_MESSAGE) from None
+
+
+# --- one-step decoding of frame bodies (msgspec) --------------------------------------------
+
+
+class MessageError(ProtocolError):
+    """A frame after the hello that is not a valid message; ``message_type`` is the frame's raw
+    ``"type"`` value (None when absent) so the hub can treat a bad ``status`` (ignored, logged),
+    a bad ``heartbeat`` (ignored) and an unknown type (a protocol breach) differently."""
+
+    def __init__(self, reason_code: str, reason: str, *, message_type: object) -> None:
+        super().__init__(reason_code, reason)
+        self.message_type = message_type
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseMessage:
+    """Executor → daemon: a ``response``; ``response`` is the raw object, judged by the
+    Phase-20 rules (``validate_executor_response``), not here."""
+
+    response: object = None
+
+
+ExecutorMessage: TypeAlias = ResponseMessage | Heartbeat | Status
+
+_Text = Annotated[str, Meta(max_length=_MAX_TEXT)]
+
+
+class _DuplicateCommand(ValueError):
+    pass
+
+
+class _HelloWire(msgspec.Struct, frozen=True, tag_field="type", tag=MessageType.HELLO):
+    executor_id: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}\Z")]
+    protocol_version: int
+    commands: Annotated[tuple[ExecutorCommandType, ...], Meta(min_length=1)]
+    slots: Annotated[int, Meta(ge=1, le=MAX_SLOTS)] = 1
+    software: _Text = ""
+
+    def __post_init__(self) -> None:
+        if len(set(self.commands)) != len(self.commands):
+            raise _DuplicateCommand("commands: a command type is listed twice")
+
+
+class _ResponseWire(msgspec.Struct, frozen=True, tag_field="type", tag=MessageType.RESPONSE):
+    response: object = None
+
+
+class _HeartbeatWire(msgspec.Struct, frozen=True, tag_field="type", tag=MessageType.HEARTBEAT):
+    ts_us: int = 0
+
+
+class _StatusWire(msgspec.Struct, frozen=True, tag_field="type", tag=MessageType.STATUS):
+    status: ExecutorStatus
+    detail: _Text = ""
+
+
+_HELLO_DECODER: Final = msgspec.json.Decoder(_HelloWire)
+_MESSAGE_DECODER: Final = msgspec.json.Decoder(_ResponseWire | _HeartbeatWire | _StatusWire)
+
+
+def decode_hello(body: bytes | bytearray | memoryview) -> Hello:
+    """Decode a first frame's body into a ``Hello`` in one step.
+
+    Raises ``FrameDecodeError`` when the body is not a JSON object, ``ProtocolError`` (BAD_HELLO,
+    UNSUPPORTED_VERSION, exactly as ``parse_hello``) when it is not a valid hello.
+    """
+    try:
+        wire = _HELLO_DECODER.decode(body)
+    except msgspec.DecodeError:  # ValidationError included
+        # The slow path: FrameDecodeError for a body that is no JSON object, else the
+        # hand-written rules raise the stable ProtocolError.
+        return parse_hello(decode_body(body))
+    if wire.protocol_version not in SUPPORTED_VERSIONS:
+        return parse_hello(decode_body(body))
+    return Hello(
+        executor_id=wire.executor_id,
+        protocol_version=wire.protocol_version,
+        commands=wire.commands,
+        slots=wire.slots,
+        software=wire.software,
+    )
+
+
+def decode_executor_message(body: bytes | bytearray | memoryview) -> ExecutorMessage:
+    """Decode a frame body an executor sent after its hello: a ``response``, ``heartbeat`` or
+    ``status``, in one step.
+
+    Raises ``FrameDecodeError`` when the body is not a JSON object and ``MessageError``
+    (BAD_MESSAGE) for an unknown type or an invalid heartbeat/status.
+    """
+    try:
+        wire = _MESSAGE_DECODER.decode(body)
+    except msgspec.DecodeError:  # ValidationError included
+        return _explain_message(decode_body(body))
+    if isinstance(wire, _ResponseWire):
+        return ResponseMessage(wire.response)
+    if isinstance(wire, _HeartbeatWire):
+        return Heartbeat(ts_us=wire.ts_us)
+    return Status(status=wire.status, detail=wire.detail)
+
+
+def _explain_message(frame: Mapping[str, Any]) -> ExecutorMessage:
+    """The slow path of ``decode_executor_message``: the hand-written rules decide."""
+    kind = frame.get("type")
+    try:
+        if kind == MessageType.RESPONSE:
+            return ResponseMessage(frame.get("response"))
+        if kind == MessageType.HEARTBEAT:
+            return parse_heartbeat(frame)
+        if kind == MessageType.STATUS:
+            return parse_status(frame)
+    except ProtocolError as exc:
+        raise MessageError(exc.reason_code, exc.reason, message_type=kind) from None
+    raise MessageError(
+        RejectReason.BAD_MESSAGE,
+        f"unexpected message type {str(kind)[:64]!r}",
+        message_type=kind,
+    )

@@ -156,6 +156,12 @@ class FrameReader:
 
     async def read(self) -> dict[str, Any]:
         """Return the next frame's JSON object (see the class docstring for errors)."""
+        return decode_body(await self.read_body())
+
+    async def read_body(self) -> bytes:
+        """Return the next frame's body bytes, undecoded (for one-step typed decoders such as
+        ``supervisor.wire.control.decode_request``). Size errors are raised as by ``read``; the
+        caller decodes the body and so owns ``FrameDecodeError``."""
         buf = self._buffer
         while len(buf) < HEADER_SIZE:
             await self._fill(expected=None)
@@ -173,7 +179,7 @@ class FrameReader:
         else:
             body = bytes(buf[HEADER_SIZE:end])
             del buf[:end]
-        return decode_body(body)
+        return body
 
     async def _fill(self, *, expected: int | None) -> None:
         chunk = b""
