@@ -1,0 +1,427 @@
+"""The embedded SQLite engine of the `TurnStore` seam (one daemon owns the file).
+
+Lifetime
+--------
+Use it as a context manager, which runs the committer in its own task group::
+
+    async with open_sqlite_store(root / "state" / "turns.sqlite3") as store:
+        ...
+
+or start its committer in the daemon's task group and close it on the way out::
+
+    store = SqliteTurnStore(path)
+    await task_group.start(store.run)  # opens the file (schema check) before it returns
+    ...
+    await store.aclose()  # commits what is queued, then closes; later calls raise
+
+`aclose` lets the queued writes commit, then closes both connections; every later call raises
+`IntakeClosedError`. Cancelling `run` (the task group ends) fails the writes still queued with
+`IntakeClosedError`; a batch already in the database finishes first (it is shielded), so no
+caller is left not knowing whether its write happened. Calling the store before `run` started
+is a programming error (`RuntimeError`).
+
+Design notes
+------------
+* **A method returns only after its transaction committed** (WAL, ``synchronous=FULL``, see
+  `schema`). Writes go through one committer task; reads use a second connection on their own
+  thread (WAL readers see every committed transaction and never wait for the writer).
+* **Group commit.** Callers put an `_Op` on a memory object stream and wait on its
+  `anyio.Event`. The committer takes everything queued (up to ``max_batch``) and runs it in one
+  transaction (one fsync) in one `anyio.to_thread.run_sync` call on its own
+  `anyio.CapacityLimiter` of 1; while it commits, the next batch gathers in the stream. Each op
+  runs in its own SAVEPOINT, so a failing op rolls back alone and raises to its own caller only
+  (a batch of one needs no savepoint: the transaction is rolled back). Results go back by
+  plain attribute writes read after the thread call returns, then ``Event.set()`` in the event
+  loop: no futures, no cross-thread callbacks. A caller cancelled while its op is still queued
+  marks it abandoned and the committer skips it; once the op is in a batch, the caller's
+  cancellation only means it does not read the result (the write is all or nothing, as ever).
+* The SQL, its checks (fencing, `check_move`) and the hot path's shortcuts are in `operations`;
+  the tables, the version check and the connections in `schema`.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Generic, TypeVar
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+
+from sandbox.policy.attempt_record import AttemptRecord
+from sandbox.policy.lifecycle import FINAL_STATES, TurnState
+from supervisor.errors import IntakeClosedError, StaleClaimError
+from supervisor.store.protocol import (
+    Accepted,
+    Claim,
+    ClaimFilter,
+    NewSession,
+    NewTurn,
+    Resolution,
+    SessionRecord,
+    SessionState,
+    StoreStatistics,
+    TurnEnding,
+    TurnPage,
+    TurnRecord,
+)
+from supervisor.store.sqlite import operations as ops
+from supervisor.store.sqlite.schema import open_connections
+
+__all__ = ["SqliteTurnStore", "open_sqlite_store"]
+
+T_co = TypeVar("T_co", covariant=True)
+T = TypeVar("T")
+
+
+class _Op(Generic[T_co]):
+    """One queued write: run in a batch on the commit thread, its outcome read by its caller."""
+
+    __slots__ = ("_fn", "_result", "abandoned", "done", "error")
+
+    def __init__(self, fn: Callable[[sqlite3.Connection], T_co]) -> None:
+        self._fn = fn
+        self._result: tuple[T_co] | None = None
+        self.error: BaseException | None = None
+        self.done = anyio.Event()
+        #: set by a caller cancelled before its op was taken: the committer skips it
+        self.abandoned = False
+
+    def execute(self, conn: sqlite3.Connection) -> bool:
+        """On the commit thread: run the op; False when it raised (its error is kept)."""
+        try:
+            self._result = (self._fn(conn),)
+        except Exception as exc:  # handed to this op's caller, never to its neighbours
+            self.error = exc
+            return False
+        return True
+
+    def fail(self, error: BaseException) -> None:
+        self._result = None
+        self.error = error
+
+    def result(self) -> T_co:
+        if self.error is not None:
+            raise self.error
+        if self._result is None:
+            raise IntakeClosedError("turn store stopped before this write committed")
+        return self._result[0]
+
+
+class SqliteTurnStore:
+    """`TurnStore` on one SQLite file (see the module docstring for its lifetime).
+
+    Construct it inside the event loop (it makes anyio primitives); it does no I/O until `run`.
+    """
+
+    def __init__(self, path: Path, *, max_batch: int = 512) -> None:
+        self.path = path
+        self._max_batch = max_batch
+        self._send, self._receive = anyio.create_memory_object_stream[_Op[object]](math.inf)
+        self._writer: sqlite3.Connection | None = None
+        self._reader: sqlite3.Connection | None = None
+        # Own thread tokens: commits never queue behind other blocking work, reads never
+        # queue behind a commit's fsync.
+        self._write_limiter = anyio.CapacityLimiter(1)
+        self._read_limiter = anyio.CapacityLimiter(1)
+        self._state = "new"  # new -> open -> closed
+        self._stopped = anyio.Event()
+        self._commits = 0
+        self._operations = 0
+        self._largest = 0
+        self._stale = 0
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Open the file, report started, then commit batches until `aclose` or cancellation."""
+        if self._state != "new":
+            raise RuntimeError(f"turn store {self.path}: run() was already called")
+        self._state = "starting"
+        try:
+            self._writer, self._reader = await anyio.to_thread.run_sync(
+                open_connections, self.path, limiter=self._write_limiter
+            )
+        except BaseException:
+            self._shut()
+            raise
+        if self._state == "starting":  # not closed meanwhile
+            self._state = "open"
+        try:
+            task_status.started()
+            await self._commit_loop()
+        finally:
+            self._state = "closed"
+            self._send.close()
+            for op in self._drain():
+                op.fail(IntakeClosedError(f"turn store {self.path} stopped"))
+                op.done.set()
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._close_writer, limiter=self._write_limiter)
+                await anyio.to_thread.run_sync(self._close_reader, limiter=self._read_limiter)
+            self._shut()
+
+    async def aclose(self) -> None:
+        """Commit what is queued, close the file; later calls raise `IntakeClosedError`."""
+        if self._state in {"new", "closed"}:
+            self._shut()
+            return
+        self._state = "closing"
+        self._send.close()  # the commit loop drains the stream, then ends
+        await self._stopped.wait()
+
+    def _shut(self) -> None:
+        self._state = "closed"
+        self._send.close()
+        self._receive.close()
+        self._stopped.set()
+
+    def _drain(self) -> list[_Op[object]]:
+        left: list[_Op[object]] = []
+        while True:
+            try:
+                left.append(self._receive.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                return left
+
+    def _close_writer(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def _close_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def _check_open(self) -> None:
+        if self._state == "open":
+            return
+        if self._state in {"new", "starting"}:
+            raise RuntimeError(
+                f"turn store {self.path} is not running: start its run() in a task group or"
+                " use open_sqlite_store()"
+            )
+        raise IntakeClosedError(f"turn store {self.path} is closed")
+
+    def statistics(self) -> StoreStatistics:
+        return StoreStatistics(
+            engine="sqlite",
+            commits=self._commits,
+            operations=self._operations,
+            largest_batch=self._largest,
+            stale_writes_refused=self._stale,
+        )
+
+    # -- the committer --------------------------------------------------------------------
+
+    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        self._check_open()
+        op = _Op(fn)
+        try:
+            self._send.send_nowait(op)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise IntakeClosedError(f"turn store {self.path} is closed") from None
+        try:
+            await op.done.wait()
+        except BaseException:  # cancelled: the op is skipped if its batch has not started
+            op.abandoned = True
+            raise
+        return op.result()
+
+    async def _commit_loop(self) -> None:
+        async for first in self._receive:
+            batch = [first]
+            while len(batch) < self._max_batch:
+                try:
+                    batch.append(self._receive.receive_nowait())
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    break
+            live = [op for op in batch if not op.abandoned]
+            if live:
+                # Shielded: a batch that reached the database finishes and its callers learn
+                # the outcome.
+                with anyio.CancelScope(shield=True):
+                    await self._commit(live)
+
+    async def _commit(self, batch: list[_Op[object]]) -> None:
+        try:
+            await anyio.to_thread.run_sync(self._run_batch, batch, limiter=self._write_limiter)
+        except Exception as exc:  # the transaction failed: nothing of the batch was written
+            for op in batch:
+                op.fail(exc)
+        else:
+            self._commits += 1
+            self._operations += len(batch)
+            self._largest = max(self._largest, len(batch))
+            self._stale += sum(isinstance(op.error, StaleClaimError) for op in batch)
+        finally:
+            for op in batch:
+                op.done.set()
+
+    def _run_batch(self, batch: list[_Op[object]]) -> None:
+        """On the commit thread: run *batch* in one transaction, each op all-or-nothing."""
+        conn = self._writer
+        if conn is None:
+            raise IntakeClosedError(f"turn store {self.path} is closed")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if len(batch) == 1:
+                if not batch[0].execute(conn):
+                    conn.execute("ROLLBACK")
+                    return
+            else:
+                for op in batch:
+                    conn.execute("SAVEPOINT op")
+                    if not op.execute(conn):
+                        conn.execute("ROLLBACK TO op")
+                    conn.execute("RELEASE op")
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        self._check_open()
+        return await anyio.to_thread.run_sync(self._run_read, fn, limiter=self._read_limiter)
+
+    def _run_read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """On the read thread: *fn* in one read transaction (one consistent snapshot)."""
+        conn = self._reader
+        if conn is None:
+            raise IntakeClosedError(f"turn store {self.path} is closed")
+        conn.execute("BEGIN")
+        try:
+            return fn(conn)
+        finally:
+            conn.execute("COMMIT")
+
+    # -- sessions -------------------------------------------------------------------------
+
+    async def open_session(self, new: NewSession) -> SessionRecord:
+        return await self._write(lambda c: ops.open_session(c, new))
+
+    async def close_session(self, session_id: str) -> SessionRecord:
+        return await self._write(lambda c: ops.close_session(c, session_id))
+
+    async def get_session(self, session_id: str) -> SessionRecord:
+        return await self._read(lambda c: ops.get_session(c, session_id))
+
+    async def list_sessions(self, *, state: SessionState | None = None) -> list[SessionRecord]:
+        return await self._read(lambda c: ops.list_sessions(c, state))
+
+    # -- acceptance and claims ------------------------------------------------------------
+
+    async def accept(
+        self, new: NewTurn, *, claim_for: str | None = None, lease_ms: int = 30_000
+    ) -> Accepted:
+        _check_lease(lease_ms)
+        return await self._write(lambda c: ops.accept(c, new, claim_for, lease_ms))
+
+    async def find_turn(self, session_id: str, idempotency_key: str) -> TurnRecord | None:
+        return await self._read(lambda c: ops.find_turn(c, session_id, idempotency_key))
+
+    async def claim(
+        self, owner: str, *, limit: int, lease_ms: int, only: ClaimFilter | None = None
+    ) -> list[Claim]:
+        _check_lease(lease_ms)
+        if limit <= 0:
+            return []
+        return await self._write(lambda c: ops.claim_turns(c, owner, limit, lease_ms, only))
+
+    async def renew(self, claims: Sequence[Claim], *, lease_ms: int) -> list[Claim]:
+        _check_lease(lease_ms)
+        if not claims:
+            return []
+        held = tuple(claims)
+        return await self._write(lambda c: ops.renew(c, held, lease_ms))
+
+    async def release(self, claim: Claim) -> None:
+        """Give the turn up; a claim already lost is left alone (nothing to give up)."""
+        await self._write(lambda c: ops.release(c, claim))
+
+    async def recover(self, owner: str, *, lease_ms: int) -> list[Claim]:
+        _check_lease(lease_ms)
+        return await self._write(lambda c: ops.recover(c, owner, lease_ms))
+
+    # -- fenced writes --------------------------------------------------------------------
+
+    async def start_attempt(self, claim: Claim, attempt: AttemptRecord) -> Claim:
+        return await self._write(lambda c: ops.start_attempt(c, claim, attempt))
+
+    async def record_attempt(
+        self, claim: Claim, attempt: AttemptRecord, *, next_attempt_us: int
+    ) -> Claim:
+        return await self._write(lambda c: ops.record_attempt(c, claim, attempt, next_attempt_us))
+
+    async def finish(
+        self, claim: Claim, ending: TurnEnding, attempts: Sequence[AttemptRecord] = ()
+    ) -> TurnRecord:
+        if ending.state not in FINAL_STATES and ending.state is not TurnState.ESCALATED:
+            msg = f"finish needs a final state or escalated, not {ending.state.value}"
+            raise ValueError(msg)
+        records = tuple(attempts)
+        return await self._write(lambda c: ops.finish(c, claim, ending, records))
+
+    # -- escalations ----------------------------------------------------------------------
+
+    async def resolve_escalation(self, turn_id: int, resolution: Resolution) -> TurnRecord:
+        return await self._write(lambda c: ops.resolve(c, turn_id, resolution))
+
+    # -- reads ----------------------------------------------------------------------------
+
+    async def get_turn(self, turn_id: int) -> TurnRecord:
+        return await self._read(lambda c: ops.get_turn(c, turn_id))
+
+    async def list_turns(
+        self,
+        *,
+        session_id: str | None = None,
+        states: frozenset[TurnState] | None = None,
+        after_turn_id: int = 0,
+        limit: int = 500,
+    ) -> TurnPage:
+        if limit <= 0:
+            raise ValueError(f"limit must be positive, got {limit}")
+        return await self._read(
+            lambda c: ops.list_turns(c, session_id, states, after_turn_id, limit)
+        )
+
+    async def counts(self) -> dict[str, int]:
+        return await self._read(ops.counts)
+
+
+@asynccontextmanager
+async def open_sqlite_store(path: Path, *, max_batch: int = 512) -> AsyncIterator[SqliteTurnStore]:
+    """The store at *path* (created if needed), its committer running until the block ends."""
+    store = SqliteTurnStore(path, max_batch=max_batch)
+    # Errors (the file's, the block's) are raised again below, outside the task group, so
+    # callers see them as themselves rather than wrapped in an exception group.
+    failed: Exception | None = None
+    async with anyio.create_task_group() as tg:
+        try:
+            await tg.start(store.run)
+        except Exception as exc:
+            failed = exc
+        else:
+            try:
+                yield store
+            except Exception as exc:
+                failed = exc
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await store.aclose()
+    if failed is not None:
+        raise failed
+
+
+def _check_lease(lease_ms: int) -> None:
+    if lease_ms < 0:
+        raise ValueError(f"lease_ms must not be negative, got {lease_ms}")

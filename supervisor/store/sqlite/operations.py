@@ -1,0 +1,627 @@
+"""The turn store's operations on SQLite: each a plain function of a connection, run by the
+engine inside a transaction (writes on the commit thread, reads on the read thread).
+
+Design notes
+------------
+* Every operation checks before it writes: a fenced write compares the claim's owner and token
+  with the row (`StaleClaimError`), a state change goes through `check_move`
+  (`IllegalTransition`); the engine's SAVEPOINT is only a second line of defence.
+* The hot path (accept + claim, start_attempt, finish) runs one statement per step where it can
+  (``UPDATE ... RETURNING``) and builds records from what it wrote rather than reading back.
+  The sqlite3 module keeps every statement prepared (the SQL texts are constants, or built from
+  a few shapes for claim filters and listings).
+* ``now`` is read inside each operation, on the commit thread, so leases and backoffs are
+  compared with the time the transaction really runs.
+* Rows come back as the sqlite3 module returns them; the converters below assert the types the
+  column lists in `schema` promise.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from types import MappingProxyType
+from typing import Any, Final
+
+import orjson
+
+from sandbox.policy.attempt_record import AttemptRecord
+from sandbox.policy.lifecycle import FINAL_STATES, TurnKind, TurnState, check_move
+from supervisor.errors import (
+    NotEscalatedError,
+    SessionClosedError,
+    StaleClaimError,
+    UnknownSessionError,
+    UnknownTurnError,
+)
+from supervisor.store.protocol import (
+    RESOLUTION_REASONS,
+    Accepted,
+    Claim,
+    ClaimFilter,
+    NewSession,
+    NewTurn,
+    Resolution,
+    SessionRecord,
+    SessionState,
+    TurnEnding,
+    TurnPage,
+    TurnRecord,
+)
+from supervisor.store.sqlite.schema import (
+    ATTEMPT_COLUMNS,
+    SESSION_COLUMNS,
+    TURN_COLUMNS,
+    UNFINISHED,
+)
+
+__all__ = [
+    "accept",
+    "attempt_from_row",
+    "claim_turns",
+    "close_session",
+    "counts",
+    "dumps",
+    "find_turn",
+    "finish",
+    "get_session",
+    "get_turn",
+    "list_sessions",
+    "list_turns",
+    "loads",
+    "open_session",
+    "record_attempt",
+    "recover",
+    "release",
+    "renew",
+    "resolve",
+    "session_from_row",
+    "start_attempt",
+    "turn_from_row",
+]
+
+#: a row as the sqlite3 module returns it (typed by the column lists in `schema`)
+_Row = tuple[Any, ...]
+
+_EMPTY: Final[Mapping[str, object]] = MappingProxyType({})
+_UNFINISHED_SQL: Final = f"state IN ({', '.join(repr(s) for s in UNFINISHED)})"
+_RESOLVED: Final = {
+    Resolution.RETRY: TurnState.ACCEPTED,
+    Resolution.TERMINATE: TurnState.TERMINATED,
+    Resolution.CANCEL: TurnState.CANCELLED,
+}
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def _marks(values: Sequence[object]) -> str:
+    return ", ".join("?" * len(values))
+
+
+# -- JSON and rows -> records -------------------------------------------------------------------
+
+
+def _default(value: object) -> object:
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, frozenset | set):
+        return sorted(value)
+    raise TypeError(f"cannot store a {type(value).__name__} as JSON")
+
+
+def dumps(value: Mapping[str, object]) -> bytes:
+    """JSON for a stored mapping (nested mappings and sets allowed)."""
+    return orjson.dumps(value, default=_default)
+
+
+def loads(blob: bytes) -> Mapping[str, object]:
+    """A stored JSON object, read-only."""
+    value = orjson.loads(blob)
+    if not isinstance(value, dict):
+        raise TypeError(f"stored JSON is a {type(value).__name__}, not an object")
+    return MappingProxyType(value)
+
+
+def session_from_row(row: Sequence[object]) -> SessionRecord:
+    sid, package, tier, work_order, workspace, state, opened, closed, turns = row
+    assert isinstance(sid, str)
+    assert isinstance(package, str)
+    assert isinstance(tier, str)
+    assert isinstance(state, str)
+    assert isinstance(opened, int)
+    assert isinstance(turns, int)
+    return SessionRecord(
+        session_id=sid,
+        package_id=package,
+        tier=tier,
+        work_order_id=_text(work_order),
+        workspace=_text(workspace),
+        state=SessionState(state),
+        opened_us=opened,
+        closed_us=_int(closed),
+        turns=turns,
+    )
+
+
+def _text(value: object) -> str | None:
+    assert value is None or isinstance(value, str)
+    return value
+
+
+def _int(value: object) -> int | None:
+    assert value is None or isinstance(value, int)
+    return value
+
+
+def attempt_from_row(row: Sequence[object]) -> AttemptRecord:
+    """An `attempts` row (`ATTEMPT_COLUMNS`) as a record."""
+    extra = row[16]
+    assert extra is None or isinstance(extra, bytes)
+    attempt, started = row[2], row[3]
+    assert isinstance(attempt, int)
+    assert isinstance(started, int)
+    return AttemptRecord(
+        attempt=attempt,
+        started_us=started,
+        executor_id=_text(row[4]),
+        instruction_id=_text(row[5]),
+        finished_us=_int(row[6]),
+        outcome=_text(row[7]),
+        fault_type=_text(row[8]),
+        exit_code=_int(row[9]),
+        decision=_text(row[10]),
+        reason_code=_text(row[11]),
+        reason=_text(row[12]),
+        detail=_text(row[13]),
+        duration_ms=_int(row[14]),
+        delay_ms=_int(row[15]),
+        extra=_EMPTY if extra is None else loads(extra),
+    )
+
+
+def turn_from_row(row: Sequence[object], attempts: tuple[AttemptRecord, ...]) -> TurnRecord:
+    """A `turns` row (`TURN_COLUMNS`) and its attempts as a record."""
+    spec, result = row[4], row[16]
+    assert isinstance(spec, bytes)
+    assert result is None or isinstance(result, bytes)
+    turn_id, session_id, number, kind, state = row[0], row[1], row[2], row[3], row[6]
+    assert isinstance(turn_id, int)
+    assert isinstance(session_id, str)
+    assert isinstance(number, int)
+    assert isinstance(kind, str)
+    assert isinstance(state, str)
+    attempt, accepted, updated, token = row[7], row[8], row[9], row[18]
+    assert isinstance(attempt, int)
+    assert isinstance(accepted, int)
+    assert isinstance(updated, int)
+    assert isinstance(token, int)
+    return TurnRecord(
+        turn_id=turn_id,
+        session_id=session_id,
+        turn_number=number,
+        kind=TurnKind(kind),
+        spec=loads(spec),
+        idempotency_key=_text(row[5]),
+        state=TurnState(state),
+        attempt=attempt,
+        accepted_us=accepted,
+        updated_us=updated,
+        next_attempt_us=_int(row[10]),
+        finished_us=_int(row[11]),
+        verdict=_text(row[12]),
+        reason_code=_text(row[13]),
+        reason=_text(row[14]),
+        fault_type=_text(row[15]),
+        result=None if result is None else loads(result),
+        attempts=attempts,
+        owner=_text(row[17]),
+        token=token,
+    )
+
+
+# -- operations (each runs on a connection inside a transaction) -------------------------------
+
+
+def open_session(conn: sqlite3.Connection, new: NewSession) -> SessionRecord:
+    try:
+        rows = conn.execute(
+            f"INSERT INTO sessions({SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, 'open', ?, NULL, 0)"
+            f" RETURNING {SESSION_COLUMNS}",
+            (new.session_id, new.package_id, new.tier, new.work_order_id, new.workspace, _now_us()),
+        ).fetchall()
+    except sqlite3.IntegrityError:
+        raise ValueError(f"session {new.session_id!r} already exists") from None
+    return session_from_row(rows[0])
+
+
+def close_session(conn: sqlite3.Connection, session_id: str) -> SessionRecord:
+    rows = conn.execute(
+        "UPDATE sessions SET state = 'closed', closed_us = ? WHERE session_id = ?"
+        f" AND state = 'open' RETURNING {SESSION_COLUMNS}",
+        (_now_us(), session_id),
+    ).fetchall()
+    return session_from_row(rows[0]) if rows else get_session(conn, session_id)
+
+
+def get_session(conn: sqlite3.Connection, session_id: str) -> SessionRecord:
+    row = conn.execute(
+        f"SELECT {SESSION_COLUMNS} FROM sessions WHERE session_id = ?", (session_id,)
+    ).fetchone()
+    if row is None:
+        raise UnknownSessionError(session_id)
+    return session_from_row(row)
+
+
+def list_sessions(conn: sqlite3.Connection, state: SessionState | None) -> list[SessionRecord]:
+    sql = f"SELECT {SESSION_COLUMNS} FROM sessions"
+    args: tuple[str, ...] = ()
+    if state is not None:
+        sql += " WHERE state = ?"
+        args = (state.value,)
+    rows = conn.execute(sql + " ORDER BY opened_us, session_id", args).fetchall()
+    return [session_from_row(r) for r in rows]
+
+
+def _attempts_of(conn: sqlite3.Connection, turn_id: int) -> tuple[AttemptRecord, ...]:
+    rows = conn.execute(
+        f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE turn_id = ? ORDER BY round, attempt",
+        (turn_id,),
+    ).fetchall()
+    return tuple(attempt_from_row(r) for r in rows)
+
+
+def _turns_from_rows(conn: sqlite3.Connection, rows: list[_Row]) -> list[TurnRecord]:
+    """Turn rows (`TURN_COLUMNS`) as records, their attempts read in a few queries."""
+    found: dict[int, list[AttemptRecord]] = {}
+    ids = [int(r[0]) for r in rows]
+    for start in range(0, len(ids), 500):
+        chunk = ids[start : start + 500]
+        for a in conn.execute(
+            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE turn_id IN ({_marks(chunk)})"
+            " ORDER BY turn_id, round, attempt",
+            chunk,
+        ):
+            found.setdefault(int(a[0]), []).append(attempt_from_row(a))
+    return [turn_from_row(r, tuple(found.get(int(r[0]), ()))) for r in rows]
+
+
+def get_turn(conn: sqlite3.Connection, turn_id: int) -> TurnRecord:
+    row = conn.execute(f"SELECT {TURN_COLUMNS} FROM turns WHERE turn_id = ?", (turn_id,)).fetchone()
+    if row is None:
+        raise UnknownTurnError(turn_id)
+    return turn_from_row(row, _attempts_of(conn, turn_id))
+
+
+def find_turn(conn: sqlite3.Connection, session_id: str, key: str) -> TurnRecord | None:
+    row = conn.execute(
+        f"SELECT {TURN_COLUMNS} FROM turns WHERE session_id = ? AND idempotency_key = ?",
+        (session_id, key),
+    ).fetchone()
+    return None if row is None else turn_from_row(row, _attempts_of(conn, int(row[0])))
+
+
+def accept(
+    conn: sqlite3.Connection, new: NewTurn, claim_for: str | None, lease_ms: int
+) -> Accepted:
+    if new.idempotency_key is not None:
+        first = find_turn(conn, new.session_id, new.idempotency_key)
+        if first is not None:
+            return Accepted(turn=first, created=False)
+    # Take the session's next turn number in one statement (every submission's path); only
+    # when no open session matched, find out why.
+    taken = conn.execute(
+        "UPDATE sessions SET turns = turns + 1 WHERE session_id = ? AND state = 'open'"
+        " RETURNING turns",
+        (new.session_id,),
+    ).fetchall()
+    if not taken:
+        get_session(conn, new.session_id)  # raises UnknownSessionError
+        raise SessionClosedError(new.session_id)
+    number = int(taken[0][0])
+    now = _now_us()
+    blob = dumps(new.spec)
+    command = new.spec.get("command_type") if new.kind is TurnKind.INSTRUCTION else None
+    token, lease = (1, now + lease_ms * 1000) if claim_for is not None else (0, None)
+    cur = conn.execute(
+        "INSERT INTO turns(session_id, turn_number, kind, command_type, spec, idempotency_key,"
+        " state, accepted_us, updated_us, owner, token, lease_until_us)"
+        " VALUES (?, ?, ?, ?, ?, ?, 'accepted', ?, ?, ?, ?, ?)",
+        (
+            new.session_id,
+            number,
+            new.kind.value,
+            command if isinstance(command, str) else None,
+            blob,
+            new.idempotency_key,
+            now,
+            now,
+            claim_for,
+            token,
+            lease,
+        ),
+    )
+    assert cur.lastrowid is not None
+    # Built here instead of read back; the spec takes the same JSON round trip as a stored one.
+    turn = TurnRecord(
+        turn_id=cur.lastrowid,
+        session_id=new.session_id,
+        turn_number=number,
+        kind=new.kind,
+        spec=loads(blob),
+        idempotency_key=new.idempotency_key,
+        state=TurnState.ACCEPTED,
+        attempt=0,
+        accepted_us=now,
+        updated_us=now,
+        owner=claim_for,
+        token=token,
+    )
+    if claim_for is None or lease is None:
+        return Accepted(turn=turn, created=True)
+    claim = Claim(turn=turn, owner=claim_for, token=token, lease_until_us=lease)
+    return Accepted(turn=turn, created=True, claim=claim)
+
+
+def _claims(conn: sqlite3.Connection, rows: list[_Row]) -> list[Claim]:
+    rows = sorted(rows, key=lambda r: int(r[0]))  # RETURNING promises no order
+    return [
+        Claim(turn=t, owner=str(r[17]), token=t.token, lease_until_us=int(r[19]))
+        for t, r in zip(_turns_from_rows(conn, rows), rows, strict=True)
+    ]
+
+
+def claim_turns(
+    conn: sqlite3.Connection, owner: str, limit: int, lease_ms: int, only: ClaimFilter | None
+) -> list[Claim]:
+    now = _now_us()
+    where = [
+        _UNFINISHED_SQL,
+        "((owner IS NULL AND (state != 'waiting_retry' OR coalesce(next_attempt_us, 0) <= ?))"
+        " OR (owner IS NOT NULL AND lease_until_us < ?))",
+    ]
+    args: list[object] = [owner, now + lease_ms * 1000, now, now]
+    if only is not None:
+        kinds = sorted(k.value for k in only.kinds)
+        where.append(f"kind IN ({_marks(kinds)})")
+        args.extend(kinds)
+        if only.command_types is not None:
+            types = sorted(only.command_types)
+            where.append(f"(kind != 'instruction' OR command_type IN ({_marks(types)}))")
+            args.extend(types)
+        if only.process_sessions is not None:
+            sessions = sorted(only.process_sessions)
+            where.append(f"(kind != 'process' OR session_id IN ({_marks(sessions)}))")
+            args.extend(sessions)
+    args.append(limit)
+    rows = conn.execute(
+        "UPDATE turns SET owner = ?, token = token + 1, lease_until_us = ? WHERE turn_id IN"
+        f" (SELECT turn_id FROM turns WHERE {' AND '.join(where)} ORDER BY turn_id LIMIT ?)"
+        f" RETURNING {TURN_COLUMNS}",
+        args,
+    ).fetchall()
+    return _claims(conn, rows)
+
+
+def recover(conn: sqlite3.Connection, owner: str, lease_ms: int) -> list[Claim]:
+    rows = conn.execute(
+        "UPDATE turns SET owner = ?, token = token + 1, lease_until_us = ?"
+        f" WHERE {_UNFINISHED_SQL} RETURNING {TURN_COLUMNS}",
+        (owner, _now_us() + lease_ms * 1000),
+    ).fetchall()
+    return _claims(conn, rows)
+
+
+def renew(conn: sqlite3.Connection, claims: tuple[Claim, ...], lease_ms: int) -> list[Claim]:
+    until = _now_us() + lease_ms * 1000
+    kept: list[Claim] = []
+    for claim in claims:
+        cur = conn.execute(
+            "UPDATE turns SET lease_until_us = ? WHERE turn_id = ? AND owner = ? AND token = ?",
+            (until, claim.turn_id, claim.owner, claim.token),
+        )
+        if cur.rowcount:
+            kept.append(replace(claim, lease_until_us=until))
+    return kept
+
+
+def release(conn: sqlite3.Connection, claim: Claim) -> None:
+    conn.execute(
+        "UPDATE turns SET owner = NULL, lease_until_us = NULL"
+        " WHERE turn_id = ? AND owner = ? AND token = ?",
+        (claim.turn_id, claim.owner, claim.token),
+    )
+
+
+def _fence(conn: sqlite3.Connection, claim: Claim) -> tuple[TurnState, int]:
+    """The turn's state and round, if *claim* still holds it; else `StaleClaimError`."""
+    row = conn.execute(
+        "SELECT state, owner, token, round FROM turns WHERE turn_id = ?", (claim.turn_id,)
+    ).fetchone()
+    if row is None:
+        raise UnknownTurnError(claim.turn_id)
+    state, owner, token, round_ = row
+    if owner is None or owner != claim.owner or token != claim.token:
+        raise StaleClaimError(
+            claim.turn_id, token=claim.token, current_token=int(token), owner=claim.owner
+        )
+    return TurnState(state), int(round_)
+
+
+def _stored(attempt: AttemptRecord) -> AttemptRecord:
+    """*attempt* as it reads back (``extra`` through the JSON round trip)."""
+    return replace(attempt, extra=loads(dumps(attempt.extra))) if attempt.extra else attempt
+
+
+_PUT_ATTEMPT: Final = (
+    f"INSERT OR REPLACE INTO attempts({ATTEMPT_COLUMNS})"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _put_attempts(
+    conn: sqlite3.Connection, turn_id: int, round_: int, attempts: Sequence[AttemptRecord]
+) -> None:
+    rows = [
+        (
+            turn_id,
+            round_,
+            a.attempt,
+            a.started_us,
+            a.executor_id,
+            a.instruction_id,
+            a.finished_us,
+            a.outcome,
+            a.fault_type,
+            a.exit_code,
+            a.decision,
+            a.reason_code,
+            a.reason,
+            a.detail,
+            a.duration_ms,
+            a.delay_ms,
+            dumps(a.extra) if a.extra else None,
+        )
+        for a in attempts
+    ]
+    if len(rows) == 1:  # the usual case: one statement, no executemany machinery
+        conn.execute(_PUT_ATTEMPT, rows[0])
+    elif rows:
+        conn.executemany(_PUT_ATTEMPT, rows)
+
+
+def _after_write(
+    conn: sqlite3.Connection,
+    claim: Claim,
+    rows: list[_Row],
+    attempts: tuple[AttemptRecord, ...] | None,
+) -> Claim:
+    row = rows[0]
+    turn = turn_from_row(row, _attempts_of(conn, claim.turn_id) if attempts is None else attempts)
+    return Claim(turn=turn, owner=claim.owner, token=claim.token, lease_until_us=int(row[19]))
+
+
+def start_attempt(conn: sqlite3.Connection, claim: Claim, attempt: AttemptRecord) -> Claim:
+    state, round_ = _fence(conn, claim)
+    check_move(state, TurnState.RUNNING, turn_id=claim.turn_id)
+    rows = conn.execute(
+        "UPDATE turns SET state = 'running', attempt = ?, updated_us = ?, next_attempt_us = NULL"
+        f" WHERE turn_id = ? RETURNING {TURN_COLUMNS}",
+        (attempt.attempt, _now_us(), claim.turn_id),
+    ).fetchall()
+    _put_attempts(conn, claim.turn_id, round_, (attempt,))
+    # A turn's first attempt ever: its attempts are this one (no read back).
+    first = state is TurnState.ACCEPTED and round_ == 0
+    return _after_write(conn, claim, rows, (_stored(attempt),) if first else None)
+
+
+def record_attempt(
+    conn: sqlite3.Connection, claim: Claim, attempt: AttemptRecord, next_attempt_us: int
+) -> Claim:
+    state, round_ = _fence(conn, claim)
+    check_move(state, TurnState.WAITING_RETRY, turn_id=claim.turn_id)
+    _put_attempts(conn, claim.turn_id, round_, (attempt,))
+    rows = conn.execute(
+        "UPDATE turns SET state = 'waiting_retry', attempt = max(attempt, ?), updated_us = ?,"
+        f" next_attempt_us = ? WHERE turn_id = ? RETURNING {TURN_COLUMNS}",
+        (attempt.attempt, _now_us(), next_attempt_us, claim.turn_id),
+    ).fetchall()
+    return _after_write(conn, claim, rows, None)
+
+
+def finish(
+    conn: sqlite3.Connection,
+    claim: Claim,
+    ending: TurnEnding,
+    attempts: tuple[AttemptRecord, ...],
+) -> TurnRecord:
+    state, round_ = _fence(conn, claim)
+    check_move(state, ending.state, turn_id=claim.turn_id)
+    _put_attempts(conn, claim.turn_id, round_, attempts)
+    now = _now_us()
+    rows = conn.execute(
+        "UPDATE turns SET state = ?, attempt = max(attempt, ?), updated_us = ?, finished_us = ?,"
+        " next_attempt_us = NULL, verdict = ?, reason_code = ?, reason = ?, fault_type = ?,"
+        " result = ?, owner = NULL, lease_until_us = NULL"
+        f" WHERE turn_id = ? RETURNING {TURN_COLUMNS}",
+        (
+            ending.state.value,
+            max((a.attempt for a in attempts), default=0),
+            now,
+            now if ending.state in FINAL_STATES else None,
+            ending.verdict,
+            ending.reason_code,
+            ending.reason,
+            ending.fault_type,
+            dumps(ending.result),
+            claim.turn_id,
+        ),
+    ).fetchall()
+    return turn_from_row(rows[0], _attempts_of(conn, claim.turn_id))
+
+
+def resolve(conn: sqlite3.Connection, turn_id: int, resolution: Resolution) -> TurnRecord:
+    """Carry out a decision on an escalated turn (the reasons recorded: `RESOLUTION_REASONS`)."""
+    row = conn.execute("SELECT state FROM turns WHERE turn_id = ?", (turn_id,)).fetchone()
+    if row is None:
+        raise UnknownTurnError(turn_id)
+    state = TurnState(row[0])
+    if state is not TurnState.ESCALATED:
+        raise NotEscalatedError(turn_id, state.value)
+    target = _RESOLVED[resolution]
+    check_move(state, target, turn_id=turn_id)
+    now = _now_us()
+    if target is TurnState.ACCEPTED:
+        # A fresh attempt budget: a new round whose attempts count from 1 again.
+        sql = (
+            "UPDATE turns SET state = 'accepted', round = round + 1, attempt = 0,"
+            " updated_us = ?, next_attempt_us = NULL, finished_us = NULL, verdict = NULL,"
+            " reason_code = NULL, reason = NULL, fault_type = NULL, result = NULL"
+            f" WHERE turn_id = ? RETURNING {TURN_COLUMNS}"
+        )
+        args: tuple[object, ...] = (now, turn_id)
+    else:
+        code, why = RESOLUTION_REASONS[resolution]
+        sql = (
+            "UPDATE turns SET state = ?, updated_us = ?, finished_us = ?, verdict = 'TERMINATE',"
+            f" reason_code = ?, reason = ? WHERE turn_id = ? RETURNING {TURN_COLUMNS}"
+        )
+        args = (target.value, now, now, code, why, turn_id)
+    rows = conn.execute(sql, args).fetchall()
+    return turn_from_row(rows[0], _attempts_of(conn, turn_id))
+
+
+def list_turns(
+    conn: sqlite3.Connection,
+    session_id: str | None,
+    states: frozenset[TurnState] | None,
+    after: int,
+    limit: int,
+) -> TurnPage:
+    where = ["turn_id > ?"]
+    args: list[object] = [after]
+    if session_id is not None:
+        where.append("session_id = ?")
+        args.append(session_id)
+    if states is not None:
+        values = sorted(s.value for s in states)
+        where.append(f"state IN ({_marks(values)})")
+        args.extend(values)
+    args.append(limit + 1)
+    rows = conn.execute(
+        f"SELECT {TURN_COLUMNS} FROM turns WHERE {' AND '.join(where)} ORDER BY turn_id LIMIT ?",
+        args,
+    ).fetchall()
+    more = len(rows) > limit
+    turns = _turns_from_rows(conn, rows[:limit])
+    return TurnPage(turns=tuple(turns), next_after=turns[-1].turn_id if more else None)
+
+
+def counts(conn: sqlite3.Connection) -> dict[str, int]:
+    return {
+        str(state): int(n)
+        for state, n in conn.execute("SELECT state, count(*) FROM turns GROUP BY state")
+    }

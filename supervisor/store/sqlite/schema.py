@@ -1,0 +1,250 @@
+"""The turn store's SQLite schema: tables, version check, connections.
+
+Design notes
+------------
+* **A new file, a new schema.** The engine keeps its own file (the caller passes the path, by
+  convention ``<root>/state/turns.sqlite3``); it never reads the old intake's tables. The version
+  lives in ``meta`` under the key ``turn_store_schema``; a file whose tables are not ours (no such
+  key) is refused rather than written into.
+* **Versions only move forward.** Opening a file whose version is newer than this code's
+  `SCHEMA_VERSION` raises `SchemaVersionError` naming the file, both versions and what to do:
+  the newer daemon's tables may mean things this one cannot know. An older version is upgraded
+  by the steps in `_MIGRATIONS` inside one transaction (none yet: version 1 is the first).
+* **Claims live on the turn row**: ``owner``, ``lease_until_us`` and ``token`` (only grows, one
+  more on every claim). ``round`` counts escalation retries: attempts are keyed by
+  ``(turn_id, round, attempt)`` so a fresh attempt budget numbers its attempts from 1 again and
+  the earlier rounds stay as history.
+* **Durability.** WAL with ``synchronous=FULL``: a commit fsyncs the WAL, so a committed change
+  survives a power loss, not only a crash. The writer and the reader are separate connections
+  (WAL lets a reader see every committed transaction without waiting for the writer).
+* ``command_type`` is copied out of an instruction turn's spec at acceptance, so claims filter
+  by it in SQL.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+from supervisor.errors import IntakeError
+
+__all__ = [
+    "ATTEMPT_COLUMNS",
+    "SCHEMA_VERSION",
+    "SESSION_COLUMNS",
+    "TURN_COLUMNS",
+    "UNFINISHED",
+    "SchemaVersionError",
+    "open_connections",
+]
+
+#: The schema this code writes. Raise it (and add a step to `_MIGRATIONS`) on every change.
+SCHEMA_VERSION: Final = 1
+_VERSION_KEY: Final = "turn_store_schema"
+
+#: States a turn can still leave by itself (claimable, recoverable). ``escalated`` waits for a
+#: person and the final states never move.
+UNFINISHED: Final = ("accepted", "running", "waiting_retry")
+
+
+_TABLES: Final = """
+CREATE TABLE IF NOT EXISTS meta(
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sessions(
+    session_id TEXT PRIMARY KEY,
+    package_id TEXT NOT NULL,
+    tier TEXT NOT NULL,
+    work_order_id TEXT,
+    workspace TEXT,
+    state TEXT NOT NULL,
+    opened_us INTEGER NOT NULL,
+    closed_us INTEGER,
+    turns INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS turns(
+    turn_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions(session_id),
+    turn_number INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    command_type TEXT,
+    spec BLOB NOT NULL,
+    idempotency_key TEXT,
+    state TEXT NOT NULL,
+    round INTEGER NOT NULL DEFAULT 0,
+    attempt INTEGER NOT NULL DEFAULT 0,
+    accepted_us INTEGER NOT NULL,
+    updated_us INTEGER NOT NULL,
+    next_attempt_us INTEGER,
+    finished_us INTEGER,
+    verdict TEXT,
+    reason_code TEXT,
+    reason TEXT,
+    fault_type TEXT,
+    result BLOB,
+    owner TEXT,
+    token INTEGER NOT NULL DEFAULT 0,
+    lease_until_us INTEGER,
+    UNIQUE(session_id, turn_number),
+    UNIQUE(session_id, idempotency_key)
+);
+CREATE INDEX IF NOT EXISTS turns_unfinished ON turns(turn_id)
+    WHERE state IN ('accepted', 'running', 'waiting_retry');
+CREATE INDEX IF NOT EXISTS turns_by_state ON turns(state, turn_id);
+CREATE TABLE IF NOT EXISTS attempts(
+    turn_id INTEGER NOT NULL REFERENCES turns(turn_id),
+    round INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    started_us INTEGER NOT NULL,
+    executor_id TEXT,
+    instruction_id TEXT,
+    finished_us INTEGER,
+    outcome TEXT,
+    fault_type TEXT,
+    exit_code INTEGER,
+    decision TEXT,
+    reason_code TEXT,
+    reason TEXT,
+    detail TEXT,
+    duration_ms INTEGER,
+    delay_ms INTEGER,
+    extra BLOB,
+    PRIMARY KEY(turn_id, round, attempt)
+) WITHOUT ROWID;
+"""
+
+#: version -> the SQL that upgrades a file from that version to the next one.
+_MIGRATIONS: Final[Mapping[int, str]] = {}
+
+TURN_COLUMNS: Final = (
+    "turn_id, session_id, turn_number, kind, spec, idempotency_key, state, attempt, accepted_us,"
+    " updated_us, next_attempt_us, finished_us, verdict, reason_code, reason, fault_type, result,"
+    " owner, token, lease_until_us, round"
+)
+ATTEMPT_COLUMNS: Final = (
+    "turn_id, round, attempt, started_us, executor_id, instruction_id, finished_us, outcome,"
+    " fault_type, exit_code, decision, reason_code, reason, detail, duration_ms, delay_ms, extra"
+)
+SESSION_COLUMNS: Final = (
+    "session_id, package_id, tier, work_order_id, workspace, state, opened_us, closed_us, turns"
+)
+
+
+class SchemaVersionError(IntakeError):
+    """Raised when the store file was written with a schema this code cannot use: a newer
+    version, an older one without a migration, or tables that are not a turn store.
+
+    ``path`` is the file, ``found`` its version (None when it is not a turn store), ``supported``
+    this code's version.
+    """
+
+    def __init__(self, path: Path, *, found: int | None, supported: int) -> None:
+        self.path = path
+        self.found = found
+        self.supported = supported
+        if found is None:
+            what = (
+                f"turn store {path} holds tables but no turn store schema version; it is not a"
+                " turn store (perhaps the old intake file). Pass the path of a turn store, or a"
+                " new file"
+            )
+        elif found > supported:
+            what = (
+                f"turn store {path} has schema version {found}, newer than the {supported} this"
+                " hunter supports: a newer hunter wrote it. Upgrade hunter to open it, or use"
+                " another state directory"
+            )
+        else:
+            what = (
+                f"turn store {path} has schema version {found} and this hunter ({supported}) has"
+                " no migration from it. Open it with the hunter that wrote it and export the"
+                " turns, or use another state directory"
+            )
+        super().__init__(what)
+
+
+def _migrate(conn: sqlite3.Connection, path: Path) -> None:
+    """Create the tables, or check (and upgrade) the version of existing ones; one transaction."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        _upgrade(conn, path)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _run_script(conn: sqlite3.Connection, script: str) -> None:
+    # Not executescript: that would COMMIT the open transaction first.
+    for statement in script.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
+def _upgrade(conn: sqlite3.Connection, path: Path) -> None:
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    found: int | None = None
+    if "meta" in tables:
+        row = conn.execute("SELECT value FROM meta WHERE key = ?", (_VERSION_KEY,)).fetchone()
+        found = None if row is None else int(row[0])
+    if found is None:
+        if tables - {"sqlite_sequence"}:
+            raise SchemaVersionError(path, found=None, supported=SCHEMA_VERSION)
+        _run_script(conn, _TABLES)
+        conn.execute(
+            "INSERT INTO meta(key, value) VALUES (?, ?)", (_VERSION_KEY, str(SCHEMA_VERSION))
+        )
+        return
+    if found > SCHEMA_VERSION:
+        raise SchemaVersionError(path, found=found, supported=SCHEMA_VERSION)
+    while found < SCHEMA_VERSION:
+        step = _MIGRATIONS.get(found)
+        if step is None:
+            raise SchemaVersionError(path, found=found, supported=SCHEMA_VERSION)
+        _run_script(conn, step)
+        found += 1
+    conn.execute("UPDATE meta SET value = ? WHERE key = ?", (str(SCHEMA_VERSION), _VERSION_KEY))
+
+
+def _require_wal(conn: sqlite3.Connection, path: Path) -> None:
+    mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    if str(mode).lower() != "wal":
+        raise IntakeError(f"turn store {path}: SQLite refused WAL mode (got {mode!r})")
+
+
+def _connect(path: Path, *, writer: bool) -> sqlite3.Connection:
+    conn = sqlite3.connect(
+        str(path),
+        isolation_level=None,  # transactions are explicit (BEGIN IMMEDIATE / SAVEPOINT)
+        check_same_thread=False,  # used from worker threads, one at a time (a limiter of 1)
+        timeout=10.0,
+        cached_statements=256,  # every statement the engine runs stays prepared
+    )
+    try:
+        if writer:
+            _require_wal(conn, path)
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        if not writer:
+            conn.execute("PRAGMA query_only=ON")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def open_connections(path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection]:
+    """Open (creating if needed) the store at *path*: ``(writer, reader)``. Blocking."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = _connect(path, writer=True)
+    try:
+        _migrate(writer, path)
+        reader = _connect(path, writer=False)
+    except BaseException:
+        writer.close()
+        raise
+    return writer, reader

@@ -1,0 +1,650 @@
+"""The `TurnStore` rules, once, for every engine (`test_conformance.py` runs them per engine).
+
+`TurnStoreConformance` holds the tests; a subclass supplies the ``open_store`` fixture: a
+`StoreFactory` whose every call opens a store over the *same* storage (a second call after the
+first closed is a restart). Nothing here knows an engine: only the protocol, its records and its
+errors. The only sleeps wait for a lease of a few milliseconds to expire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+
+import anyio
+import pytest
+
+from sandbox.policy.attempt_record import AttemptRecord
+from sandbox.policy.lifecycle import IllegalTransition, TurnKind, TurnState
+from supervisor.errors import (
+    IntakeClosedError,
+    NotEscalatedError,
+    SessionClosedError,
+    StaleClaimError,
+    UnknownSessionError,
+    UnknownTurnError,
+)
+from supervisor.store.protocol import (
+    RESOLUTION_REASONS,
+    Claim,
+    ClaimFilter,
+    NewSession,
+    NewTurn,
+    Resolution,
+    SessionState,
+    TurnEnding,
+    TurnRecord,
+    TurnStore,
+)
+
+__all__ = ["StoreFactory", "TurnStoreConformance"]
+
+#: Opens a store over one test's storage; the store is closed when the block ends.
+StoreFactory = Callable[[], AbstractAsyncContextManager[TurnStore]]
+
+LEASE_MS = 60_000
+#: a lease that is over by the time `expire` returns
+SHORT_LEASE_MS = 2
+
+
+def spec(command: str = "READ", **more: object) -> dict[str, object]:
+    return {"kind": "instruction", "command_type": command, "parameters": {"n": 1}, **more}
+
+
+def instruction(
+    session: str = "S1", *, key: str | None = None, command: str = "READ", **more: object
+) -> NewTurn:
+    return NewTurn(
+        session_id=session,
+        kind=TurnKind.INSTRUCTION,
+        spec=spec(command, **more),
+        idempotency_key=key,
+    )
+
+
+def process(session: str = "S1") -> NewTurn:
+    return NewTurn(session_id=session, kind=TurnKind.PROCESS, spec={"argv": ["true"]})
+
+
+def attempt(n: int, *, decision: str | None = None, **extra: object) -> AttemptRecord:
+    return AttemptRecord(
+        attempt=n,
+        started_us=1_000 * n,
+        executor_id="ex-1",
+        finished_us=None if decision is None else 1_000 * n + 500,
+        outcome=None if decision is None else "FAULT",
+        decision=decision,
+        extra=extra,
+    )
+
+
+async def expire() -> None:
+    """Let a `SHORT_LEASE_MS` lease run out."""
+    await anyio.sleep(SHORT_LEASE_MS / 1000 + 0.01)
+
+
+async def session(store: TurnStore, session_id: str = "S1") -> None:
+    await store.open_session(NewSession(session_id=session_id, package_id="demo"))
+
+
+async def claimed(store: TurnStore, new: NewTurn | None = None, *, owner: str = "A") -> Claim:
+    accepted = await store.accept(new or instruction(), claim_for=owner, lease_ms=LEASE_MS)
+    assert accepted.claim is not None
+    return accepted.claim
+
+
+async def escalated(store: TurnStore) -> TurnRecord:
+    """A turn that ran one attempt and was parked for a person."""
+    claim = await store.start_attempt(await claimed(store), attempt(1))
+    ending = TurnEnding(state=TurnState.ESCALATED, verdict="ESCALATE", reason_code="ask")
+    return await store.finish(claim, ending, [attempt(1, decision="ESCALATE")])
+
+
+def unchanged(before: TurnRecord, after: TurnRecord) -> None:
+    assert after == before
+
+
+class TurnStoreConformance:
+    """Every rule of the `TurnStore` protocol (see `supervisor.store.protocol`)."""
+
+    # -- sessions ---------------------------------------------------------------------------
+
+    async def test_open_get_list_sessions(self, open_store: StoreFactory) -> None:
+        """An opened session reads back as open with no turns, and lists by state."""
+        async with open_store() as store:
+            opened = await store.open_session(
+                NewSession(session_id="S1", package_id="demo", tier="t", workspace="/w")
+            )
+            await session(store, "S2")
+            await store.close_session("S2")
+            assert opened.state is SessionState.OPEN
+            assert (opened.package_id, opened.tier, opened.workspace) == ("demo", "t", "/w")
+            assert opened.turns == 0
+            assert opened.closed_us is None
+            assert await store.get_session("S1") == opened
+            assert {s.session_id for s in await store.list_sessions()} == {"S1", "S2"}
+            open_ = await store.list_sessions(state=SessionState.OPEN)
+            assert [s.session_id for s in open_] == ["S1"]
+
+    async def test_duplicate_session_refused(self, open_store: StoreFactory) -> None:
+        """Opening a session id twice raises ValueError and keeps the first."""
+        async with open_store() as store:
+            await session(store)
+            with pytest.raises(ValueError, match="S1"):
+                await store.open_session(NewSession(session_id="S1", package_id="other"))
+            assert (await store.get_session("S1")).package_id == "demo"
+
+    async def test_close_session(self, open_store: StoreFactory) -> None:
+        """Closing stamps closed_us; closing again changes nothing; unknown ids raise."""
+        async with open_store() as store:
+            await session(store)
+            closed = await store.close_session("S1")
+            assert closed.state is SessionState.CLOSED
+            assert closed.closed_us is not None
+            assert await store.close_session("S1") == closed
+            with pytest.raises(UnknownSessionError, match="'nope'"):
+                await store.close_session("nope")
+            with pytest.raises(UnknownSessionError, match="'nope'"):
+                await store.get_session("nope")
+
+    # -- acceptance -------------------------------------------------------------------------
+
+    async def test_accept_numbers_turns(self, open_store: StoreFactory) -> None:
+        """Accepted turns are numbered 1, 2... per session, start accepted, keep their spec."""
+        async with open_store() as store:
+            await session(store)
+            await session(store, "S2")
+            first = await store.accept(instruction())
+            second = await store.accept(process())
+            other = await store.accept(instruction("S2"))
+            assert (first.turn.turn_number, second.turn.turn_number) == (1, 2)
+            assert other.turn.turn_number == 1
+            assert first.created
+            assert first.claim is None
+            assert first.turn.state is TurnState.ACCEPTED
+            assert first.turn.attempt == 0
+            assert first.turn.owner is None
+            assert dict(first.turn.spec) == spec()
+            assert second.turn.kind is TurnKind.PROCESS
+            assert second.turn.turn_id > first.turn.turn_id
+            assert (await store.get_session("S1")).turns == 2
+            assert await store.get_turn(first.turn.turn_id) == first.turn
+
+    async def test_accept_is_idempotent(self, open_store: StoreFactory) -> None:
+        """A resubmitted key returns the first turn, created=False, and writes nothing."""
+        async with open_store() as store:
+            await session(store)
+            await session(store, "S2")
+            first = await store.accept(instruction(key="k1"), claim_for="A", lease_ms=LEASE_MS)
+            again = await store.accept(instruction(key="k1", note="different"), claim_for="B")
+            assert not again.created
+            assert again.claim is None
+            assert again.turn.turn_id == first.turn.turn_id
+            assert again.turn.owner == "A"
+            assert (await store.get_session("S1")).turns == 1
+            assert await store.counts() == {"accepted": 1}
+            assert await store.find_turn("S1", "k1") == again.turn
+            assert await store.find_turn("S1", "k2") is None
+            elsewhere = await store.accept(instruction("S2", key="k1"))
+            assert elsewhere.created
+            assert elsewhere.turn.turn_id != first.turn.turn_id
+
+    async def test_accept_refuses_unknown_and_closed_sessions(
+        self, open_store: StoreFactory
+    ) -> None:
+        """Accepting into an unknown session or a closed one raises and writes nothing."""
+        async with open_store() as store:
+            await session(store)
+            await store.close_session("S1")
+            with pytest.raises(UnknownSessionError, match="'nope'"):
+                await store.accept(instruction("nope"))
+            with pytest.raises(SessionClosedError, match="session S1 is closed"):
+                await store.accept(instruction("S1"))
+            assert await store.counts() == {}
+            assert (await store.get_session("S1")).turns == 0
+
+    async def test_accept_with_claim(self, open_store: StoreFactory) -> None:
+        """claim_for claims the new turn at once: token 1, the owner set, the lease ahead."""
+        async with open_store() as store:
+            await session(store)
+            accepted = await store.accept(instruction(), claim_for="A", lease_ms=LEASE_MS)
+            claim = accepted.claim
+            assert claim is not None
+            assert (claim.owner, claim.token, claim.turn_id) == ("A", 1, accepted.turn.turn_id)
+            assert claim.lease_until_us > accepted.turn.accepted_us
+            assert (accepted.turn.owner, accepted.turn.token) == ("A", 1)
+            assert await store.claim("B", limit=10, lease_ms=LEASE_MS) == []
+
+    # -- claims -----------------------------------------------------------------------------
+
+    async def test_claim_takes_oldest_first_up_to_limit(self, open_store: StoreFactory) -> None:
+        """claim takes accepted turns nobody holds, oldest first, at most limit."""
+        async with open_store() as store:
+            await session(store)
+            ids = [(await store.accept(instruction())).turn.turn_id for _ in range(3)]
+            first = await store.claim("A", limit=2, lease_ms=LEASE_MS)
+            assert [c.turn_id for c in first] == ids[:2]
+            assert all(c.owner == "A" and c.token == 1 for c in first)
+            assert all(c.turn.owner == "A" for c in first)
+            rest = await store.claim("B", limit=5, lease_ms=LEASE_MS)
+            assert [c.turn_id for c in rest] == ids[2:]
+            assert await store.claim("C", limit=5, lease_ms=LEASE_MS) == []
+            assert await store.claim("C", limit=0, lease_ms=LEASE_MS) == []
+
+    async def test_claim_skips_escalated_and_final(self, open_store: StoreFactory) -> None:
+        """Escalated and final turns are never claimed."""
+        async with open_store() as store:
+            await session(store)
+            await escalated(store)
+            done = await claimed(store)
+            await store.finish(done, TurnEnding(state=TurnState.CANCELLED))
+            assert await store.claim("B", limit=10, lease_ms=SHORT_LEASE_MS) == []
+
+    async def test_claim_waits_for_backoff(self, open_store: StoreFactory) -> None:
+        """A released waiting_retry turn is claimable only once its next attempt is due."""
+        async with open_store() as store:
+            await session(store)
+            later, due = await claimed(store), await claimed(store)
+            for claim, when in ((later, 2**62), (due, 1)):
+                running = await store.start_attempt(claim, attempt(1))
+                waiting = await store.record_attempt(
+                    running, attempt(1, decision="RETRY"), next_attempt_us=when
+                )
+                assert waiting.turn.state is TurnState.WAITING_RETRY
+                assert waiting.turn.next_attempt_us == when
+                await store.release(waiting)
+            taken = await store.claim("B", limit=10, lease_ms=LEASE_MS)
+            assert [c.turn_id for c in taken] == [due.turn_id]
+            assert taken[0].token == 2
+            assert taken[0].turn.state is TurnState.WAITING_RETRY
+
+    async def test_claim_filter(self, open_store: StoreFactory) -> None:
+        """ClaimFilter limits instruction turns by command type, process turns by session."""
+        async with open_store() as store:
+            await session(store)
+            await session(store, "S2")
+            read = (await store.accept(instruction(command="READ"))).turn.turn_id
+            write = (await store.accept(instruction(command="WRITE"))).turn.turn_id
+            proc1 = (await store.accept(process("S1"))).turn.turn_id
+            proc2 = (await store.accept(process("S2"))).turn.turn_id
+            lease = LEASE_MS
+
+            async def take(only: ClaimFilter) -> list[int]:
+                return [
+                    c.turn_id for c in await store.claim("A", limit=9, lease_ms=lease, only=only)
+                ]
+
+            none: frozenset[str] = frozenset()
+            assert await take(
+                ClaimFilter(command_types=frozenset({"WRITE"}), process_sessions=none)
+            ) == [write]
+            assert await take(
+                ClaimFilter(command_types=none, process_sessions=frozenset({"S2"}))
+            ) == [proc2]
+            assert await take(ClaimFilter(kinds=frozenset({TurnKind.PROCESS}))) == [proc1]
+            assert await take(ClaimFilter(kinds=frozenset({TurnKind.PROCESS}))) == []
+            assert await take(ClaimFilter()) == [read]
+
+    async def test_expired_lease_is_taken_over(self, open_store: StoreFactory) -> None:
+        """A turn whose lease expired is claimed again with a larger token, even running."""
+        async with open_store() as store:
+            await session(store)
+            accepted = await store.accept(instruction(), claim_for="A", lease_ms=SHORT_LEASE_MS)
+            assert accepted.claim is not None
+            running = await store.start_attempt(accepted.claim, attempt(1))
+            await expire()
+            (taken,) = await store.claim("B", limit=10, lease_ms=LEASE_MS)
+            assert (taken.owner, taken.token) == ("B", running.token + 1)
+            assert taken.turn.state is TurnState.RUNNING
+            assert taken.turn.attempts == (attempt(1),)
+            assert await store.claim("C", limit=10, lease_ms=LEASE_MS) == []
+
+    async def test_stale_writes_refused_after_takeover(self, open_store: StoreFactory) -> None:
+        """After a takeover every write under the old claim raises and changes nothing."""
+        async with open_store() as store:
+            await session(store)
+            accepted = await store.accept(instruction(), claim_for="A", lease_ms=SHORT_LEASE_MS)
+            assert accepted.claim is not None
+            old = await store.start_attempt(accepted.claim, attempt(1))
+            await expire()
+            (new,) = await store.claim("B", limit=1, lease_ms=LEASE_MS)
+            before = await store.get_turn(new.turn_id)
+            refused_before = store.statistics().stale_writes_refused
+            with pytest.raises(StaleClaimError, match=r"claim of A \(token 1\) is stale") as err:
+                await store.finish(
+                    old, TurnEnding(state=TurnState.SUCCEEDED), [attempt(1, decision="X")]
+                )
+            assert (err.value.turn_id, err.value.token, err.value.current_token) == (
+                new.turn_id,
+                1,
+                2,
+            )
+            with pytest.raises(StaleClaimError):
+                await store.record_attempt(old, attempt(1, decision="RETRY"), next_attempt_us=1)
+            with pytest.raises(StaleClaimError):
+                await store.start_attempt(old, attempt(2))
+            assert await store.renew([old], lease_ms=LEASE_MS) == []
+            await store.release(old)  # a lost claim has nothing to give up
+            unchanged(before, await store.get_turn(new.turn_id))
+            assert store.statistics().stale_writes_refused == refused_before + 3
+
+    async def test_write_without_owner_is_stale(self, open_store: StoreFactory) -> None:
+        """A released or finished turn refuses writes under the claim that held it."""
+        async with open_store() as store:
+            await session(store)
+            claim = await claimed(store)
+            await store.release(claim)
+            with pytest.raises(StaleClaimError):
+                await store.start_attempt(claim, attempt(1))
+            (again,) = await store.claim("A", limit=1, lease_ms=LEASE_MS)
+            assert again.token == claim.token + 1
+            await store.finish(again, TurnEnding(state=TurnState.CANCELLED))
+            with pytest.raises(StaleClaimError):
+                await store.finish(again, TurnEnding(state=TurnState.CANCELLED))
+
+    async def test_renew(self, open_store: StoreFactory) -> None:
+        """renew extends the leases still held and leaves out the lost ones."""
+        async with open_store() as store:
+            await session(store)
+            kept = await claimed(store)
+            lost = await claimed(store)
+            await store.release(lost)
+            renewed = await store.renew([kept, lost], lease_ms=LEASE_MS * 2)
+            assert [c.turn_id for c in renewed] == [kept.turn_id]
+            assert renewed[0].token == kept.token
+            assert renewed[0].lease_until_us > kept.lease_until_us
+            await store.start_attempt(renewed[0], attempt(1))  # still a valid claim
+
+    async def test_release_keeps_state(self, open_store: StoreFactory) -> None:
+        """release gives a turn up without changing its state; another daemon claims it."""
+        async with open_store() as store:
+            await session(store)
+            running = await store.start_attempt(await claimed(store), attempt(1))
+            await store.release(running)
+            released = await store.get_turn(running.turn_id)
+            assert released.state is TurnState.RUNNING
+            assert released.owner is None
+            (taken,) = await store.claim("B", limit=1, lease_ms=LEASE_MS)
+            assert (taken.turn_id, taken.token) == (running.turn_id, running.token + 1)
+
+    # -- fenced writes and the lifecycle ----------------------------------------------------
+
+    async def test_attempts_to_success(self, open_store: StoreFactory) -> None:
+        """start, record a retry, start again, finish: states, attempts and result recorded."""
+        async with open_store() as store:
+            await session(store)
+            claim = await claimed(store)
+            run1 = await store.start_attempt(claim, attempt(1, trace={"x": [1, 2]}))
+            assert (run1.turn.state, run1.turn.attempt, run1.token) == (TurnState.RUNNING, 1, 1)
+            assert run1.turn.attempts == (attempt(1, trace={"x": [1, 2]}),)
+            wait = await store.record_attempt(run1, attempt(1, decision="RETRY"), next_attempt_us=5)
+            assert wait.turn.state is TurnState.WAITING_RETRY
+            assert wait.turn.attempts == (attempt(1, decision="RETRY"),)
+            run2 = await store.start_attempt(wait, attempt(2))
+            assert run2.turn.next_attempt_us is None
+            ending = TurnEnding(
+                state=TurnState.SUCCEEDED, verdict="SUCCEED", reason_code="ok", result={"n": 2}
+            )
+            done = await store.finish(run2, ending, [attempt(2, decision="SUCCEED")])
+            assert done.state is TurnState.SUCCEEDED
+            assert done.final
+            assert done.finished_us is not None
+            assert (done.verdict, done.reason_code, done.owner) == ("SUCCEED", "ok", None)
+            assert done.result == {"n": 2}
+            assert done.attempt == 2
+            assert done.attempts == (attempt(1, decision="RETRY"), attempt(2, decision="SUCCEED"))
+            assert await store.get_turn(done.turn_id) == done
+
+    async def test_illegal_moves_refused(self, open_store: StoreFactory) -> None:
+        """A move the lifecycle forbids raises IllegalTransition naming both states."""
+        async with open_store() as store:
+            await session(store)
+            claim = await claimed(store)
+            before = await store.get_turn(claim.turn_id)
+            with pytest.raises(IllegalTransition, match="from accepted to succeeded"):
+                await store.finish(
+                    claim, TurnEnding(state=TurnState.SUCCEEDED), [attempt(1, decision="X")]
+                )
+            with pytest.raises(IllegalTransition, match="from accepted to waiting_retry"):
+                await store.record_attempt(claim, attempt(1), next_attempt_us=1)
+            running = await store.start_attempt(claim, attempt(1))
+            with pytest.raises(IllegalTransition, match="from running to running"):
+                await store.start_attempt(running, attempt(2))
+            unchanged(running.turn, await store.get_turn(claim.turn_id))
+            assert before.attempts == ()
+
+    async def test_finish_needs_final_or_escalated(self, open_store: StoreFactory) -> None:
+        """finish refuses a state that is neither final nor escalated."""
+        async with open_store() as store:
+            await session(store)
+            running = await store.start_attempt(await claimed(store), attempt(1))
+            with pytest.raises(ValueError, match="waiting_retry"):
+                await store.finish(running, TurnEnding(state=TurnState.WAITING_RETRY))
+            unchanged(running.turn, await store.get_turn(running.turn_id))
+
+    # -- escalations ------------------------------------------------------------------------
+
+    async def test_escalation_releases_claim(self, open_store: StoreFactory) -> None:
+        """finish to escalated parks the turn and releases its claim."""
+        async with open_store() as store:
+            await session(store)
+            parked = await escalated(store)
+            assert parked.state is TurnState.ESCALATED
+            assert parked.owner is None
+            assert not parked.final
+            assert parked.finished_us is None
+
+    async def test_resolve_retry_gives_fresh_budget(self, open_store: StoreFactory) -> None:
+        """RETRY puts the turn back to accepted, attempt 0, claimable; old attempts stay."""
+        async with open_store() as store:
+            await session(store)
+            parked = await escalated(store)
+            retried = await store.resolve_escalation(parked.turn_id, Resolution.RETRY)
+            assert (retried.state, retried.attempt, retried.owner) == (TurnState.ACCEPTED, 0, None)
+            assert retried.attempts == parked.attempts
+            (claim,) = await store.claim("B", limit=1, lease_ms=LEASE_MS)
+            assert claim.token == parked.token + 1
+            run = await store.start_attempt(claim, attempt(1))  # numbered from 1 again
+            assert run.turn.attempt == 1
+            done = await store.finish(
+                run, TurnEnding(state=TurnState.SUCCEEDED), [attempt(1, decision="SUCCEED")]
+            )
+            assert done.attempts == (
+                attempt(1, decision="ESCALATE"),
+                attempt(1, decision="SUCCEED"),
+            )
+
+    @pytest.mark.parametrize(
+        ("resolution", "state"),
+        [(Resolution.TERMINATE, TurnState.TERMINATED), (Resolution.CANCEL, TurnState.CANCELLED)],
+    )
+    async def test_resolve_ends_turn(
+        self, open_store: StoreFactory, resolution: Resolution, state: TurnState
+    ) -> None:
+        """TERMINATE and CANCEL end an escalated turn for good."""
+        async with open_store() as store:
+            await session(store)
+            parked = await escalated(store)
+            ended = await store.resolve_escalation(parked.turn_id, resolution)
+            assert ended.state is state
+            assert ended.final
+            assert ended.finished_us is not None
+            assert ended.attempts == parked.attempts
+            assert (ended.reason_code, ended.reason) == RESOLUTION_REASONS[resolution]
+            with pytest.raises(NotEscalatedError, match=f"is {state.value}, not escalated"):
+                await store.resolve_escalation(parked.turn_id, Resolution.RETRY)
+
+    async def test_resolve_needs_escalated_turn(self, open_store: StoreFactory) -> None:
+        """Resolving a turn that is not parked raises NotEscalatedError; unknown ids raise."""
+        async with open_store() as store:
+            await session(store)
+            turn = (await store.accept(instruction())).turn
+            with pytest.raises(NotEscalatedError, match="is accepted, not escalated") as err:
+                await store.resolve_escalation(turn.turn_id, Resolution.TERMINATE)
+            assert err.value.state == "accepted"
+            unchanged(turn, await store.get_turn(turn.turn_id))
+            with pytest.raises(UnknownTurnError):
+                await store.resolve_escalation(10_000, Resolution.RETRY)
+
+    # -- recovery ---------------------------------------------------------------------------
+
+    async def test_recover_claims_unfinished(self, open_store: StoreFactory) -> None:
+        """recover claims every unfinished, non-escalated turn with a larger token."""
+        async with open_store() as store:
+            await session(store)
+            fresh = (await store.accept(instruction())).turn
+            running = await store.start_attempt(await claimed(store), attempt(1))
+            waiting = await store.record_attempt(
+                await store.start_attempt(await claimed(store), attempt(1)),
+                attempt(1, decision="RETRY"),
+                next_attempt_us=2**62,
+            )
+            await escalated(store)
+            await store.finish(await claimed(store), TurnEnding(state=TurnState.REJECTED))
+            got = await store.recover("A2", lease_ms=LEASE_MS)
+            assert [c.turn_id for c in got] == [fresh.turn_id, running.turn_id, waiting.turn_id]
+            assert [c.token for c in got] == [1, 2, 2]
+            assert {c.owner for c in got} == {"A2"}
+            assert got[1].turn.state is TurnState.RUNNING
+            assert got[1].turn.attempts == (attempt(1),)
+            with pytest.raises(StaleClaimError):
+                await store.finish(running, TurnEnding(state=TurnState.FAILED))
+
+    async def test_state_survives_reopen(self, open_store: StoreFactory) -> None:
+        """What a store returned is there after a restart; tokens keep growing."""
+        async with open_store() as store:
+            await session(store)
+            running = await store.start_attempt(await claimed(store), attempt(1))
+            idle = (await store.accept(instruction(key="k"))).turn
+        async with open_store() as store:
+            assert (await store.get_turn(running.turn_id)).attempts == (attempt(1),)
+            assert await store.find_turn("S1", "k") == idle
+            got = await store.recover("A", lease_ms=LEASE_MS)
+            assert [(c.turn_id, c.token) for c in got] == [(running.turn_id, 2), (idle.turn_id, 1)]
+            assert (await store.get_session("S1")).turns == 2
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def test_list_turns_pages(self, open_store: StoreFactory) -> None:
+        """list_turns pages by turn_id and filters by session and state."""
+        async with open_store() as store:
+            await session(store)
+            await session(store, "S2")
+            ids = [(await store.accept(instruction("S1"))).turn.turn_id for _ in range(5)]
+            other = (await store.accept(instruction("S2"))).turn.turn_id
+            await store.finish(await claimed(store), TurnEnding(state=TurnState.CANCELLED))
+            seen: list[int] = []
+            after = 0
+            while True:
+                page = await store.list_turns(session_id="S1", after_turn_id=after, limit=2)
+                seen.extend(t.turn_id for t in page.turns)
+                assert len(page.turns) <= 2
+                if page.next_after is None:
+                    break
+                after = page.next_after
+            assert seen[:5] == ids
+            assert len(seen) == 6
+            everything = await store.list_turns()
+            assert other in [t.turn_id for t in everything.turns]
+            assert everything.next_after is None
+            cancelled = await store.list_turns(states=frozenset({TurnState.CANCELLED}))
+            assert [t.state for t in cancelled.turns] == [TurnState.CANCELLED]
+            exact = await store.list_turns(session_id="S2", limit=1)
+            assert ([t.turn_id for t in exact.turns], exact.next_after) == ([other], None)
+
+    async def test_counts(self, open_store: StoreFactory) -> None:
+        """counts gives the number of turns per state value (states with none left out)."""
+        async with open_store() as store:
+            await session(store)
+            assert await store.counts() == {}
+            await store.accept(instruction())
+            await store.accept(instruction())
+            await store.start_attempt(await claimed(store), attempt(1))
+            assert await store.counts() == {"accepted": 2, "running": 1}
+
+    async def test_unknown_turn(self, open_store: StoreFactory) -> None:
+        """get_turn of an id never given raises UnknownTurnError naming it."""
+        async with open_store() as store:
+            with pytest.raises(UnknownTurnError, match="unknown turn 4242"):
+                await store.get_turn(4242)
+
+    # -- batches and closing ----------------------------------------------------------------
+
+    async def test_concurrent_accepts_get_their_own_turns(self, open_store: StoreFactory) -> None:
+        """Many accepts at once each get their own turn, number and claim."""
+        results: dict[int, tuple[int, Mapping[str, object], Claim | None]] = {}
+        async with open_store() as store:
+            await session(store)
+
+            async def one(i: int) -> None:
+                got = await store.accept(instruction(i=i), claim_for=f"o{i}", lease_ms=LEASE_MS)
+                results[i] = (got.turn.turn_number, got.turn.spec, got.claim)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(50):
+                    tg.start_soon(one, i)
+            assert sorted(n for n, _, _ in results.values()) == list(range(1, 51))
+            for i, (_, turn_spec, claim) in results.items():
+                assert turn_spec["i"] == i
+                assert claim is not None
+                assert claim.owner == f"o{i}"
+            assert (await store.get_session("S1")).turns == 50
+
+    async def test_failing_op_spares_its_neighbours(self, open_store: StoreFactory) -> None:
+        """In a batch, each failing call raises to its own caller; the others commit."""
+        async with open_store() as store:
+            await session(store)
+            stale = await claimed(store)
+            await store.release(stale)
+            outcomes: dict[str, object] = {}
+
+            async def run(name: str, call: Callable[[], Awaitable[object]]) -> None:
+                try:
+                    outcomes[name] = await call()
+                except Exception as exc:  # the outcome under test
+                    outcomes[name] = exc
+
+            calls: dict[str, Callable[[], Awaitable[object]]] = {
+                "ok1": lambda: store.accept(instruction(key="a")),
+                "unknown": lambda: store.accept(instruction("nope")),
+                "ok2": lambda: store.open_session(NewSession(session_id="S3", package_id="p")),
+                "dup": lambda: store.open_session(NewSession(session_id="S1", package_id="p")),
+                "stale": lambda: store.start_attempt(stale, attempt(1)),
+                "ok3": lambda: store.accept(instruction(key="b")),
+            }
+            async with anyio.create_task_group() as tg:
+                for name, call in calls.items():
+                    tg.start_soon(run, name, call)
+            assert isinstance(outcomes["unknown"], UnknownSessionError)
+            assert isinstance(outcomes["dup"], ValueError)
+            assert isinstance(outcomes["stale"], StaleClaimError)
+            assert (await store.get_session("S3")).package_id == "p"
+            assert await store.find_turn("S1", "a") is not None
+            assert await store.find_turn("S1", "b") is not None
+            assert (await store.get_turn(stale.turn_id)).state is TurnState.ACCEPTED
+
+    async def test_closed_store_raises(self, open_store: StoreFactory) -> None:
+        """After aclose every call raises IntakeClosedError."""
+        async with open_store() as store:
+            await session(store)
+            await store.aclose()
+            with pytest.raises(IntakeClosedError):
+                await store.accept(instruction())
+            with pytest.raises(IntakeClosedError):
+                await store.get_session("S1")
+        with pytest.raises(IntakeClosedError):
+            await store.counts()
+        with pytest.raises(IntakeClosedError):
+            await store.claim("A", limit=1, lease_ms=LEASE_MS)
+
+    async def test_statistics(self, open_store: StoreFactory) -> None:
+        """statistics counts commits and operations and names the engine."""
+        async with open_store() as store:
+            await session(store)
+            await store.accept(instruction())
+            stats = store.statistics()
+            assert stats.engine
+            assert stats.operations >= 2
+            assert 1 <= stats.commits <= stats.operations
+            assert stats.largest_batch >= 1
+            assert stats.stale_writes_refused == 0

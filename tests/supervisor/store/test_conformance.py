@@ -1,0 +1,33 @@
+"""The `TurnStore` conformance suite, run against every engine.
+
+Adding an engine is one more entry in `ENGINES`: a name and a function that, given the test's
+temporary directory, returns a `StoreFactory` (each call opens the same storage again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from supervisor.store.sqlite import open_sqlite_store
+from tests.supervisor.store.conformance import StoreFactory, TurnStoreConformance
+
+
+def _sqlite(tmp_path: Path) -> StoreFactory:
+    return lambda: open_sqlite_store(tmp_path / "state" / "turns.sqlite3")
+
+
+ENGINES: dict[str, Callable[[Path], StoreFactory]] = {"sqlite": _sqlite}
+
+
+@pytest.fixture(params=sorted(ENGINES))
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
+    """Opens a store of the engine under test over this test's storage."""
+    engine: str = request.param
+    return ENGINES[engine](tmp_path)
+
+
+class TestTurnStoreConformance(TurnStoreConformance):
+    """Every protocol rule, per engine."""

@@ -1,0 +1,276 @@
+"""What only the SQLite engine promises: its file, its schema version, its committer, a crash."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sqlite3
+import sys
+from pathlib import Path
+
+import anyio
+import orjson
+import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from sandbox.policy.attempt_record import AttemptRecord
+from sandbox.policy.lifecycle import TurnKind
+from supervisor.errors import IntakeClosedError
+from supervisor.store.protocol import NewSession, NewTurn, TurnStore
+from supervisor.store.sqlite import (
+    SCHEMA_VERSION,
+    SchemaVersionError,
+    SqliteTurnStore,
+    open_sqlite_store,
+)
+from supervisor.store.sqlite.schema import open_connections
+
+
+def _turn(i: int = 0) -> NewTurn:
+    return NewTurn(
+        session_id="S1", kind=TurnKind.INSTRUCTION, spec={"command_type": "READ", "i": i}
+    )
+
+
+async def _with_session(path: Path) -> None:
+    async with open_sqlite_store(path) as store:
+        await store.open_session(NewSession(session_id="S1", package_id="demo"))
+
+
+async def test_is_a_turn_store(tmp_path: Path) -> None:
+    """SqliteTurnStore satisfies the TurnStore protocol (checked by mypy) and closes unstarted."""
+    store: TurnStore = SqliteTurnStore(tmp_path / "turns.sqlite3")
+    await store.aclose()
+    with pytest.raises(IntakeClosedError):
+        await store.counts()
+
+
+async def test_wal_and_full_sync(tmp_path: Path) -> None:
+    """The file is in WAL mode and both connections sync fully (a commit survives power loss)."""
+    path = tmp_path / "state" / "turns.sqlite3"
+    await _with_session(path)
+    writer, reader = open_connections(path)
+    try:
+        assert writer.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert writer.execute("PRAGMA synchronous").fetchone()[0] == 2
+        assert reader.execute("PRAGMA synchronous").fetchone()[0] == 2
+        assert reader.execute("PRAGMA query_only").fetchone()[0] == 1
+    finally:
+        writer.close()
+        reader.close()
+
+
+async def test_newer_schema_refused(tmp_path: Path) -> None:
+    """A file written by a newer schema is refused, naming the file, both versions, what to do."""
+    path = tmp_path / "turns.sqlite3"
+    await _with_session(path)
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("UPDATE meta SET value = '99' WHERE key = 'turn_store_schema'")
+    conn.close()
+    with pytest.raises(SchemaVersionError, match=rf"{path} has schema version 99, newer") as err:
+        async with open_sqlite_store(path):
+            pass
+    assert (err.value.found, err.value.supported) == (99, SCHEMA_VERSION)
+    assert "Upgrade hunter" in str(err.value)
+
+
+async def test_foreign_file_refused(tmp_path: Path) -> None:
+    """A SQLite file with other tables (the old intake) is refused, not written into."""
+    path = tmp_path / "intake.sqlite3"
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    conn.close()
+    with pytest.raises(SchemaVersionError, match="not a turn store") as err:
+        async with open_sqlite_store(path):
+            pass
+    assert err.value.found is None
+
+
+async def test_calls_before_run_are_an_error(tmp_path: Path) -> None:
+    """Calling a store whose committer never started raises RuntimeError saying what to do."""
+    store = SqliteTurnStore(tmp_path / "turns.sqlite3")
+    with pytest.raises(RuntimeError, match=r"start its run\(\)"):
+        await store.accept(_turn())
+    async with anyio.create_task_group() as tg:
+        await tg.start(store.run)
+        with pytest.raises(RuntimeError, match="already called"):
+            await store.run()
+        await store.aclose()
+
+
+async def test_body_errors_are_not_wrapped(tmp_path: Path) -> None:
+    """An error raised inside `open_sqlite_store` comes out as itself, not in a group."""
+    with pytest.raises(KeyError, match="mine"):
+        async with open_sqlite_store(tmp_path / "turns.sqlite3"):
+            raise KeyError("mine")
+
+
+async def test_group_commit(tmp_path: Path) -> None:
+    """Concurrent writes share commits: fewer commits than operations."""
+    path = tmp_path / "turns.sqlite3"
+    async with open_sqlite_store(path) as store:
+        await store.open_session(NewSession(session_id="S1", package_id="demo"))
+        async with anyio.create_task_group() as tg:
+            for i in range(200):
+                tg.start_soon(store.accept, _turn(i))
+        stats = store.statistics()
+        assert stats.engine == "sqlite"
+        assert stats.operations == 201
+        assert stats.commits < stats.operations
+        assert stats.largest_batch > 1
+        assert (await store.get_session("S1")).turns == 200
+
+
+async def test_cancelled_caller_breaks_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A caller cancelled as it writes: its write is all or nothing, nothing is logged."""
+    caplog.set_level(logging.WARNING)
+    async with open_sqlite_store(tmp_path / "turns.sqlite3") as store:
+        await store.open_session(NewSession(session_id="S1", package_id="demo"))
+        with anyio.CancelScope() as scope:
+            scope.cancel()  # delivered at the wait, after the write was queued
+            await store.accept(_turn(1))
+        assert scope.cancelled_caught
+        after = await store.accept(_turn(2))
+        written = await store.list_turns()
+        assert [t.turn_number for t in written.turns] == list(range(1, after.turn.turn_number + 1))
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+async def test_cancelled_queued_write_is_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A write whose caller was cancelled before its batch started is not written."""
+    caplog.set_level(logging.WARNING)
+    path = tmp_path / "turns.sqlite3"
+    await _with_session(path)
+    blocker = sqlite3.connect(path, isolation_level=None)
+    scopes: list[anyio.CancelScope] = []
+
+    async def cancelled() -> None:
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            await store.accept(_turn(2))
+
+    try:
+        async with open_sqlite_store(path) as store, anyio.create_task_group() as tg:
+            blocker.execute("BEGIN IMMEDIATE")  # the committer's first batch waits for it
+            tg.start_soon(store.accept, _turn(1))
+            await anyio.wait_all_tasks_blocked()
+            tg.start_soon(cancelled)  # queued behind the busy committer
+            await anyio.wait_all_tasks_blocked()
+            scopes[0].cancel()
+            await anyio.wait_all_tasks_blocked()
+            blocker.execute("ROLLBACK")
+    finally:
+        blocker.close()
+    assert scopes[0].cancelled_caught
+    async with open_sqlite_store(path) as store:
+        assert [t.spec["i"] for t in (await store.list_turns()).turns] == [1]
+        assert store.statistics().operations == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+async def test_aclose_commits_queued_writes(tmp_path: Path) -> None:
+    """aclose lets the writes already queued commit; their callers get their turns."""
+    path = tmp_path / "turns.sqlite3"
+    await _with_session(path)
+    numbers: list[int] = []
+    store = SqliteTurnStore(path)
+
+    async def accept(i: int) -> None:
+        numbers.append((await store.accept(_turn(i))).turn.turn_number)
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(store.run)
+        for i in range(20):
+            tg.start_soon(accept, i)
+        await anyio.wait_all_tasks_blocked()  # every accept has queued its write
+        await store.aclose()
+    assert sorted(numbers) == list(range(1, 21))
+    async with open_sqlite_store(path) as again:
+        assert (await again.get_session("S1")).turns == 20
+
+
+async def test_attempt_extra_is_json(tmp_path: Path) -> None:
+    """An attempt's extra is stored as a JSON object (readable by other tools)."""
+    path = tmp_path / "turns.sqlite3"
+    async with open_sqlite_store(path) as store:
+        await store.open_session(NewSession(session_id="S1", package_id="demo"))
+        accepted = await store.accept(_turn(), claim_for="A")
+        assert accepted.claim is not None
+        record = AttemptRecord(attempt=1, started_us=1, extra={"signal": 9, "writes": ["a"]})
+        await store.start_attempt(accepted.claim, record)
+    conn = sqlite3.connect(path)
+    try:
+        (blob,) = conn.execute("SELECT extra FROM attempts").fetchone()
+    finally:
+        conn.close()
+    assert orjson.loads(blob) == {"signal": 9, "writes": ["a"]}
+
+
+_CHILD = """
+import sys
+from pathlib import Path
+
+import anyio
+
+from sandbox.policy.lifecycle import TurnKind
+from supervisor.store.protocol import NewSession, NewTurn
+from supervisor.store.sqlite import open_sqlite_store
+
+
+async def main(path: str) -> None:
+    async with open_sqlite_store(Path(path)) as store:
+        await store.open_session(NewSession(session_id="S1", package_id="demo"))
+
+        async def feed(w: int) -> None:
+            for i in range(1_000_000):
+                new = NewTurn(
+                    session_id="S1", kind=TurnKind.INSTRUCTION, spec={"w": w, "i": i},
+                    idempotency_key=f"{w}-{i}",
+                )
+                got = await store.accept(new, claim_for="A")
+                sys.stdout.write(f"{got.turn.turn_id}\\n")
+                sys.stdout.flush()
+
+        async with anyio.create_task_group() as tg:
+            for w in range(8):
+                tg.start_soon(feed, w)
+
+
+anyio.run(main, sys.argv[1])
+"""
+
+
+async def test_sigkill_keeps_acknowledged_turns(tmp_path: Path) -> None:
+    """A daemon SIGKILLed mid-load loses no acknowledged turn and leaves a sound file."""
+    path = tmp_path / "turns.sqlite3"
+    acknowledged: set[int] = set()
+    with anyio.fail_after(60):
+        async with await anyio.open_process(
+            [sys.executable, "-c", _CHILD, str(path)], stderr=None
+        ) as proc:
+            assert proc.stdout is not None
+            lines = BufferedByteReceiveStream(proc.stdout)
+            while len(acknowledged) < 500:
+                acknowledged.add(int(await lines.receive_until(b"\n", 64)))
+            proc.send_signal(signal.SIGKILL)
+            assert await proc.wait() == -signal.SIGKILL
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        conn.close()
+    async with open_sqlite_store(path) as store:
+        for turn_id in sorted(acknowledged):
+            turn = await store.get_turn(turn_id)
+            assert turn.owner == "A"
+        assert (await store.get_session("S1")).turns >= len(acknowledged)
+        recovered = await store.recover("B", lease_ms=1_000)
+        assert {c.turn_id for c in recovered} >= acknowledged
+        assert all(c.token == 2 for c in recovered)
