@@ -412,7 +412,11 @@ class _StatusWire(msgspec.Struct, frozen=True, tag_field="type", tag=MessageType
     detail: _Text = ""
 
 
-_HELLO_DECODER: Final = msgspec.json.Decoder(_HelloWire)
+class _NoMessage(msgspec.Struct, frozen=True, tag_field="type", tag="\x00"):
+    """Never sent: decoding a union (not one Struct) makes msgspec require the ``type`` tag."""
+
+
+_HELLO_DECODER: Final = msgspec.json.Decoder(_HelloWire | _NoMessage)
 _MESSAGE_DECODER: Final = msgspec.json.Decoder(_ResponseWire | _HeartbeatWire | _StatusWire)
 
 
@@ -428,7 +432,7 @@ def decode_hello(body: bytes | bytearray | memoryview) -> Hello:
         # The slow path: FrameDecodeError for a body that is no JSON object, else the
         # hand-written rules raise the stable ProtocolError.
         return parse_hello(decode_body(body))
-    if wire.protocol_version not in SUPPORTED_VERSIONS:
+    if isinstance(wire, _NoMessage) or wire.protocol_version not in SUPPORTED_VERSIONS:
         return parse_hello(decode_body(body))
     return Hello(
         executor_id=wire.executor_id,
