@@ -416,11 +416,11 @@ class Config:
         ),
     )
     intake_path: Path = field(
-        default=Path(".hunter/state/intake.sqlite3"),
+        default=Path(".hunter/state/turns.sqlite3"),
         metadata=_meta(
-            doc="The durable intake queue (SQLite, WAL mode).",
+            doc="The embedded turn store: sessions, turns, attempts, claims (SQLite, WAL mode).",
             kind="path",
-            default_doc="`<root>/state/intake.sqlite3`",
+            default_doc="`<root>/state/turns.sqlite3`",
         ),
     )
     drain_grace_s: float = field(
@@ -769,7 +769,7 @@ def _build(parsed: Mapping[str, object], env: Mapping[str, str]) -> Config:
         "runtime_dir": runtime,
         "control_socket": absolute(parsed.get("control_socket") or runtime / "control.sock"),
         "executor_socket": absolute(parsed.get("executor_socket") or runtime / "executors.sock"),
-        "intake_path": absolute(parsed.get("intake_path") or root / "state" / "intake.sqlite3"),
+        "intake_path": absolute(parsed.get("intake_path") or root / "state" / "turns.sqlite3"),
     }
     for key in ("socket_mode", "allowed_uids", "drain_grace_s"):
         if key in parsed:

@@ -2,7 +2,7 @@
 
 Each says in its docstring when it is raised and carries structured fields (ids, codes, paths)
 that logs and error answers record. The modules that raise them import them from here and
-re-export them under their old names (``supervisor.turns.scheduler.RequestError`` and so on), so
+re-export some under their old names (``supervisor.turns.core.RequestError`` and so on), so
 either import works. This module imports nothing from the rest of the package (cheap to import,
 no cycles). Frame errors stay with the framing code (``supervisor.wire.frames.FrameError``).
 """

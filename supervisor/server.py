@@ -4,11 +4,12 @@ Lifecycle
 ---------
 1. Take ``<root>/state/daemon.lock`` (an exclusive ``flock`` holding our pid): a second daemon on
    the same root is refused with the first one's pid (`DaemonAlreadyRunning`).
-2. Open the intake (SQLite WAL), the ledger group-commit syncer, the sandbox runtime, the hub.
+2. Open the turn store (embedded SQLite, WAL), the ledger group-commit syncer, the sandbox
+   runtime, the hub.
 3. Listen: the sockets systemd passed (``LISTEN_FDNAMES`` ``control`` / ``executors``), else
    create ``control.sock`` and ``executors.sock`` (a stale file is unlinked first: we hold the
    root's lock, so nobody else can be serving it), ``chmod`` them to ``socket_mode``.
-4. Start, in this order, the intake committer, the scheduler (which first recovers unfinished
+4. Start, in this order, the turn core (which first recovers unfinished
    turns: interrupted attempts become CRASH faults), the hub and the control API. When both
    sockets listen (``task_status.started()`` of both servers), tell systemd ``READY=1`` and log
    ``daemon_ready``; the watchdog pings from the event loop.
@@ -16,7 +17,7 @@ Lifecycle
    drain; SIGHUP reloads the reloadable configuration keys. A second SIGTERM/SIGINT forces exit.
 6. Drain: ``STOPPING=1``; no new sessions or turns are accepted (``draining`` errors), no new
    attempts start, and running attempts get up to ``drain_grace_s`` to finish. Then everything
-   is cancelled: an attempt still running keeps its turn ``running`` in the intake, and the next
+   is cancelled: an attempt still running keeps its turn ``running`` in the store, and the next
    daemon on this root treats it as an interrupted attempt (a CRASH fault, then the policy).
    Turns waiting for a retry or not yet started simply resume after the restart.
 
@@ -49,8 +50,10 @@ from supervisor.errors import DaemonAlreadyRunning
 from supervisor.executors.hub import ExecutorHub, HubSettings
 from supervisor.logging import configure_logging, get_logger
 from supervisor.sdnotify import listen_fds, notify, watchdog_interval, watchdog_loop
-from supervisor.store.sqlite.intake import Intake, IntakeCommitter
-from supervisor.turns.scheduler import RuntimeLike, Scheduler, SchedulerSettings
+from supervisor.store.sqlite import open_sqlite_store
+from supervisor.turns.context import CoreSettings
+from supervisor.turns.core import TurnCore
+from supervisor.turns.sessions import RuntimeLike
 
 __all__ = [
     "EXIT_ALREADY_RUNNING",
@@ -213,7 +216,7 @@ class Daemon:
         self._log = get_logger("supervisor.server")
         self._stop = anyio.Event()
         self._forced = False
-        self.scheduler: Scheduler | None = None
+        self.scheduler: TurnCore | None = None
         self.hub: ExecutorHub | None = None
         self.ready = anyio.Event()
         #: set after each SIGHUP reload (then replaced), for tools and tests
@@ -239,61 +242,54 @@ class Daemon:
         from ledger import GroupSyncer
 
         config.runtime_dir.mkdir(parents=True, exist_ok=True)
-        intake = Intake.open(config.intake_path)
-        with intake, GroupSyncer() as syncer:
-            runtime = await anyio.to_thread.run_sync(
-                lambda: self._runtime_factory(
-                    config,
-                    syncer=syncer,
-                    forbidden_sockets=(config.control_socket, config.executor_socket),
+        async with open_sqlite_store(config.intake_path) as store:
+            with GroupSyncer() as syncer:
+                runtime = await anyio.to_thread.run_sync(
+                    lambda: self._runtime_factory(
+                        config,
+                        syncer=syncer,
+                        forbidden_sockets=(config.control_socket, config.executor_socket),
+                    )
                 )
-            )
-            committer = IntakeCommitter(intake)
-            hub = ExecutorHub(
-                settings=hub_settings(config), log=get_logger("supervisor.executors.hub")
-            )
-            scheduler = Scheduler(
-                committer=committer,
-                hub=hub,
-                runtime=runtime,
-                settings=SchedulerSettings(
-                    root=config.root,
-                    retry=retry_options(config),
-                    process_slots=self._process_slots,
-                    default_timeout_ms=config.sandbox.default_timeout_ms,
-                ),
-            )
-            self.scheduler, self.hub = scheduler, hub
-            listeners = await _open_listeners(config, listen_fds())
-            try:
-                return await self._serve(
-                    config,
-                    committer=committer,
-                    scheduler=scheduler,
+                hub = ExecutorHub(
+                    settings=hub_settings(config), log=get_logger("supervisor.executors.hub")
+                )
+                core = TurnCore(
+                    store=store,
                     hub=hub,
-                    listeners=listeners,
-                    task_status=task_status,
+                    runtime=runtime,
+                    settings=CoreSettings(
+                        root=config.root,
+                        retry=retry_options(config),
+                        process_slots=self._process_slots,
+                        default_timeout_ms=config.sandbox.default_timeout_ms,
+                    ),
                 )
-            finally:
-                for path in listeners.created:
-                    with contextlib.suppress(FileNotFoundError):
-                        path.unlink()
-                close = getattr(runtime, "close", None)
-                if callable(close):
-                    close()
+                self.scheduler, self.hub = core, hub
+                listeners = await _open_listeners(config, listen_fds())
+                try:
+                    return await self._serve(
+                        config, core=core, hub=hub, listeners=listeners, task_status=task_status
+                    )
+                finally:
+                    for path in listeners.created:
+                        with contextlib.suppress(FileNotFoundError):
+                            path.unlink()
+                    close = getattr(runtime, "close", None)
+                    if callable(close):
+                        close()
 
     async def _serve(
         self,
         config: Config,
         *,
-        committer: IntakeCommitter,
-        scheduler: Scheduler,
+        core: TurnCore,
         hub: ExecutorHub,
         listeners: _Listeners,
         task_status: anyio.abc.TaskStatus[None],
     ) -> int:
         control = ControlServer(
-            scheduler=scheduler,
+            scheduler=core,
             hub=hub,
             max_frame_bytes=config.executors.max_frame_bytes,
             on_drain=self.request_drain,
@@ -302,14 +298,13 @@ class Daemon:
         async with anyio.create_task_group() as tg:
             if self._handle_signals:  # first, so that a signal during start-up drains cleanly
                 await tg.start(self._signals, tg.cancel_scope)
-            await tg.start(committer.run)
-            await tg.start(scheduler.run)
+            await tg.start(core.run)
             async with listeners.executors, listeners.control:
                 await tg.start(hub.serve, listeners.executors)
                 await tg.start(control.serve, listeners.control)
                 if watchdog_interval() is not None:
                     await tg.start(watchdog_loop)
-                stats = scheduler.statistics()
+                stats = core.statistics()
                 notify("READY=1", f"STATUS=serving {config.root}")
                 self._log.info(
                     "daemon_ready",
@@ -317,15 +312,15 @@ class Daemon:
                     control_socket=str(config.control_socket),
                     executor_socket=str(config.executor_socket),
                     pid=os.getpid(),
-                    turns_recovered=stats.turns_active,
+                    turns_recovered=stats.turns.turns_active,
                 )
                 self.ready.set()
                 task_status.started()
                 await self._stop.wait()
                 notify("STOPPING=1", "STATUS=draining")
                 # Attempts still running after the grace period are cancelled with everything
-                # else; their turns stay `running` in the intake (a CRASH after restart).
-                clean = await scheduler.drain(self.config.drain_grace_s)
+                # else; their turns stay `running` in the store (a CRASH after restart).
+                clean = await core.drain(self.config.drain_grace_s)
                 self._log.info("daemon_stopped", clean=clean)
                 tg.cancel_scope.cancel()
         return EXIT_FORCED if self._forced else EXIT_OK

@@ -261,7 +261,7 @@ async def wait_with_progress(
     """Long-poll `turn.wait`, reporting each new state/attempt; returns the final turn."""
     import anyio
 
-    from supervisor.store.sqlite.intake import TurnState
+    from sandbox.policy.lifecycle import TurnState
 
     every = {s.value for s in TurnState}
     last: tuple[object, object] | None = None

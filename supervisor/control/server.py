@@ -25,7 +25,7 @@ Operations (params -> result):
 * ``turn.get`` {turn_id} -> {turn}; ``turn.wait`` {turn_id, timeout_s?, until?: [states]} ->
   {turn} once final, escalated, or in one of ``until``; ``turn.cancel`` {turn_id} -> {turn};
   ``turns.list`` {session_id?} -> {turns}
-* ``status`` -> {daemon, scheduler, intake, turns_by_state, in_flight, hub, executors}
+* ``status`` -> {daemon, scheduler, store, turns_by_state, in_flight, hub, executors}
 * ``executors.list`` -> {executors}; ``executors.wait`` {executor_id, status?, timeout_s?}
 * ``escalations.list`` -> {escalations}; ``escalations.resolve`` {turn_id, action:
   "retry"|"terminate"} -> {turn}
@@ -45,11 +45,12 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
+from sandbox.policy.lifecycle import TurnState
 from supervisor.errors import RequestError
 from supervisor.logging import get_logger
-from supervisor.store.sqlite.intake import TurnRow
+from supervisor.store.protocol import TurnRecord
+from supervisor.turns.core import TurnCore
 from supervisor.turns.requests import parse_turn_request
-from supervisor.turns.scheduler import Scheduler
 from supervisor.wire.control import (
     ControlRequest,
     EscalationResolveParams,
@@ -108,7 +109,7 @@ _STATE_CHANGING: Final = frozenset(
 )
 
 
-def _turn(turn: TurnRow) -> dict[str, object]:
+def _turn(turn: TurnRecord) -> dict[str, object]:
     return turn.to_dict()
 
 
@@ -118,7 +119,7 @@ class ControlServer:
     def __init__(
         self,
         *,
-        scheduler: Scheduler,
+        scheduler: TurnCore,
         hub: Any,
         max_frame_bytes: int = 1_048_576,
         on_drain: Callable[[], None] | None = None,
@@ -330,10 +331,12 @@ class ControlServer:
         stats = self._scheduler.statistics()
         hub_stats = self._hub.statistics()
         counts = await self._scheduler.counts()
+        turns = stats.to_dict()
+        turns["turns_escalated"] = counts.get(TurnState.ESCALATED.value, 0)
         return {
             "daemon": {"pid": os.getpid(), "draining": stats.draining, **self._info},
-            "scheduler": stats.to_dict(),
-            "intake": asdict(self._scheduler.intake_statistics()),
+            "scheduler": turns,
+            "store": asdict(self._scheduler.store_statistics()),
             "turns_by_state": counts,
             "in_flight": self._scheduler.in_flight(),
             "hub": _plain(asdict(hub_stats)),

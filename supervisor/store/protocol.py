@@ -38,6 +38,7 @@ from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import FINAL_STATES, TurnKind, TurnState
 
 __all__ = [
+    "RESOLUTION_REASONS",
     "Accepted",
     "Claim",
     "ClaimFilter",
@@ -53,6 +54,7 @@ __all__ = [
     "TurnStore",
 ]
 
+
 class SessionState(enum.StrEnum):
     OPEN = "open"
     CLOSED = "closed"
@@ -64,6 +66,15 @@ class Resolution(enum.StrEnum):
     RETRY = "retry"
     TERMINATE = "terminate"
     CANCEL = "cancel"
+
+
+#: The reason code and reason every engine records when a resolution ends a turn.
+RESOLUTION_REASONS: Mapping[Resolution, tuple[str, str]] = MappingProxyType(
+    {
+        Resolution.TERMINATE: ("OPERATOR_TERMINATED", "an operator terminated the escalated turn"),
+        Resolution.CANCEL: ("CANCELLED_BY_CLIENT", "cancelled through the control API"),
+    }
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -46,6 +46,7 @@ from supervisor.errors import (
 )
 from supervisor.logging import get_logger
 from supervisor.store.protocol import (
+    RESOLUTION_REASONS,
     Claim,
     NewSession,
     NewTurn,
@@ -131,6 +132,9 @@ class TurnCore:
         # each refuses while the other is under way, so no turn lands in a closed session.
         self._submitting: dict[str, int] = {}
         self._closing: set[str] = set()
+        # Escalations being resolved here: the first decision wins before any await, so a
+        # second one never writes ledger entries for an ending that will not happen.
+        self._resolving: set[int] = set()
 
     # -- settings and views -----------------------------------------------------------------
 
@@ -513,16 +517,35 @@ class TurnCore:
         return await self._resolve(turn, Resolution(action))
 
     async def _resolve(self, turn: TurnRecord, resolution: Resolution) -> TurnRecord:
+        if turn.turn_id in self._resolving:
+            raise RequestError(
+                "not_escalated",
+                f"turn {turn.turn_id} is already being resolved",
+                turn_id=turn.turn_id,
+                state=turn.state.value,
+            )
+        self._resolving.add(turn.turn_id)
+        try:
+            with anyio.CancelScope(shield=True):  # a decision, once taken, is carried out
+                resolved = await self._carry_out(turn, resolution)
+        finally:
+            self._resolving.discard(turn.turn_id)
+        return resolved
+
+    async def _carry_out(self, turn: TurnRecord, resolution: Resolution) -> TurnRecord:
         store = self._deps.store
+        if turn.state is not TurnState.ESCALATED:
+            raise RequestError(
+                "not_escalated",
+                f"turn {turn.turn_id} is {turn.state.value}, not escalated",
+                turn_id=turn.turn_id,
+                state=turn.state.value,
+            )
         if resolution is not Resolution.RETRY:
             state = (
                 TurnState.TERMINATED if resolution is Resolution.TERMINATE else TurnState.CANCELLED
             )
-            code, why = (
-                ("OPERATOR_TERMINATED", "an operator terminated the escalated turn")
-                if resolution is Resolution.TERMINATE
-                else ("CANCELLED_BY_CLIENT", "cancelled through the control API")
-            )
+            code, why = RESOLUTION_REASONS[resolution]
             if turn.state is TurnState.ESCALATED:
                 ending = TurnEnding(state=state, verdict="TERMINATE", reason_code=code, reason=why)
                 await self._deps.sessions.record_end(with_ending(turn, ending))

@@ -43,7 +43,7 @@ def test_defaults_are_the_embedded_root(tmp_path: Path, monkeypatch: pytest.Monk
     assert config.runtime_dir == root / "run"
     assert config.control_socket == root / "run" / "control.sock"
     assert config.executor_socket == root / "run" / "executors.sock"
-    assert config.intake_path == root / "state" / "intake.sqlite3"
+    assert config.intake_path == root / "state" / "turns.sqlite3"
     assert config.socket_mode == 0o660
     assert config.allowed_uids is None
     assert config.executors == ExecutorSettings()
@@ -62,7 +62,7 @@ def test_systemd_directories_are_defaults(tmp_path: Path) -> None:
     assert config.root == tmp_path / "state"
     assert config.runtime_dir == tmp_path / "run"
     assert config.control_socket == tmp_path / "run" / "control.sock"
-    assert config.intake_path == tmp_path / "state" / "state" / "intake.sqlite3"
+    assert config.intake_path == tmp_path / "state" / "state" / "turns.sqlite3"
 
 
 def test_file_env_override_precedence(tmp_path: Path) -> None:

@@ -361,7 +361,7 @@ def test_service_under_real_systemd(tmp_path: Path) -> None:
         environ = c.run("cat", f"/proc/{main_pid}/environ").stdout.split("\0")
         assert "STATE_DIRECTORY=/var/lib/hunter" in environ
         assert "RUNTIME_DIRECTORY=/run/hunter" in environ
-        c.run("test", "-e", "/var/lib/hunter/state/intake.sqlite3")
+        c.run("test", "-e", "/var/lib/hunter/state/turns.sqlite3")
 
         # WATCHDOG=1 keeps arriving from the event loop (WatchdogSec=2s: a ping every 1 s).
         _poll(

@@ -1,7 +1,8 @@
-"""Scheduler: the attempt loop through the policy, ledgers, escalations, cancel, drain, recovery.
+"""The turn core: the attempt loop through the policy, ledgers, escalations, cancel, drain,
+recovery.
 
-The hub and the sandbox runtime are injected fakes (the scheduler's plug points are Protocols);
-the intake and the ledgers are real. End-to-end runs with real executors live in
+The hub and the sandbox runtime are injected fakes (the core's plug points are Protocols); the
+SQLite turn store and the ledgers are real. End-to-end runs with real executors live in
 test_daemon_e2e.py.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import sqlite3
 import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -24,11 +26,14 @@ from ledger import GroupSyncer, SessionLedgers, verify_session_dir
 from sandbox.policy.attempts import AttemptOutcome
 from sandbox.policy.envelopes import ExecutorCommandType, ExecutorInstructionEnvelope
 from sandbox.policy.faults import ExecutionFaultType
+from sandbox.policy.lifecycle import TurnKind, TurnState
 from sandbox.policy.retry_protocol import RetryOptions
 from supervisor.errors import RequestError
-from supervisor.store.sqlite.intake import Intake, IntakeCommitter, TurnKind, TurnState
+from supervisor.store.protocol import TurnStore
+from supervisor.store.sqlite import open_sqlite_store
+from supervisor.turns.context import CoreSettings
+from supervisor.turns.core import TurnCore
 from supervisor.turns.requests import parse_turn_request
-from supervisor.turns.scheduler import Scheduler, SchedulerSettings
 
 FAST = RetryOptions(max_attempts=3, base_delay_ms=1, backoff_multiplier=2, max_delay_ms=5)
 
@@ -68,11 +73,23 @@ class FakeHub:
         return FakeReport(self.script[index])
 
 
+@dataclass(frozen=True)
+class FakeAttempt:
+    data: dict[str, object]
+
+    def to_dict(self) -> dict[str, object]:
+        return self.data
+
+
 @dataclass
 class FakeTurnResult:
     status: str
     exit_code: int | None = 0
-    attempts: tuple[dict[str, object], ...] = ()
+    attempts: tuple[FakeAttempt, ...] = ()
+    verdict: str = "SUCCEED"
+    reason_code: str = "SUCCESS"
+    reason: str = "the process exited 0"
+    fault_type: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {"status": self.status, "exit_code": self.exit_code}
@@ -115,7 +132,7 @@ class FakeSession:
         )
         return FakeTurnResult(
             status=self.process_status,
-            attempts=({"outcome": "SUCCESS", "exit_code": 0, "verdict": "SUCCEED"},),
+            attempts=(FakeAttempt({"outcome": "SUCCESS", "exit_code": 0, "verdict": "SUCCEED"}),),
         )
 
     async def record_instruction_turn(self, **kw: Any) -> None:
@@ -178,11 +195,21 @@ class FakeRuntime:
 
 @dataclass
 class Rig:
-    scheduler: Scheduler
+    scheduler: TurnCore
     hub: FakeHub
     runtime: FakeRuntime
-    intake: Intake
+    store: TurnStore
     root: Path
+
+
+def _db(root: Path) -> Path:
+    return root / "state" / "turns.sqlite3"
+
+
+def _sql(root: Path, statement: str, *args: object) -> None:
+    """Change the store behind the daemon's back (the daemon is stopped): for restart tests."""
+    with sqlite3.connect(_db(root)) as conn:
+        conn.execute(statement, args)
 
 
 @asynccontextmanager
@@ -190,20 +217,19 @@ async def rig(
     tmp_path: Path, hub: FakeHub | None = None, *, process_status: str = "succeeded"
 ) -> AsyncIterator[Rig]:
     hub = hub or FakeHub()
-    with Intake.open(tmp_path / "state" / "intake.sqlite3") as intake, GroupSyncer() as syncer:
-        committer = IntakeCommitter(intake)
-        runtime = FakeRuntime(tmp_path, syncer, process_status)
-        scheduler = Scheduler(
-            committer=committer,
-            hub=hub,
-            runtime=runtime,
-            settings=SchedulerSettings(root=tmp_path, retry=FAST, process_slots=2),
-        )
-        async with anyio.create_task_group() as tg:
-            await tg.start(committer.run)
-            await tg.start(scheduler.run)
-            yield Rig(scheduler, hub, runtime, intake, tmp_path)
-            tg.cancel_scope.cancel()
+    async with open_sqlite_store(_db(tmp_path)) as store:
+        with GroupSyncer() as syncer:
+            runtime = FakeRuntime(tmp_path, syncer, process_status)
+            core = TurnCore(
+                store=store,
+                hub=hub,
+                runtime=runtime,
+                settings=CoreSettings(root=tmp_path, retry=FAST, process_slots=2),
+            )
+            async with anyio.create_task_group() as tg:
+                await tg.start(core.run)
+                yield Rig(core, hub, runtime, store, tmp_path)
+                tg.cancel_scope.cancel()
 
 
 def _instruction(sid: str, **extra: object) -> dict[str, object]:
@@ -351,7 +377,7 @@ async def test_queue_full_is_refused_before_accepting(tmp_path: Path) -> None:
             await r.scheduler.submit(parse_turn_request(_instruction(sid)))
         assert info.value.code == "queue_full"
         assert info.value.details["retry_after_ms"] == 250
-        assert r.intake.list_turns() == []
+        assert (await r.store.list_turns()).turns == ()
 
 
 async def test_cancel_running_turn(tmp_path: Path) -> None:
@@ -397,7 +423,7 @@ async def test_process_turn_rejected_at_intake(tmp_path: Path) -> None:
         )
         with pytest.raises(RequestError, match=r"^forbidden executable$"):
             await r.scheduler.submit(request)
-        assert r.intake.list_turns() == []
+        assert (await r.store.list_turns()).turns == ()
 
 
 async def test_drain_leaves_unstarted_work_for_restart(tmp_path: Path) -> None:
@@ -410,8 +436,8 @@ async def test_drain_leaves_unstarted_work_for_restart(tmp_path: Path) -> None:
         assert await r.scheduler.drain(0.01) is False
         with pytest.raises(RequestError, match=r"^the daemon is draining"):
             await r.scheduler.submit(parse_turn_request(_instruction(sid)))
-    with Intake.open(tmp_path / "state" / "intake.sqlite3") as intake:
-        assert intake.get_turn(turn.turn_id).state is TurnState.RUNNING
+    async with open_sqlite_store(_db(tmp_path)) as store:
+        assert (await store.get_turn(turn.turn_id)).state is TurnState.RUNNING
 
 
 async def test_restart_turns_interrupted_attempt_into_crash(tmp_path: Path) -> None:
@@ -520,7 +546,7 @@ async def test_drain_waits_until_the_outcome_is_recorded(tmp_path: Path) -> None
             await r.scheduler.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
             assert hub.gate is not None
             hub.gate.set()
-        assert r.intake.get_turn(turn.turn_id).state is TurnState.SUCCEEDED
+        assert (await r.store.get_turn(turn.turn_id)).state is TurnState.SUCCEEDED
 
 
 async def test_restart_reruns_interrupted_process_turn(tmp_path: Path) -> None:
@@ -531,12 +557,12 @@ async def test_restart_reruns_interrupted_process_turn(tmp_path: Path) -> None:
         params = {"session_id": sid, "kind": "process", "argv": ["block"], "declared_outputs": []}
         turn, _ = await r.scheduler.submit(parse_turn_request(params))
         await r.runtime.sessions[sid].blocked.wait()
-    with Intake.open(tmp_path / "state" / "intake.sqlite3") as intake:
-        intake.set_state(turn.turn_id, TurnState.RUNNING)
-        conn = intake._conn
-        conn.execute("UPDATE turns SET spec = ? WHERE turn_id = ?", (
-            orjson.dumps({**dict(turn.spec), "argv": ["true"]}), turn.turn_id,
-        ))  # fmt: skip
+    _sql(
+        tmp_path,
+        "UPDATE turns SET spec = ? WHERE turn_id = ?",
+        orjson.dumps({**dict(turn.spec), "argv": ["true"]}),
+        turn.turn_id,
+    )
     async with rig(tmp_path) as r2:
         done = await r2.scheduler.wait_turn(turn.turn_id, timeout_s=10)
         assert done.state is TurnState.SUCCEEDED
@@ -594,8 +620,10 @@ async def test_restart_ending_an_interrupted_process_turn_writes_ledgers(tmp_pat
         params = {"session_id": sid, "kind": "process", "argv": ["block"], "declared_outputs": []}
         turn, _ = await r.scheduler.submit(parse_turn_request(params))
         await r.runtime.sessions[sid].blocked.wait()
-    with Intake.open(tmp_path / "state" / "intake.sqlite3") as intake:
-        intake.start_attempt(turn.turn_id, attempt=FAST.max_attempts)  # the last one
+    # as if the daemon had stopped during the last attempt of the budget
+    _sql(
+        tmp_path, "UPDATE turns SET attempt = ? WHERE turn_id = ?", FAST.max_attempts, turn.turn_id
+    )
     async with rig(tmp_path) as r2:
         done = await r2.scheduler.wait_turn(turn.turn_id, timeout_s=10)
         assert done.final
@@ -624,15 +652,13 @@ async def test_concurrent_resolutions_of_one_escalation(tmp_path: Path) -> None:
             tg.start_soon(resolve, "terminate")
             tg.start_soon(resolve, "retry")
         assert answers == {"terminate": TurnState.TERMINATED, "retry": "not_escalated"}
-        assert r.intake.get_turn(turn.turn_id).state is TurnState.TERMINATED
+        assert (await r.store.get_turn(turn.turn_id)).state is TurnState.TERMINATED
         assert all(rep.entries == 3 for rep in _verify(tmp_path, sid))
 
 
-async def test_a_failing_attempt_keeps_its_cause_when_the_running_commit_fails(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """When the hub fails and the `running` commit fails too, the turn ends with the hub's error
-    (the cause), not the intake's."""
+async def test_a_failing_hub_ends_the_turn_with_its_cause(tmp_path: Path) -> None:
+    """When the hub itself fails, the turn ends terminated with the hub's error as its reason,
+    and the core keeps serving."""
 
     class BrokenHub(FakeHub):
         async def run_attempt(self, envelope: ExecutorInstructionEnvelope) -> FakeReport:
@@ -640,11 +666,7 @@ async def test_a_failing_attempt_keeps_its_cause_when_the_running_commit_fails(
 
     async with rig(tmp_path, BrokenHub()) as r:
         sid = await _open(r)
-
-        def refuse(turn_id: int, **kw: object) -> None:
-            raise OSError("disk gone")
-
-        monkeypatch.setattr(r.intake, "op_start_attempt", refuse)
         turn = await _run(r, _instruction(sid))
         assert (turn.state, turn.reason_code) == (TurnState.TERMINATED, "INTERNAL_ERROR")
         assert turn.reason == "RuntimeError: the hub broke"
+        assert [rep.entries for rep in _verify(tmp_path, sid)] == [2, 2]
