@@ -213,3 +213,61 @@ def test_invalid_config_exits_2_before_starting(
     assert main(["serve", "--root", str(root), "--config", str(bad)]) == 2
     assert "drain_grace_s" in capsys.readouterr().err
     assert not root.exists()
+
+
+async def test_clean_stop_logs_nothing_at_warning_or_above() -> None:
+    """`hunter serve` started, given work, then stopped with SIGTERM exits 0, and its log has no
+    event at warning or above (a shutdown once logged an InvalidStateError from a hand-made
+    thread-to-loop hand-off)."""
+    import shutil
+    import tempfile
+
+    from supervisor.demo.stack import prepare_root
+
+    # Process turns run under their own uid: the root must be reachable by it.
+    base = Path(tempfile.mkdtemp(prefix="hh-stop-"))
+    base.chmod(0o711)
+    try:
+        prepare_root(base / "root", fresh=True)
+        await _serve_work_and_stop(base / "root")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+async def _serve_work_and_stop(root: Path) -> None:
+    proc = await anyio.open_process(
+        [sys.executable, "-m", "supervisor", "serve", "--root", str(root), "--log-format", "json"],
+        env={k: v for k, v in os.environ.items() if not k.startswith("HUNTER_")},
+    )
+    try:
+        with anyio.fail_after(30):
+            while not socket_for_root(root).exists():
+                assert proc.returncode is None, "the daemon exited at start"
+                await anyio.sleep(0.05)
+            async with ControlClient(socket_for_root(root)) as client:
+                sid = (await client.call("session.open", package_id="demo"))["session_id"]
+                turn = await client.call(
+                    "turn.submit",
+                    session_id=sid,
+                    kind="process",
+                    argv=["/bin/true"],
+                    declared_outputs=[],
+                    wait_s=20,
+                )
+                assert turn["turn"]["state"] == "succeeded"
+        proc.send_signal(signal.SIGTERM)
+        with anyio.fail_after(30):
+            assert await proc.wait() == 0
+        assert proc.stdout is not None
+        output = b""
+        async for chunk in proc.stdout:
+            output += chunk
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await proc.aclose()
+    events = [orjson.loads(line) for line in output.splitlines() if line.startswith(b"{")]
+    assert any(e["event"] == "daemon_stopped" for e in events)
+    loud = [e for e in events if e["level"] in {"warning", "error", "critical", "exception"}]
+    assert loud == []
