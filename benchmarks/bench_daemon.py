@@ -149,8 +149,8 @@ async def daemon_figures(directory: Path, bench: ModuleType) -> dict[str, float]
             after = await client.call("status")
             verify = await client.call("ledger.verify", session_id=sid)
         assert verify["ok"], verify
-        turns = after["intake"]["operations"] - before["intake"]["operations"]
-        batches = after["intake"]["batches"] - before["intake"]["batches"]
+        turns = after["store"]["operations"] - before["store"]["operations"]
+        batches = after["store"]["commits"] - before["store"]["commits"]
         finished = done + failed
         rss = daemon_proc.memory_info().rss
     finally:

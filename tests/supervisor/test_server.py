@@ -226,7 +226,7 @@ async def test_clean_stop_logs_nothing_at_warning_or_above() -> None:
 
     # Process turns run under their own uid: the root must be reachable by it.
     base = Path(tempfile.mkdtemp(prefix="hh-stop-"))
-    base.chmod(0o711)
+    os.chmod(base, 0o711)
     try:
         prepare_root(base / "root", fresh=True)
         await _serve_work_and_stop(base / "root")
