@@ -454,7 +454,7 @@ def _explain(exc: msgspec.ValidationError, read_id: Callable[[], RequestId]) -> 
         shown = f", got {got[1]}" if got is not None else ""
         return RequestDecodeError(
             "bad_request",
-            f"id: must be an integer (-2**63..2**64-1), a string or null{shown}",
+            f"id: must be an integer, a string or null{shown}",
             field="id",
         )
     if isinstance(cause, _FieldProblem):

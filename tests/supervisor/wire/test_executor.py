@@ -186,3 +186,62 @@ def test_response_message_wraps_the_response_object() -> None:
         "type": "response",
         "response": {"instruction_id": "i"},
     }
+
+
+# --- one-step decoders -----------------------------------------------------------------------
+
+
+def test_decode_hello_matches_parse_hello() -> None:
+    """decode_hello returns the same Hello as parse_hello, and the same ProtocolError."""
+    import orjson
+
+    from supervisor.wire.executor import decode_hello
+
+    assert decode_hello(orjson.dumps(_hello())) == parse_hello(_hello())
+    for changes in ({"protocol_version": 99}, {"executor_id": "a b"}, {"commands": ["READ"] * 2}):
+        with pytest.raises(ProtocolError) as decoded:
+            decode_hello(orjson.dumps(_hello(**changes)))
+        with pytest.raises(ProtocolError) as parsed:
+            parse_hello(_hello(**changes))
+        assert (decoded.value.reason_code, decoded.value.reason) == (
+            parsed.value.reason_code,
+            parsed.value.reason,
+        )
+    wire = _hello()
+    del wire["type"]
+    with pytest.raises(ProtocolError, match="the first message must be 'hello'"):
+        decode_hello(orjson.dumps(wire))
+
+
+def test_decode_executor_message_types_and_errors() -> None:
+    """response/heartbeat/status decode to their messages; anything else is a MessageError
+    that carries the raw type; a non-object body is a FrameDecodeError."""
+    from supervisor.wire.executor import MessageError, ResponseMessage, decode_executor_message
+    from supervisor.wire.frames import FrameDecodeError
+
+    assert decode_executor_message(b'{"type":"response","response":{"a":1}}') == ResponseMessage(
+        {"a": 1}
+    )
+    assert decode_executor_message(b'{"type":"heartbeat"}') == Heartbeat(ts_us=0)
+    assert decode_executor_message(b'{"type":"status","status":"BUSY"}') == Status(
+        ExecutorStatus.BUSY
+    )
+    for body, kind in [
+        (b'{"type":"status","status":"NOPE"}', "status"),
+        (b'{"type":"heartbeat","ts_us":"x"}', "heartbeat"),
+        (b'{"type":"hello"}', "hello"),
+        (b'{"type":{}}', {}),
+        (b"{}", None),
+    ]:
+        with pytest.raises(MessageError) as info:
+            decode_executor_message(body)
+        assert info.value.message_type == kind
+        assert info.value.reason_code == RejectReason.BAD_MESSAGE
+    with pytest.raises(FrameDecodeError):
+        decode_executor_message(b"[]")
+    assert Heartbeat(ts_us=5).to_wire() == {"type": "heartbeat", "ts_us": 5}
+    assert Status(ExecutorStatus.READY).to_wire() == {
+        "type": "status",
+        "status": "READY",
+        "detail": "",
+    }

@@ -241,3 +241,26 @@ def test_frames_round_trip_whatever_the_chunking(
 def test_decode_body_accepts_memoryview() -> None:
     """decode_body takes bytes-like bodies."""
     assert decode_body(memoryview(b'{"k": [1]}')) == {"k": [1]}
+
+
+async def test_read_body_returns_the_undecoded_body() -> None:
+    """FrameReader.read_body hands out body bytes one frame at a time (size checks apply)."""
+
+    class _Bytes(ByteReceiveStream):
+        def __init__(self, data: bytes) -> None:
+            self._data = data
+
+        async def receive(self, max_bytes: int = 65536) -> bytes:
+            if not self._data:
+                raise anyio.EndOfStream
+            chunk, self._data = self._data[:max_bytes], self._data[max_bytes:]
+            return chunk
+
+        async def aclose(self) -> None:
+            pass
+
+    reader = FrameReader(_Bytes(encode_frame({"a": 1}) + encode_frame([1])), max_bytes=64)
+    assert await reader.read_body() == b'{"a":1}'
+    assert await reader.read_body() == b"[1]"
+    with pytest.raises(anyio.EndOfStream):
+        await reader.read_body()

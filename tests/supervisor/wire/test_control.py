@@ -1,0 +1,179 @@
+"""Tests of supervisor.wire.control: one-step decoding of control requests and its errors."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from sandbox.policy.envelopes import ExecutorStatus
+from sandbox.policy.lifecycle import TurnKind, TurnState
+from supervisor.control.server import ERROR_CODES
+from supervisor.wire.control import (
+    OPERATIONS,
+    EscalationsResolve,
+    ExecutorsWait,
+    Ping,
+    RequestDecodeError,
+    SessionOpen,
+    TurnGet,
+    TurnSubmit,
+    TurnWait,
+    convert_request,
+    decode_request,
+    op_of,
+)
+from supervisor.wire.frames import FrameDecodeError
+
+
+def _body(**frame: object) -> bytes:
+    return json.dumps(frame).encode()
+
+
+def _error(body: bytes) -> RequestDecodeError:
+    with pytest.raises(RequestDecodeError) as info:
+        decode_request(body)
+    assert info.value.code in ERROR_CODES
+    return info.value
+
+
+def test_every_operation_decodes() -> None:
+    """Each operation decodes to its own Struct; params default when optional."""
+    assert op_of(decode_request(_body(op="ping"))) == "ping"
+    assert isinstance(decode_request(_body(id=7, op="ping", params={})), Ping)
+    assert len(OPERATIONS) == 16
+    for op in ("session.list", "status", "executors.list", "escalations.list", "drain"):
+        assert op_of(decode_request(_body(op=op))) == op
+    for op in ("turns.list", "ledger.verify"):
+        request = decode_request(_body(op=op, params={"session_id": "SES-1"}))
+        assert request.params.session_id == "SES-1"  # type: ignore[union-attr]
+
+
+def test_requests_are_typed_and_frozen() -> None:
+    """Decoded values carry their types (ints, enums, frozensets) and cannot be changed."""
+    request = decode_request(
+        _body(id="a", op="turn.wait", params={"turn_id": "42", "until": ["running"]})
+    )
+    assert isinstance(request, TurnWait)
+    assert request.id == "a"
+    assert request.params.id == 42
+    assert request.params.until == frozenset({TurnState.RUNNING})
+    assert request.params.timeout_s is None
+    with pytest.raises(AttributeError):
+        request.id = "b"  # type: ignore[misc]
+    wait = decode_request(_body(op="executors.wait", params={"executor_id": "web-1"}))
+    assert isinstance(wait, ExecutorsWait)
+    assert (wait.params.status, wait.params.timeout_s) == (ExecutorStatus.READY, 10.0)
+    resolve = decode_request(
+        _body(op="escalations.resolve", params={"turn_id": 3, "action": "terminate"})
+    )
+    assert isinstance(resolve, EscalationsResolve)
+    assert (resolve.params.id, resolve.params.action) == (3, "terminate")
+
+
+def test_turn_submit_params_map_to_the_intake_rules() -> None:
+    """turn.submit keeps every field typed and hands parse_turn_request a plain mapping."""
+    request = decode_request(
+        _body(
+            op="turn.submit",
+            params={
+                "session_id": "SES-1",
+                "kind": "process",
+                "argv": ["/bin/true"],
+                "declared_outputs": ["a.txt", {"path": "b.txt", "role": "log"}],
+                "wait_s": 2,
+            },
+        )
+    )
+    assert isinstance(request, TurnSubmit)
+    assert request.params.kind is TurnKind.PROCESS
+    assert request.params.wait_s == 2.0
+    mapping = request.params.as_mapping()
+    assert mapping["kind"] == "process"
+    assert mapping["declared_outputs"] == ["a.txt", {"path": "b.txt", "role": "log"}]
+    assert "timeout_ms" not in mapping  # the scheduler's default applies
+
+
+@pytest.mark.parametrize(
+    ("frame", "field"),
+    [
+        ({"id": 1, "op": {}}, "op"),
+        ({"id": 1, "op": 7}, "op"),
+        ({"id": 1, "op": "turn.get", "params": []}, "params"),
+        ({"id": 1, "op": "turn.get"}, "params"),
+        ({"id": 1, "op": "session.close", "params": {"session_id": {}}}, "session_id"),
+        ({"id": 1, "op": "session.close", "params": {"session_id": ""}}, "session_id"),
+        ({"id": 1, "op": "session.open", "params": {"package_id": "x" * 300}}, "package_id"),
+        ({"id": 1, "op": "turn.get", "params": {"turn_id": "x"}}, "turn_id"),
+        ({"id": 1, "op": "turn.get", "params": {"turn_id": True}}, "turn_id"),
+        ({"id": 1, "op": "turn.wait", "params": {"turn_id": 1, "timeout_s": -1}}, "timeout_s"),
+        ({"id": 1, "op": "turn.wait", "params": {"turn_id": 1, "until": ["x"]}}, "until[0]"),
+        ({"id": 1, "op": "escalations.resolve", "params": {"turn_id": 1, "action": 1}}, "action"),
+        ({"op": "turn.submit", "params": {"session_id": "S", "kind": "process"}},
+         "declared_outputs"),
+        ({"op": "turn.submit", "params": {"session_id": "S", "kind": "process",
+          "declared_outputs": [], "wait_s": "soon"}}, "wait_s"),
+        ({"op": "executors.wait", "params": {"executor_id": "e", "status": "NOPE"}}, "status"),
+    ],
+)  # fmt: skip
+def test_bad_requests_name_the_field(frame: dict[str, object], field: str) -> None:
+    """An ill-typed request is bad_request; the message starts with the field and says what
+    to do; the answer carries the request's id when that was valid."""
+    error = _error(json.dumps(frame).encode())
+    assert error.code == "bad_request"
+    assert error.field == field
+    wire = error.to_wire()
+    assert wire["field"] == field
+    assert str(wire["message"]).startswith(f"{field}: ")
+    assert error.request_id == frame.get("id")
+
+
+@pytest.mark.parametrize("bad_id", [{}, [], True, 1.5])
+def test_a_bad_id_is_reported_without_an_id(bad_id: object) -> None:
+    error = _error(_body(id=bad_id, op="ping"))
+    assert (error.code, error.field, error.request_id) == ("bad_request", "id", None)
+
+
+@pytest.mark.parametrize("turn_id", [0, -1, 2**63, 2**64, "9" * 5000, "18446744073709551616"])
+def test_impossible_turn_ids_are_unknown_turn(turn_id: object) -> None:
+    body = json.dumps({"id": 4, "op": "turn.get", "params": {"turn_id": turn_id}}).encode()
+    error = _error(body)
+    assert error.code == "unknown_turn"
+    assert error.message.startswith("no turn ")
+    assert len(error.message) < 200
+    assert error.request_id == 4
+
+
+def test_a_5000_digit_json_number_is_unknown_turn() -> None:
+    error = _error(b'{"id":1,"op":"turn.get","params":{"turn_id":' + b"9" * 5000 + b"}}")
+    assert error.code == "unknown_turn"
+
+
+def test_unknown_operation_lists_the_known_ones() -> None:
+    error = _error(_body(id=3, op="turn.explode"))
+    assert error.code == "unknown_op"
+    assert error.details["operations"] == list(OPERATIONS)
+    assert error.request_id == 3
+
+
+@pytest.mark.parametrize("body", [b"[]", b'"x"', b"null", b"{", b"\xff\xfe", b"1"])
+def test_a_body_that_is_not_an_object_is_a_frame_error(body: bytes) -> None:
+    with pytest.raises(FrameDecodeError):
+        decode_request(body)
+
+
+def test_unknown_params_are_ignored() -> None:
+    request = decode_request(_body(op="session.open", params={"package_id": "demo", "new": 1}))
+    assert isinstance(request, SessionOpen)
+    assert request.params.tier is None
+
+
+def test_convert_request_matches_decode_request() -> None:
+    frame: dict[str, object] = {"id": 9, "op": "turn.get", "params": {"turn_id": 5}}
+    assert convert_request(frame) == decode_request(json.dumps(frame).encode())
+    assert isinstance(convert_request(frame), TurnGet)
+    with pytest.raises(RequestDecodeError) as info:
+        convert_request({"id": 9, "op": "turn.get", "params": {"turn_id": "x"}})
+    assert (info.value.field, info.value.request_id) == ("turn_id", 9)
+    assert isinstance(decode_request(json.dumps(frame).encode()), msgspec.Struct)
