@@ -457,6 +457,9 @@ def _explain(exc: msgspec.ValidationError, read_id: Callable[[], RequestId]) -> 
             f"id: must be an integer, a string or null{shown}",
             field="id",
         )
+    except msgspec.DecodeError as bad_json:
+        # The decoder stopped at a missing field before reaching the malformed part.
+        return FrameDecodeError(f"frame body is not valid UTF-8 JSON: {bad_json}")
     if isinstance(cause, _FieldProblem):
         field_name = cause.field
         if cause.code == "bad_request":

@@ -98,7 +98,14 @@ def test_random_bytes(record: Callable[..., None]) -> None:
     count = 0
 
     @settings(FUZZ, max_examples=800)
-    @given(st.binary(max_size=300) | st.text(max_size=200).map(str.encode))
+    @given(
+        st.binary(max_size=300)
+        | st.text(max_size=200).map(str.encode)
+        # a JSON object followed by junk (atheris found the decoder stopping before the junk)
+        | st.tuples(envelopes.map(json.dumps), st.binary(min_size=1, max_size=8)).map(
+            lambda t: t[0].encode() + t[1]
+        )
+    )
     def run(body: bytes) -> None:
         nonlocal count
         count += 1

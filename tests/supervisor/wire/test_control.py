@@ -157,7 +157,9 @@ def test_unknown_operation_lists_the_known_ones() -> None:
     assert error.request_id == 3
 
 
-@pytest.mark.parametrize("body", [b"[]", b'"x"', b"null", b"{", b"\xff\xfe", b"1"])
+@pytest.mark.parametrize(
+    "body", [b"[]", b'"x"', b"null", b"{", b"\xff\xfe", b"1", b"{}\x845", b'{"id":1}x']
+)
 def test_a_body_that_is_not_an_object_is_a_frame_error(body: bytes) -> None:
     with pytest.raises(FrameDecodeError):
         decode_request(body)
