@@ -139,7 +139,7 @@ CONTROL: Final[dict[str, bytes]] = {
         "session.open": {
             "id": "c-4",
             "op": "session.open",
-            "params": {"package_id": "demo", "tier": "default", "workspace": "/srv/work/ws-1"},
+            "params": {"package_id": "demo", "tier": "default", "workspace": "ws-1"},
         },
         "executors.wait": {
             "id": 5,

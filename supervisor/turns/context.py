@@ -20,7 +20,15 @@ from supervisor.store.protocol import Claim, TurnEnding, TurnRecord, TurnStore
 from supervisor.turns.sessions import DaemonSessions
 from supervisor.turns.tracker import ActiveTurn, Tracker
 
-__all__ = ["CoreSettings", "LoopHooks", "TurnDeps", "merge_attempts", "now_us", "with_ending"]
+__all__ = [
+    "CoreSettings",
+    "LoopHooks",
+    "TurnDeps",
+    "end_turn",
+    "merge_attempts",
+    "now_us",
+    "with_ending",
+]
 
 
 def now_us() -> int:
@@ -146,3 +154,49 @@ class LoopHooks:
         if self.counting:
             self.counting = False
             self._deps.tracker.attempt_ended(process=self._process)
+
+
+async def end_turn(
+    deps: TurnDeps,
+    turn: TurnRecord,
+    active: ActiveTurn,
+    ending: TurnEnding,
+    attempts: Sequence[AttemptRecord] = (),
+    *,
+    write_ledgers: bool = True,
+) -> TurnRecord:
+    """End (or park) *turn* under its claim: the ledger entries first (unless the sandbox runtime
+    already wrote them), then the store; then the tracker and the log.
+
+    A crash between the two runs (or parks) the turn again after the restart; it never ends
+    without its ledger entries.
+    """
+    claim = active.claim
+    if claim is None:
+        msg = f"turn {turn.turn_id} has no claim to end it with"
+        raise RuntimeError(msg)
+    if write_ledgers:
+        await deps.sessions.record_end(with_ending(turn, ending, attempts))
+    finished = await deps.store.finish(claim, ending, attempts)
+    active.claim = None
+    deps.tracker.remember(finished)
+    active.move(finished.state)
+    log = get_logger("supervisor.turns")
+    if finished.final:
+        deps.tracker.finished(finished.state)
+        log.info(
+            "turn_finished",
+            state=finished.state.value,
+            attempts=len(finished.attempts),
+            decision=finished.verdict,
+            reason_code=finished.reason_code,
+            duration_ms=(now_us() - turn.accepted_us) // 1000,
+        )
+    else:
+        log.info(
+            "turn_escalated",
+            attempt=finished.attempt,
+            fault_type=finished.fault_type,
+            reason_code=finished.reason_code,
+        )
+    return finished

@@ -36,7 +36,6 @@ import structlog.contextvars
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import TurnKind, TurnState
 from supervisor.errors import (
-    NotEscalatedError,
     QueueFullError,
     RequestError,
     SessionClosedError,
@@ -46,7 +45,6 @@ from supervisor.errors import (
 )
 from supervisor.logging import get_logger
 from supervisor.store.protocol import (
-    RESOLUTION_REASONS,
     Claim,
     NewSession,
     NewTurn,
@@ -58,11 +56,12 @@ from supervisor.store.protocol import (
     TurnRecord,
     TurnStore,
 )
-from supervisor.turns.context import CoreSettings, TurnDeps, now_us, with_ending
+from supervisor.turns.context import CoreSettings, TurnDeps, end_turn, now_us
+from supervisor.turns.escalations import Escalations
 from supervisor.turns.instruction import HubLike, run_instruction_turn
 from supervisor.turns.process import run_process_turn
 from supervisor.turns.requests import TurnRequest, parse_turn_request
-from supervisor.turns.sessions import DaemonSessions, RuntimeLike, SessionLike
+from supervisor.turns.sessions import DaemonSessions, RuntimeLike, SessionLike, verify_ledgers
 from supervisor.turns.tracker import ActiveTurn, Tracker, TrackerStatistics
 
 __all__ = ["CoreStatistics", "TurnCore", "error_code"]
@@ -132,9 +131,7 @@ class TurnCore:
         # each refuses while the other is under way, so no turn lands in a closed session.
         self._submitting: dict[str, int] = {}
         self._closing: set[str] = set()
-        # Escalations being resolved here: the first decision wins before any await, so a
-        # second one never writes ledger entries for an ending that will not happen.
-        self._resolving: set[int] = set()
+        self._escalations = Escalations(self._deps, start=self._start)
 
     # -- settings and views -----------------------------------------------------------------
 
@@ -450,7 +447,7 @@ class TurnCore:
         active = self._deps.tracker.get(turn_id)
         if active is None:
             if turn.state is TurnState.ESCALATED:
-                return await self._resolve(turn, Resolution.CANCEL)
+                return await self._escalations.resolve(turn, Resolution.CANCEL)
             raise RequestError("not_cancellable", f"turn {turn_id} is not active", turn_id=turn_id)
         active.cancel_requested = True
         if active.scope is not None:
@@ -471,41 +468,16 @@ class TurnCore:
 
     async def verify_ledgers(self, *, session_id: str | None = None) -> dict[str, object]:
         """Verify the exec and evidence ledgers of one session (or of every session)."""
-        from ledger import IntegrityError, session_dir_for, verify_session_dir
-
         if session_id is not None:
             records = [await self.get_session(session_id)]
         else:
             records = await self.list_sessions()
-        reports: list[dict[str, object]] = []
-        failures: list[dict[str, object]] = []
-        for record in records:
-            session_dir = session_dir_for(self.settings.root, record.tier, record.session_id)
-            try:
-                found = await anyio.to_thread.run_sync(verify_session_dir, session_dir)
-            except IntegrityError as exc:
-                failures.append({"session_id": record.session_id, "error": str(exc)})
-                continue
-            reports.extend(
-                {
-                    "session_id": record.session_id,
-                    "ledger_id": r.ledger_id,
-                    "path": str(r.path),
-                    "entries": r.entries,
-                    "head_seq": r.head_seq,
-                    "warnings": list(r.warnings),
-                }
-                for r in found
-            )
-        return {"ok": not failures, "ledgers": reports, "failures": failures}
+        return await verify_ledgers(self.settings.root, records)
 
     # -- escalations ------------------------------------------------------------------------
 
     async def list_escalations(self) -> list[TurnRecord]:
-        page = await self._deps.store.list_turns(
-            states=frozenset({TurnState.ESCALATED}), limit=_PAGE
-        )
-        return list(page.turns)
+        return await self._escalations.list()
 
     async def resolve_escalation(self, turn_id: int, action: str) -> TurnRecord:
         """An operator's decision for a parked turn: ``retry`` or ``terminate``."""
@@ -514,64 +486,11 @@ class TurnCore:
                 "bad_request", "action: must be 'retry' or 'terminate'", field="action"
             )
         turn = await self.get_turn(turn_id)
-        return await self._resolve(turn, Resolution(action))
-
-    async def _resolve(self, turn: TurnRecord, resolution: Resolution) -> TurnRecord:
-        if turn.turn_id in self._resolving:
-            raise RequestError(
-                "not_escalated",
-                f"turn {turn.turn_id} is already being resolved",
-                turn_id=turn.turn_id,
-                state=turn.state.value,
-            )
-        self._resolving.add(turn.turn_id)
-        try:
-            with anyio.CancelScope(shield=True):  # a decision, once taken, is carried out
-                resolved = await self._carry_out(turn, resolution)
-        finally:
-            self._resolving.discard(turn.turn_id)
-        return resolved
-
-    async def _carry_out(self, turn: TurnRecord, resolution: Resolution) -> TurnRecord:
-        store = self._deps.store
-        if turn.state is not TurnState.ESCALATED:
-            raise RequestError(
-                "not_escalated",
-                f"turn {turn.turn_id} is {turn.state.value}, not escalated",
-                turn_id=turn.turn_id,
-                state=turn.state.value,
-            )
-        if resolution is not Resolution.RETRY:
-            state = (
-                TurnState.TERMINATED if resolution is Resolution.TERMINATE else TurnState.CANCELLED
-            )
-            code, why = RESOLUTION_REASONS[resolution]
-            if turn.state is TurnState.ESCALATED:
-                ending = TurnEnding(state=state, verdict="TERMINATE", reason_code=code, reason=why)
-                await self._deps.sessions.record_end(with_ending(turn, ending))
-        try:
-            resolved = await store.resolve_escalation(turn.turn_id, resolution)
-        except NotEscalatedError as exc:
-            raise RequestError(
-                "not_escalated",
-                f"turn {turn.turn_id} is {exc.state}, not escalated",
-                turn_id=turn.turn_id,
-                state=exc.state,
-            ) from None
-        self._log.info("escalation_resolved", turn_id=turn.turn_id, action=resolution.value)
-        if resolved.final:
-            self._deps.tracker.remember(resolved)
-            self._deps.tracker.finished(resolved.state)
-            return resolved
-        # retry: claim it again and run it here with a fresh attempt budget
-        for claim in await store.claim(self._deps.owner, limit=64, lease_ms=self.settings.lease_ms):
-            if self._deps.tracker.get(claim.turn_id) is None:
-                self._start(claim.turn, claim, recovered=False)
-        return await self.get_turn(turn.turn_id)
+        return await self._escalations.resolve(turn, Resolution(action))
 
     # -- turn tasks -------------------------------------------------------------------------
 
-    def _start(self, turn: TurnRecord, claim: Claim, *, recovered: bool) -> None:
+    def _start(self, turn: TurnRecord, claim: Claim, *, recovered: bool = False) -> None:
         if self._tg is None:
             msg = "the turn core is not running"
             raise RuntimeError(msg)
@@ -625,21 +544,11 @@ class TurnCore:
             self._deps.tracker.remove(active)
 
     async def _end(self, turn: TurnRecord, active: ActiveTurn, ending: TurnEnding) -> TurnRecord:
-        claim = active.claim
-        if claim is None:
-            msg = f"turn {turn.turn_id} has no claim to end it with"
-            raise RuntimeError(msg)
+        """End a turn on the daemon's own decision (cancel, an error), unless it already ended."""
         current = await self._deps.store.get_turn(turn.turn_id)
         if current.final:
             return current  # it ended before the cancellation reached it
-        await self._deps.sessions.record_end(with_ending(current, ending))
-        finished = await self._deps.store.finish(claim, ending)
-        active.claim = None
-        active.move(finished.state)
-        self._deps.tracker.remember(finished)
-        self._deps.tracker.finished(finished.state)
-        self._log.info("turn_finished", state=finished.state.value, reason_code=ending.reason_code)
-        return finished
+        return await end_turn(self._deps, current, active, ending)
 
     async def _end_cancelled(self, turn: TurnRecord, active: ActiveTurn) -> None:
         with anyio.CancelScope(shield=True):

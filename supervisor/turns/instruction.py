@@ -25,9 +25,8 @@ from sandbox.policy.envelopes import (
     deep_thaw,
 )
 from sandbox.policy.safety import build_executor_instruction, instruction_to_wire
-from supervisor.logging import get_logger
 from supervisor.store.protocol import TurnEnding, TurnRecord
-from supervisor.turns.context import LoopHooks, TurnDeps, now_us, with_ending
+from supervisor.turns.context import LoopHooks, TurnDeps, end_turn, now_us
 from supervisor.turns.requests import InstructionSpec, TurnRequest, iso_now
 from supervisor.turns.tracker import ActiveTurn
 
@@ -169,30 +168,6 @@ async def _end(
         fault_type=None if end.outcome.fault_type is None else end.outcome.fault_type.value,
         result=_result(end.report.payload if end.report else None, last.detail),
     )
-    # Ledgers first, then the store: a crash in between re-runs the attempt after the restart;
-    # it never leaves a turn without its ledger entries.
-    await deps.sessions.record_end(with_ending(turn, ending, [last]))
-    finished = await deps.store.finish(hooks.claim, ending, [last])
-    active.claim = None
+    finished = await end_turn(deps, turn, active, ending, [last])
     hooks.stop_counting()
-    deps.tracker.remember(finished)
-    active.move(finished.state)
-    log = get_logger("supervisor.turns")
-    if finished.final:
-        deps.tracker.finished(finished.state)
-        log.info(
-            "turn_finished",
-            state=finished.state.value,
-            attempts=last.attempt,
-            decision=ending.verdict,
-            reason_code=ending.reason_code,
-            duration_ms=(now_us() - turn.accepted_us) // 1000,
-        )
-    else:
-        log.info(
-            "turn_escalated",
-            attempt=last.attempt,
-            fault_type=last.fault_type,
-            reason_code=ending.reason_code,
-        )
     return finished

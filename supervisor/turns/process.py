@@ -19,9 +19,8 @@ import anyio
 from sandbox.policy.attempt_loop import AttemptReport, run_attempts
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import TurnState
-from supervisor.logging import get_logger
 from supervisor.store.protocol import TurnEnding, TurnRecord
-from supervisor.turns.context import LoopHooks, TurnDeps, now_us, with_ending
+from supervisor.turns.context import LoopHooks, TurnDeps, end_turn, now_us
 from supervisor.turns.requests import TurnRequest
 from supervisor.turns.sessions import ProcessResultLike
 from supervisor.turns.tracker import ActiveTurn
@@ -139,8 +138,7 @@ async def run_process_turn(
                 fault_type=None if end.outcome.fault_type is None else end.outcome.fault_type.value,
             )
             # The runtime never saw this ending: the daemon writes the ledger entries.
-            await deps.sessions.record_end(with_ending(turn, ending, [last]))
-            return await _store_end(deps, turn, active, hooks, ending, (last,))
+            return await end_turn(deps, turn, active, ending, [last])
         used = interrupted.attempt
         options = dataclasses.replace(options, max_attempts=max(1, options.max_attempts - used))
     else:
@@ -174,34 +172,7 @@ async def run_process_turn(
             )
             for record in records:
                 hooks.log_fault(record)
-            return await _store_end(deps, turn, active, hooks, ending, records)
+            # The runtime wrote both ledger entries of this ending itself.
+            return await end_turn(deps, turn, active, ending, records, write_ledgers=False)
         finally:
             hooks.stop_counting()
-
-
-async def _store_end(  # noqa: PLR0917 (private; every argument is needed once)
-    deps: TurnDeps,
-    turn: TurnRecord,
-    active: ActiveTurn,
-    hooks: LoopHooks,
-    ending: TurnEnding,
-    records: tuple[AttemptRecord, ...],
-) -> TurnRecord:
-    finished = await deps.store.finish(hooks.claim, ending, records)
-    active.claim = None
-    hooks.stop_counting()
-    deps.tracker.remember(finished)
-    active.move(finished.state)
-    log = get_logger("supervisor.turns")
-    if finished.final:
-        deps.tracker.finished(finished.state)
-        log.info(
-            "turn_finished",
-            state=finished.state.value,
-            attempts=len(records),
-            reason_code=finished.reason_code,
-            duration_ms=(now_us() - turn.accepted_us) // 1000,
-        )
-    else:
-        log.info("turn_escalated", reason_code=finished.reason_code)
-    return finished

@@ -24,7 +24,13 @@ from sandbox.policy.lifecycle import TurnState
 from supervisor.logging import get_logger
 from supervisor.store.protocol import SessionRecord, TurnRecord
 
-__all__ = ["DaemonSessions", "ProcessResultLike", "RuntimeLike", "SessionLike"]
+__all__ = [
+    "DaemonSessions",
+    "ProcessResultLike",
+    "RuntimeLike",
+    "SessionLike",
+    "verify_ledgers",
+]
 
 
 class ProcessAttemptLike(Protocol):
@@ -221,3 +227,31 @@ class DaemonSessions:
             status=turn.state.value if turn.state is not TurnState.ACCEPTED else "accepted",
             external_calls=calls,
         )
+
+
+async def verify_ledgers(root: Path, records: Sequence[SessionRecord]) -> dict[str, object]:
+    """Verify the exec and evidence ledgers of *records* under *root* (on a worker thread):
+    ``{ok, ledgers, failures}``, a failure naming the session and the broken line."""
+    from ledger import IntegrityError, session_dir_for, verify_session_dir
+
+    reports: list[dict[str, object]] = []
+    failures: list[dict[str, object]] = []
+    for record in records:
+        session_dir = session_dir_for(root, record.tier, record.session_id)
+        try:
+            found = await anyio.to_thread.run_sync(verify_session_dir, session_dir)
+        except IntegrityError as exc:
+            failures.append({"session_id": record.session_id, "error": str(exc)})
+            continue
+        reports.extend(
+            {
+                "session_id": record.session_id,
+                "ledger_id": r.ledger_id,
+                "path": str(r.path),
+                "entries": r.entries,
+                "head_seq": r.head_seq,
+                "warnings": list(r.warnings),
+            }
+            for r in found
+        )
+    return {"ok": not failures, "ledgers": reports, "failures": failures}

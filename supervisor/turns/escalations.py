@@ -1,0 +1,90 @@
+"""Escalated turns: parked in the store until a person (or a client's cancel) decides.
+
+A decision is carried out in the store, so any daemon sharing it can resolve any escalation:
+retry puts the turn back to ``accepted`` with a fresh attempt budget, and this daemon claims it
+and runs it; terminate and cancel end it, with its ledger entries written first. The first
+decision taken here wins before any await, so a second one never writes ledger entries for an
+ending that will not happen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+
+from sandbox.policy.lifecycle import TurnState
+from supervisor.errors import NotEscalatedError, RequestError
+from supervisor.logging import get_logger
+from supervisor.store.protocol import (
+    RESOLUTION_REASONS,
+    Claim,
+    Resolution,
+    TurnEnding,
+    TurnRecord,
+)
+from supervisor.turns.context import TurnDeps, with_ending
+
+__all__ = ["Escalations"]
+
+#: A page of `escalations.list` (the store pages; the control API shows the first page).
+_PAGE = 500
+_ENDS = {Resolution.TERMINATE: TurnState.TERMINATED, Resolution.CANCEL: TurnState.CANCELLED}
+
+
+def _not_escalated(turn_id: int, state: str, *, busy: bool = False) -> RequestError:
+    why = "is already being resolved" if busy else f"is {state}, not escalated"
+    return RequestError("not_escalated", f"turn {turn_id} {why}", turn_id=turn_id, state=state)
+
+
+class Escalations:
+    """Lists and resolves escalated turns; *start* runs a turn claimed again after a retry."""
+
+    def __init__(self, deps: TurnDeps, *, start: Callable[[TurnRecord, Claim], None]) -> None:
+        self._deps = deps
+        self._start = start
+        self._resolving: set[int] = set()
+        self._log = get_logger("supervisor.turns")
+
+    async def list(self) -> list[TurnRecord]:
+        page = await self._deps.store.list_turns(
+            states=frozenset({TurnState.ESCALATED}), limit=_PAGE
+        )
+        return list(page.turns)
+
+    async def resolve(self, turn: TurnRecord, resolution: Resolution) -> TurnRecord:
+        """Carry out *resolution* on *turn* (`RequestError` not_escalated when it is not parked
+        or another decision on it is under way)."""
+        if turn.turn_id in self._resolving:
+            raise _not_escalated(turn.turn_id, turn.state.value, busy=True)
+        self._resolving.add(turn.turn_id)
+        try:
+            with anyio.CancelScope(shield=True):  # a decision, once taken, is carried out
+                resolved = await self._carry_out(turn, resolution)
+        finally:
+            self._resolving.discard(turn.turn_id)
+        return resolved
+
+    async def _carry_out(self, turn: TurnRecord, resolution: Resolution) -> TurnRecord:
+        deps = self._deps
+        if turn.state is not TurnState.ESCALATED:
+            raise _not_escalated(turn.turn_id, turn.state.value)
+        state = _ENDS.get(resolution)
+        if state is not None:
+            code, why = RESOLUTION_REASONS[resolution]
+            ending = TurnEnding(state=state, verdict="TERMINATE", reason_code=code, reason=why)
+            await deps.sessions.record_end(with_ending(turn, ending))
+        try:
+            resolved = await deps.store.resolve_escalation(turn.turn_id, resolution)
+        except NotEscalatedError as exc:
+            raise _not_escalated(turn.turn_id, exc.state) from None
+        self._log.info("escalation_resolved", turn_id=turn.turn_id, action=resolution.value)
+        if resolved.final:
+            deps.tracker.remember(resolved)
+            deps.tracker.finished(resolved.state)
+            return resolved
+        # retry: claim it again and run it here with a fresh attempt budget
+        for claim in await deps.store.claim(deps.owner, limit=64, lease_ms=deps.settings.lease_ms):
+            if deps.tracker.get(claim.turn_id) is None:
+                self._start(claim.turn, claim)
+        return await deps.store.get_turn(turn.turn_id)
