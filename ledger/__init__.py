@@ -10,6 +10,7 @@ from ledger.entries import (
     KIND_TURN,
     KIND_VIOLATION,
     LedgerEntry,
+    SealedLine,
 )
 from ledger.errors import (
     IntegrityError,
@@ -50,6 +51,7 @@ __all__ = [
     "LedgerRecordError",
     "LedgerSyncError",
     "LedgerWriter",
+    "SealedLine",
     "SessionLedgers",
     "SessionState",
     "SidecarHeadStore",

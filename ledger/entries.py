@@ -24,6 +24,7 @@ __all__ = [
     "KIND_VIOLATION",
     "VIOLATION_FIELDS",
     "LedgerEntry",
+    "SealedLine",
     "ledger_role",
     "validate_ledger_id",
     "validate_record",
@@ -94,6 +95,20 @@ class LedgerEntry:
     def to_dict(self) -> dict[str, object]:
         """A mutable copy of the whole entry."""
         return dict(self.fields)
+
+
+@dataclass(frozen=True, slots=True)
+class SealedLine:
+    """One sealed entry's line exactly as it goes into the file (newline included).
+
+    A store that makes a ledger line durable in its own transaction (the daemon's turn store)
+    keeps these and writes them back to the file after a crash (`LedgerWriter.restore`).
+    """
+
+    ledger_id: str
+    seq: int
+    entry_hash: str
+    line: bytes
 
 
 def _int(value: object) -> int:

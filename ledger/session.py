@@ -12,7 +12,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 
-from ledger.entries import KIND_SESSION_OPENED, KIND_TURN, KIND_VIOLATION, LedgerEntry
+from ledger.entries import (
+    KIND_SESSION_OPENED,
+    KIND_TURN,
+    KIND_VIOLATION,
+    LedgerEntry,
+    SealedLine,
+)
 from ledger.errors import IntegrityError, LedgerRecordError
 from ledger.files import make_dirs
 from ledger.syncer import InlineSyncer, Syncable, Syncer, await_durable
@@ -270,6 +276,61 @@ class SessionLedgers:
                 evidence_extra=evidence_extra,
             )
         )
+
+    def seal_turn(
+        self,
+        *,
+        turn_number: int,
+        query_hash: str,
+        result_hash: str,
+        status: str,
+        external_calls: Iterable[object] = (),
+        exec_extra: Mapping[str, object] | None = None,
+        evidence_extra: Mapping[str, object] | None = None,
+    ) -> tuple[SealedLine, SealedLine]:
+        """Seal and queue the turn's exec and evidence entries *without* making them durable.
+
+        For a caller whose own store commits the two lines in its transaction (the daemon's turn
+        store): the pair is durable once that commit is; the files catch up with `sync`, and
+        after a crash from the store (`LedgerWriter.restore`).
+        """
+        exec_record, evidence_record = self._turn_records(
+            turn_number=turn_number,
+            query_hash=query_hash,
+            result_hash=result_hash,
+            status=status,
+            declared_reads=(),
+            declared_writes=(),
+            external_calls=external_calls,
+            capability_violations=(),
+            work_order_id=None,
+            exec_extra=exec_extra,
+            evidence_extra=evidence_extra,
+        )
+        exec_fields = self.exec.prepare(exec_record)
+        evidence_fields = self.evidence.prepare(evidence_record)
+        return (
+            self.exec.seal_prepared(exec_fields)[1],
+            self.evidence.seal_prepared(evidence_fields)[1],
+        )
+
+    def flush(self) -> None:
+        """Write both files' queued lines now, without syncing (see `LedgerWriter.flush`)."""
+        self.exec.flush()
+        self.evidence.flush()
+
+    def sync(self) -> tuple[int, int]:
+        """Make everything written to both files durable (one sync round; blocking); returns
+        the durable ``(exec seq, evidence seq)``."""
+        exec_seq, evidence_seq = self.exec.head[0], self.evidence.head[0]
+        items: list[tuple[Syncable, int]] = []
+        if exec_seq > self.exec.durable_seq:
+            items.append((self.exec, exec_seq))
+        if evidence_seq > self.evidence.durable_seq:
+            items.append((self.evidence, evidence_seq))
+        if items:
+            self._syncer.make_durable(items)
+        return exec_seq, evidence_seq
 
     def _turn_records(
         self,

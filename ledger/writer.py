@@ -22,11 +22,16 @@ from typing import Final
 
 import structlog
 
-from ledger.canonical import normalize
+from ledger.canonical import decode, normalize
 from ledger.chain import FORMAT_VERSION, genesis_hash, seal
 from ledger.checkpoints import checkpoint_record, state_from_scan
-from ledger.entries import LedgerEntry, validate_ledger_id, validate_record
-from ledger.errors import LedgerClosedError, LedgerLockedError, LedgerSyncError
+from ledger.entries import LedgerEntry, SealedLine, validate_ledger_id, validate_record
+from ledger.errors import (
+    IntegrityError,
+    LedgerClosedError,
+    LedgerLockedError,
+    LedgerSyncError,
+)
 from ledger.files import fsync_dir, make_dirs
 from ledger.heads import Head, HeadAnchor, HeadStore, read_head, resolve_head_path
 from ledger.syncer import InlineSyncer, Syncer, Waiter, await_durable, dispatch
@@ -247,6 +252,11 @@ class LedgerWriter:
 
     def write_prepared(self, fields: dict[str, object]) -> LedgerEntry:
         """`write_entry` for a record returned by `prepare` (which it takes over)."""
+        return self.seal_prepared(fields)[0]
+
+    def seal_prepared(self, fields: dict[str, object]) -> tuple[LedgerEntry, SealedLine]:
+        """`write_prepared` that also returns the sealed line (for a store that makes it
+        durable in its own transaction; see `restore`)."""
         with self._lock:
             self._check_usable()
             seq = self._seq + 1
@@ -257,19 +267,77 @@ class LedgerWriter:
             fields["previous_hash"] = self._hash
             fields["ts_us"] = ts
             line, digest = seal(fields)
-            self._pending.append(line)
-            self._pending_bytes += len(line)
-            if self._pending_bytes > MAX_PENDING_BYTES:  # bound memory when nobody waits
-                try:
-                    self._flush_locked()
-                except OSError as exc:
-                    dispatch(self._fail_locked(f"write: {type(exc).__name__}: {exc}"))
-                    raise LedgerSyncError(self._path, self._failure or "write failed") from exc
+            self._queue_locked(line)
             self._seq = seq
             self._hash = digest
             self._last_ts = ts
             self._written = (seq, digest)
-        return LedgerEntry.from_dict(fields)
+        return LedgerEntry.from_dict(fields), SealedLine(self.ledger_id, seq, digest, line)
+
+    def restore(self, lines: Iterable[SealedLine]) -> int:
+        """Append lines that a store kept durable but the file lost (a crash before the file
+        was synced), in order, each checked to continue the chain; durable on return.
+
+        Lines the file already holds (``seq`` at or below its head) are skipped. Returns how
+        many were appended. Raises `IntegrityError` when a line does not continue the chain
+        (a gap, another ledger, a different previous hash, or bytes that are not the sealed
+        entry): the store and the file disagree, which is tampering, not a crash.
+        """
+        appended = 0
+        with self._lock:
+            self._check_usable()
+            for sealed in lines:
+                if sealed.seq == self._seq and sealed.entry_hash != self._hash:
+                    msg = f"the file holds another line at seq {sealed.seq} (a forked chain)"
+                    raise IntegrityError(self._path, 0, sealed.seq, msg)
+                if sealed.seq <= self._seq:
+                    continue
+                fields = self._check_restored(sealed)
+                self._queue_locked(sealed.line)
+                self._seq = sealed.seq
+                self._hash = sealed.entry_hash
+                ts = fields.get("ts_us")
+                self._last_ts = max(self._last_ts, ts if type(ts) is int else 0)
+                self._written = (self._seq, self._hash)
+                appended += 1
+            seq = self._seq
+        if appended:
+            self.wait_durable(seq)
+        return appended
+
+    def _check_restored(self, sealed: SealedLine) -> dict[str, object]:
+        def refuse(reason: str) -> IntegrityError:
+            return IntegrityError(
+                self._path, 0, sealed.seq, f"the store's line cannot be restored: {reason}"
+            )
+
+        if sealed.ledger_id != self.ledger_id:
+            raise refuse(f"it belongs to ledger {sealed.ledger_id!r}")
+        if sealed.seq != self._seq + 1:
+            raise refuse(f"the file ends at seq {self._seq} (a gap)")
+        try:
+            entry = decode(sealed.line)
+        except ValueError as exc:
+            raise refuse(f"not JSON ({exc})") from None
+        if not isinstance(entry, dict):
+            raise refuse("not a JSON object")
+        fields = {k: v for k, v in entry.items() if k != "entry_hash"}
+        line, digest = seal(dict(fields))
+        if line != sealed.line or digest != sealed.entry_hash:
+            raise refuse("its bytes are not the sealed entry")
+        if fields.get("previous_hash") != self._hash or fields.get("seq") != sealed.seq:
+            raise refuse("it does not link to the file's last entry")
+        return fields
+
+    def _queue_locked(self, line: bytes) -> None:
+        self._pending.append(line)
+        self._pending_bytes += len(line)
+        if self._pending_bytes > MAX_PENDING_BYTES:  # bound memory when nobody waits
+            try:
+                self._flush_locked()
+            except OSError as exc:
+                dispatch(self._fail_locked(f"write: {type(exc).__name__}: {exc}"))
+                raise LedgerSyncError(self._path, self._failure or "write failed") from exc
 
     def checkpoint(self) -> LedgerEntry:
         """Append a checkpoint entry holding the folded state of everything written so far.
@@ -288,6 +356,19 @@ class LedgerWriter:
             data = os.pread(self._fd, size, 0)
         scan = scan_bytes(data, self._path, ledger_id=self.ledger_id, collect=True)
         return self.append(checkpoint_record(state_from_scan(scan, self._path)))
+
+    def flush(self) -> None:
+        """Write the queued lines to the file now, without syncing (readers see them; a crash
+        of the process keeps them, a power loss may not)."""
+        with self._lock:
+            if self._failure is not None or self._fd < 0:
+                return
+            try:
+                self._flush_locked()
+            except OSError as exc:
+                cause = f"write: {type(exc).__name__}: {exc}"
+                dispatch(self._fail_locked(cause))
+                raise LedgerSyncError(self._path, cause) from exc
 
     def wait_durable(self, seq: int) -> None:
         """Block until ``seq`` is durable (raises `LedgerSyncError` if the ledger failed)."""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import anyio
 
-from ledger import LedgerEntry, SessionLedgers
+from ledger import LedgerEntry, SealedLine, SessionLedgers
 from sandbox.confine.cgroups import TurnCgroup
 from sandbox.errors import CapabilityViolation
 from sandbox.packages import Package
@@ -250,6 +250,53 @@ class Session:
             exec_extra=exec_extra,
             evidence_extra=evidence_extra,
         )
+
+    def seal_instruction_turn(
+        self,
+        *,
+        turn_number: int,
+        instruction: Mapping[str, object],
+        result: Mapping[str, object],
+        status: str,
+        external_calls: Iterable[object] = (),
+        exec_extra: Mapping[str, object] | None = None,
+    ) -> tuple[SealedLine, SealedLine]:
+        """`record_instruction_turn` without the sync: the caller's store makes the two lines
+        durable in its own commit (see `SessionLedgers.seal_turn`)."""
+        self.next_turn_number = max(self.next_turn_number, turn_number + 1)
+        return self.ledgers.seal_turn(
+            turn_number=turn_number,
+            query_hash=digest(instruction),
+            result_hash=digest(result),
+            status=status,
+            external_calls=external_calls,
+            exec_extra=exec_extra,
+        )
+
+    @property
+    def ledger_ids(self) -> tuple[str, str]:
+        """``(exec ledger id, evidence ledger id)``."""
+        return self.ledgers.exec.ledger_id, self.ledgers.evidence.ledger_id
+
+    @property
+    def exec_ledger_path(self) -> Path:
+        return self.ledgers.exec_path
+
+    def flush_ledgers(self) -> None:
+        """Write the queued lines to both files now, without syncing."""
+        self.ledgers.flush()
+
+    def sync_ledgers(self) -> tuple[int, int]:
+        """Make both ledger files durable up to what was written (blocking); their seqs."""
+        return self.ledgers.sync()
+
+    def restore_ledgers(self, lines: Sequence[SealedLine]) -> int:
+        """Write back lines a store kept but the files lost in a crash (see
+        `LedgerWriter.restore`); how many were appended."""
+        exec_id, evidence_id = self.ledger_ids
+        appended = self.ledgers.exec.restore(x for x in lines if x.ledger_id == exec_id)
+        appended += self.ledgers.evidence.restore(x for x in lines if x.ledger_id == evidence_id)
+        return appended
 
     # -- closing ---------------------------------------------------------------------------------
 

@@ -24,6 +24,11 @@ Ownership, written for the shared engine and kept by the embedded one:
 * Acceptance is idempotent per ``(session_id, idempotency_key)``: a resubmission returns the
   first turn with ``created=False`` and writes nothing.
 * Every method returns only after its change is durable.
+* **A turn's durable step.** `finish` takes the turn's sealed ledger lines (exec and evidence)
+  and commits them with the ending in one transaction: the turn is never final without its
+  entries, and never has entries without being final. The JSONL files are written from the
+  lines and synced later in rounds; `trim_ledger_lines` drops what the files hold durably, and
+  after a crash `ledger_lines` gives back what they may have lost.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
+from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import FINAL_STATES, TurnKind, TurnState
 
@@ -302,16 +308,35 @@ class TurnStore(Protocol):
         ...
 
     async def finish(
-        self, claim: Claim, ending: TurnEnding, attempts: Sequence[AttemptRecord] = ()
+        self,
+        claim: Claim,
+        ending: TurnEnding,
+        attempts: Sequence[AttemptRecord] = (),
+        *,
+        ledger_lines: Sequence[SealedLine] = (),
     ) -> TurnRecord:
         """Record *attempts* and move the turn to ``ending.state`` (final or ``escalated``);
-        releases the claim."""
+        releases the claim. *ledger_lines* commit in the same transaction (a line kept before
+        under the same ledger and seq must be the same line, else `ValueError`)."""
+        ...
+
+    # -- ledger lines
+    async def ledger_lines(self, ledger_ids: Sequence[str]) -> list[SealedLine]:
+        """The kept lines of these ledgers, in (ledger, seq) order."""
+        ...
+
+    async def trim_ledger_lines(self, synced: Mapping[str, int]) -> int:
+        """Drop the kept lines up to each ledger's seq in *synced* (its file holds them
+        durably); how many were dropped."""
         ...
 
     # -- escalations
-    async def resolve_escalation(self, turn_id: int, resolution: Resolution) -> TurnRecord:
+    async def resolve_escalation(
+        self, turn_id: int, resolution: Resolution, *, ledger_lines: Sequence[SealedLine] = ()
+    ) -> TurnRecord:
         """An escalated turn: RETRY -> ``accepted`` (attempt budget restarts), TERMINATE ->
-        ``terminated``, CANCEL -> ``cancelled``. `NotEscalatedError` when it is not parked."""
+        ``terminated``, CANCEL -> ``cancelled``. `NotEscalatedError` when it is not parked.
+        *ledger_lines* (the ending's entries) commit in the same transaction."""
         ...
 
     # -- reads

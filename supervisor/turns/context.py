@@ -45,6 +45,8 @@ class CoreSettings:
     wait_limit_s: float = 3600.0
     #: how long a claim holds without renewal; renewed every third of it
     lease_ms: int = 30_000
+    #: how often the ledger files are synced (a turn's lines are durable in the store at once)
+    ledger_sync_interval_s: float = 0.25
 
 
 @dataclass(slots=True)
@@ -88,11 +90,19 @@ class LoopHooks:
     """`AttemptHooks` for one turn: fenced store writes, the tracker, the log events."""
 
     def __init__(
-        self, deps: TurnDeps, active: ActiveTurn, *, process: bool = False, **log_ids: object
+        self,
+        deps: TurnDeps,
+        active: ActiveTurn,
+        *,
+        process: bool = False,
+        overlap_start: bool = False,
+        **log_ids: object,
     ) -> None:
         self._deps = deps
         self._active = active
         self._process = process
+        self._overlap_start = overlap_start
+        self._starting: AttemptRecord | None = None
         self._log_ids: Mapping[str, object] = log_ids
         #: true from an attempt's start until its outcome is durable (the drain waits for it)
         self.counting = False
@@ -106,11 +116,27 @@ class LoopHooks:
         return claim
 
     async def attempt_started(self, attempt: AttemptRecord) -> None:
+        """Process turns: the start is durable before the attempt runs. Instruction turns
+        (``overlap_start``): only noted here; `commit_start` makes it durable while the envelope
+        is already on its way (see `instruction.py`)."""
+        # Counted from here: a drain waits for an attempt whose envelope may be on its way.
+        self._deps.tracker.attempt_started(process=self._process)
+        self.counting = True
+        if self._overlap_start:
+            self._starting = attempt
+            return
+        await self._store_start(attempt)
+
+    async def commit_start(self) -> None:
+        """Make the noted start durable (the turn shows ``running`` once it is)."""
+        attempt, self._starting = self._starting, None
+        if attempt is not None:
+            await self._store_start(attempt)
+
+    async def _store_start(self, attempt: AttemptRecord) -> None:
         self._active.claim = await self._deps.store.start_attempt(self.claim, attempt)
         self._active.attempt = attempt.attempt
         self._active.move(TurnState.RUNNING)
-        self._deps.tracker.attempt_started(process=self._process)
-        self.counting = True
         get_logger("supervisor.turns").info(
             "attempt_started",
             attempt=attempt.attempt,
@@ -165,19 +191,31 @@ async def end_turn(
     *,
     write_ledgers: bool = True,
 ) -> TurnRecord:
-    """End (or park) *turn* under its claim: the ledger entries first (unless the sandbox runtime
-    already wrote them), then the store; then the tracker and the log.
+    """End (or park) *turn* under its claim in one durable step: the turn's exec and evidence
+    lines are sealed (unless the sandbox runtime already wrote them) and commit with the ending
+    in one store transaction; then the tracker and the log.
 
-    A crash between the two runs (or parks) the turn again after the restart; it never ends
-    without its ledger entries.
+    The files get the lines from their writers and are synced later in rounds
+    (`DaemonSessions.sync_ledgers`); after a crash the store gives back what they lost.
     """
     claim = active.claim
     if claim is None:
         msg = f"turn {turn.turn_id} has no claim to end it with"
         raise RuntimeError(msg)
-    if write_ledgers:
-        await deps.sessions.record_end(with_ending(turn, ending, attempts))
-    finished = await deps.store.finish(claim, ending, attempts)
+    lines = deps.sessions.record_end(with_ending(turn, ending, attempts)) if write_ledgers else ()
+    try:
+        finished = await deps.store.finish(claim, ending, attempts, ledger_lines=lines)
+    except BaseException:
+        if lines:  # sealed but not committed: the file may get them ahead of the store
+            get_logger("supervisor.turns").error(
+                "ledger_lines_uncommitted",
+                turn_id=turn.turn_id,
+                seqs=[x.seq for x in lines],
+                reason="the store refused or failed the turn's ending",
+            )
+        raise
+    if lines:
+        deps.sessions.flush(turn.session_id)
     active.claim = None
     deps.tracker.remember(finished)
     active.move(finished.state)

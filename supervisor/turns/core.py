@@ -60,6 +60,7 @@ from supervisor.turns.context import CoreSettings, TurnDeps, end_turn, now_us
 from supervisor.turns.escalations import Escalations
 from supervisor.turns.instruction import HubLike, run_instruction_turn
 from supervisor.turns.process import run_process_turn
+from supervisor.turns.recovery import catch_up_ledgers, roll_forward
 from supervisor.turns.requests import TurnRequest, parse_turn_request
 from supervisor.turns.sessions import DaemonSessions, RuntimeLike, SessionLike, verify_ledgers
 from supervisor.turns.tracker import ActiveTurn, Tracker, TrackerStatistics
@@ -176,6 +177,7 @@ class TurnCore:
                 self._tg = tg
                 await self._recover()
                 tg.start_soon(self._renew_leases, name="lease-renewal")
+                tg.start_soon(self._sync_ledgers, name="ledger-sync")
                 task_status.started()
                 await anyio.sleep_forever()
         finally:
@@ -184,9 +186,14 @@ class TurnCore:
 
     async def _recover(self) -> None:
         store = self._deps.store
+        sessions = self._deps.sessions
         for record in await store.list_sessions(state=SessionState.OPEN):
-            await self._deps.sessions.resume(record)
+            if await sessions.resume(record):
+                session = sessions.get(record.session_id)
+                assert session is not None
+                await catch_up_ledgers(store, sessions, session)
         claims = await store.recover(self._deps.owner, lease_ms=self.settings.lease_ms)
+        claims = await roll_forward(store, sessions, claims)
         for claim in claims:
             if self._deps.sessions.get(claim.turn.session_id) is None:
                 await self._end_without_session(claim)
@@ -231,6 +238,19 @@ class TurnCore:
                     active.claim = None
                     if active.scope is not None:
                         active.scope.cancel()
+
+    async def _sync_ledgers(self) -> None:
+        """Sync the ledger files in rounds and trim the lines the store kept for them (a
+        turn's lines are durable in the store from its ending's commit on)."""
+        interval = max(0.01, self.settings.ledger_sync_interval_s)
+        while True:
+            await anyio.sleep(interval)
+            try:
+                marks = await self._deps.sessions.sync_ledgers()
+                if marks:
+                    await self._deps.store.trim_ledger_lines(marks)
+            except Exception as exc:  # the lines stay kept; the next round tries again
+                self._log.error("ledger_sync_round_failed", error=str(exc))
 
     async def drain(self, grace_s: float) -> bool:
         """Stop starting attempts; wait up to *grace_s* for running ones. True when none is left."""

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import anyio
 
+from ledger.entries import SealedLine
 from sandbox.policy.lifecycle import TurnState
 from supervisor.errors import NotEscalatedError, RequestError
 from supervisor.logging import get_logger
@@ -70,14 +71,19 @@ class Escalations:
         if turn.state is not TurnState.ESCALATED:
             raise _not_escalated(turn.turn_id, turn.state.value)
         state = _ENDS.get(resolution)
+        lines: tuple[SealedLine, ...] = ()
         if state is not None:
             code, why = RESOLUTION_REASONS[resolution]
             ending = TurnEnding(state=state, verdict="TERMINATE", reason_code=code, reason=why)
-            await deps.sessions.record_end(with_ending(turn, ending))
+            lines = deps.sessions.record_end(with_ending(turn, ending))
         try:
-            resolved = await deps.store.resolve_escalation(turn.turn_id, resolution)
+            resolved = await deps.store.resolve_escalation(
+                turn.turn_id, resolution, ledger_lines=lines
+            )
         except NotEscalatedError as exc:
             raise _not_escalated(turn.turn_id, exc.state) from None
+        if lines:
+            deps.sessions.flush(turn.session_id)
         self._log.info("escalation_resolved", turn_id=turn.turn_id, action=resolution.value)
         if resolved.final:
             deps.tracker.remember(resolved)

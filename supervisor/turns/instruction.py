@@ -103,11 +103,11 @@ async def run_instruction_turn(
         msg = f"turn {turn.turn_id} is not an instruction turn"
         raise ValueError(msg)
     execution_id = f"EXE-{turn.turn_id}"
-    hooks = LoopHooks(deps, active, command_type=spec.command_type.value)
+    hooks = LoopHooks(deps, active, overlap_start=True, command_type=spec.command_type.value)
 
     async def one_attempt(attempt: AttemptRecord) -> AttemptReport[_Sent]:
         envelope = _envelope(spec, attempt, execution_id)
-        report = await hub.run_attempt(envelope)
+        report = await _start_and_send(hooks, hub, envelope)
         active.executor_id = report.executor_id
         detail = ": ".join(p for p in (report.safety_reason_code, report.detail) if p)
         return AttemptReport(
@@ -138,6 +138,34 @@ async def run_instruction_turn(
         return await _end(deps, hooks, turn, active, end)
     finally:
         hooks.stop_counting()
+
+
+async def _start_and_send(
+    hooks: LoopHooks, hub: HubLike, envelope: ExecutorInstructionEnvelope
+) -> HubAttemptLike:
+    """Send the envelope while the attempt's start commits: the start is durable before the
+    attempt's outcome is recorded (the same ordered commit stream), without a sync between
+    dispatch and the reply. A crash in between re-runs the attempt as the same number."""
+    failed: list[Exception] = []
+    report: HubAttemptLike | None = None
+    async with anyio.create_task_group() as tg:
+
+        async def start() -> None:
+            try:
+                await hooks.commit_start()
+            except Exception as exc:  # e.g. a stale claim: stop the attempt, raise it plainly
+                failed.append(exc)
+                tg.cancel_scope.cancel()
+
+        tg.start_soon(start)
+        try:
+            report = await hub.run_attempt(envelope)
+        except Exception as exc:  # raised plainly below, not inside an exception group
+            failed.append(exc)
+    if failed:
+        raise failed[0]
+    assert report is not None
+    return report
 
 
 def _envelope(

@@ -3,7 +3,9 @@
 Process turns write their own exec and evidence entries inside the sandbox runtime (one sync for
 both). Every other ending is the daemon's own: instruction turns, and the decisions the runtime
 never saw (a cancel, an operator's terminate, an interrupted attempt that ends the turn after a
-restart). `DaemonSessions.record_end` writes those, for either kind, from the store's record.
+restart). `DaemonSessions.record_end` seals those lines, for either kind, from the store's
+record; the store commits them with the ending (the turn's one durable step), `sync_ledgers`
+syncs the files in rounds, and `restore` writes back after a crash what the files lost.
 
 The sandbox runtime is reached through the `RuntimeLike` / `SessionLike` protocols, so tests can
 run the turn core with a runtime of their own.
@@ -19,6 +21,7 @@ from typing import Protocol
 import anyio
 import anyio.to_thread
 
+from ledger.entries import SealedLine
 from sandbox.policy.attempts import AgentPhase, RetryOptions
 from sandbox.policy.lifecycle import TurnState
 from supervisor.logging import get_logger
@@ -80,7 +83,7 @@ class SessionLike(Protocol):
         options: RetryOptions | None = None,
     ) -> ProcessResultLike: ...
 
-    async def record_instruction_turn(
+    def seal_instruction_turn(
         self,
         *,
         turn_number: int,
@@ -88,7 +91,28 @@ class SessionLike(Protocol):
         result: Mapping[str, object],
         status: str,
         external_calls: Iterable[object] = (),
-    ) -> object: ...
+        exec_extra: Mapping[str, object] | None = None,
+    ) -> tuple[SealedLine, SealedLine]:
+        """Seal the turn's exec and evidence lines without syncing (the store commits them)."""
+        ...
+
+    @property
+    def ledger_ids(self) -> tuple[str, str]: ...
+
+    @property
+    def exec_ledger_path(self) -> Path: ...
+
+    def flush_ledgers(self) -> None:
+        """Write the queued lines to both files now, without syncing."""
+        ...
+
+    def sync_ledgers(self) -> tuple[int, int]:
+        """Sync both files up to what was written (blocking); the durable seqs."""
+        ...
+
+    def restore_ledgers(self, lines: Sequence[SealedLine]) -> int:
+        """Append lines the files lost in a crash (blocking); how many."""
+        ...
 
     def close(self) -> None: ...
 
@@ -188,18 +212,20 @@ class DaemonSessions:
         self._sessions.clear()
         self._locks.clear()
 
-    async def record_end(self, turn: TurnRecord) -> None:
-        """Write the turn's exec and evidence entries for an ending the daemon decided.
+    def record_end(self, turn: TurnRecord) -> tuple[SealedLine, ...]:
+        """Seal the turn's exec and evidence lines for an ending the daemon decided; the caller
+        commits them with the ending (`TurnStore.finish`), which makes them durable.
 
-        Called before the store records the ending: a crash in between runs or parks the turn
-        again after the restart; a turn never ends without its entries.
+        The exec entry also carries the decision (``verdict``, ``reason_code``), so that a turn
+        whose entries reached the file but whose ending did not reach the store (a crash in
+        between) is ended from them after the restart, not run a second time.
         """
         session = self._sessions.get(turn.session_id)
         if session is None:
             self._log.error(
                 "ledger_write_skipped", turn_id=turn.turn_id, reason="session not loaded"
             )
-            return
+            return ()
         calls = [
             {
                 "executor_id": a.executor_id,
@@ -220,13 +246,58 @@ class DaemonSessions:
             reason_code=turn.reason_code,
             fault_type=turn.fault_type,
         )
-        await session.record_instruction_turn(
+        return session.seal_instruction_turn(
             turn_number=turn.turn_number,
             instruction=dict(turn.spec),
             result=result,
             status=turn.state.value if turn.state is not TurnState.ACCEPTED else "accepted",
             external_calls=calls,
+            exec_extra={
+                "turn_id": turn.turn_id,
+                "verdict": turn.verdict,
+                "reason_code": turn.reason_code,
+                "fault_type": turn.fault_type,
+            },
         )
+
+    def flush(self, session_id: str) -> None:
+        """Put a session's committed lines into its files now (no sync: the store holds them
+        durably), so that readers of the files see every ended turn."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            return
+        try:
+            session.flush_ledgers()
+        except Exception as exc:  # the store keeps the lines; the sync round reports it
+            self._log.error("ledger_flush_failed", session_id=session_id, error=str(exc))
+
+    async def sync_ledgers(self) -> dict[str, int]:
+        """Sync every loaded session's ledger files up to what was written (a worker thread);
+        returns ``{ledger_id: durable seq}`` for the store to trim its kept lines."""
+        sessions = list(self._sessions.values())
+        if not sessions:
+            return {}
+
+        def sync_all() -> dict[str, int]:
+            marks: dict[str, int] = {}
+            for session in sessions:
+                try:
+                    exec_seq, evidence_seq = session.sync_ledgers()
+                except Exception as exc:  # a closed or failed ledger: its lines stay kept
+                    self._log.error(
+                        "ledger_sync_failed", session_id=session.session_id, error=str(exc)
+                    )
+                    continue
+                exec_id, evidence_id = session.ledger_ids
+                marks[exec_id] = exec_seq
+                marks[evidence_id] = evidence_seq
+            return marks
+
+        return await anyio.to_thread.run_sync(sync_all)
+
+    async def restore(self, session: SessionLike, lines: Sequence[SealedLine]) -> int:
+        """Write back the lines a crash kept from the session's files (a worker thread)."""
+        return await anyio.to_thread.run_sync(session.restore_ledgers, lines)
 
 
 async def verify_ledgers(root: Path, records: Sequence[SessionRecord]) -> dict[str, object]:

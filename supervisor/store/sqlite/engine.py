@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -52,6 +52,7 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
+from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import FINAL_STATES, TurnState
 from supervisor.errors import IntakeClosedError, StaleClaimError
@@ -362,18 +363,39 @@ class SqliteTurnStore:
         return await self._write(lambda c: ops.record_attempt(c, claim, attempt, next_attempt_us))
 
     async def finish(
-        self, claim: Claim, ending: TurnEnding, attempts: Sequence[AttemptRecord] = ()
+        self,
+        claim: Claim,
+        ending: TurnEnding,
+        attempts: Sequence[AttemptRecord] = (),
+        *,
+        ledger_lines: Sequence[SealedLine] = (),
     ) -> TurnRecord:
         if ending.state not in FINAL_STATES and ending.state is not TurnState.ESCALATED:
             msg = f"finish needs a final state or escalated, not {ending.state.value}"
             raise ValueError(msg)
         records = tuple(attempts)
-        return await self._write(lambda c: ops.finish(c, claim, ending, records))
+        lines = tuple(ledger_lines)
+        return await self._write(lambda c: ops.finish(c, claim, ending, records, lines))
+
+    # -- ledger lines ---------------------------------------------------------------------
+
+    async def ledger_lines(self, ledger_ids: Sequence[str]) -> list[SealedLine]:
+        ids = tuple(ledger_ids)
+        return await self._read(lambda c: ops.ledger_lines(c, ids))
+
+    async def trim_ledger_lines(self, synced: Mapping[str, int]) -> int:
+        marks = dict(synced)
+        if not marks:
+            return 0
+        return await self._write(lambda c: ops.trim_ledger_lines(c, marks))
 
     # -- escalations ----------------------------------------------------------------------
 
-    async def resolve_escalation(self, turn_id: int, resolution: Resolution) -> TurnRecord:
-        return await self._write(lambda c: ops.resolve(c, turn_id, resolution))
+    async def resolve_escalation(
+        self, turn_id: int, resolution: Resolution, *, ledger_lines: Sequence[SealedLine] = ()
+    ) -> TurnRecord:
+        lines = tuple(ledger_lines)
+        return await self._write(lambda c: ops.resolve(c, turn_id, resolution, lines))
 
     # -- reads ----------------------------------------------------------------------------
 

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Final
 
+from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import FINAL_STATES, TurnKind, TurnState, check_move
 from supervisor.errors import (
@@ -414,10 +415,13 @@ def finish(
     claim: Claim,
     ending: TurnEnding,
     attempts: tuple[AttemptRecord, ...],
+    ledger_lines: tuple[SealedLine, ...] = (),
 ) -> TurnRecord:
     state, round_ = _fence(conn, claim)
     check_move(state, ending.state, turn_id=claim.turn_id)
     _put_attempts(conn, claim.turn_id, round_, attempts)
+    if ledger_lines:
+        put_ledger_lines(conn, ledger_lines)
     now = _now_us()
     rows = conn.execute(
         "UPDATE turns SET state = ?, attempt = max(attempt, ?), updated_us = ?, finished_us = ?,"
@@ -440,7 +444,53 @@ def finish(
     return turn_from_row(rows[0], _attempts_of(conn, claim.turn_id))
 
 
-def resolve(conn: sqlite3.Connection, turn_id: int, resolution: Resolution) -> TurnRecord:
+def put_ledger_lines(conn: sqlite3.Connection, lines: Sequence[SealedLine]) -> None:
+    """Keep sealed ledger lines (a line already kept under the same seq must be the same line:
+    two different lines for one seq would fork the chain)."""
+    for x in lines:
+        kept = conn.execute(
+            "INSERT INTO ledger_lines(ledger_id, seq, entry_hash, line) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT(ledger_id, seq) DO NOTHING RETURNING seq",
+            (x.ledger_id, x.seq, x.entry_hash, x.line),
+        ).fetchone()
+        if kept is None:
+            row = conn.execute(
+                "SELECT entry_hash FROM ledger_lines WHERE ledger_id = ? AND seq = ?",
+                (x.ledger_id, x.seq),
+            ).fetchone()
+            if row is not None and row[0] != x.entry_hash:
+                msg = f"ledger {x.ledger_id} already has a different line at seq {x.seq}"
+                raise ValueError(msg)
+
+
+def ledger_lines(conn: sqlite3.Connection, ledger_ids: Sequence[str]) -> list[SealedLine]:
+    out: list[SealedLine] = []
+    for ledger_id in ledger_ids:
+        out.extend(
+            SealedLine(ledger_id, int(seq), str(digest), bytes(line))
+            for seq, digest, line in conn.execute(
+                "SELECT seq, entry_hash, line FROM ledger_lines WHERE ledger_id = ? ORDER BY seq",
+                (ledger_id,),
+            )
+        )
+    return out
+
+
+def trim_ledger_lines(conn: sqlite3.Connection, synced: Mapping[str, int]) -> int:
+    trimmed = 0
+    for ledger_id, seq in synced.items():
+        trimmed += conn.execute(
+            "DELETE FROM ledger_lines WHERE ledger_id = ? AND seq <= ?", (ledger_id, seq)
+        ).rowcount
+    return trimmed
+
+
+def resolve(
+    conn: sqlite3.Connection,
+    turn_id: int,
+    resolution: Resolution,
+    ledger_lines: tuple[SealedLine, ...] = (),
+) -> TurnRecord:
     """Carry out a decision on an escalated turn (the reasons recorded: `RESOLUTION_REASONS`)."""
     row = conn.execute("SELECT state FROM turns WHERE turn_id = ?", (turn_id,)).fetchone()
     if row is None:
@@ -468,6 +518,8 @@ def resolve(conn: sqlite3.Connection, turn_id: int, resolution: Resolution) -> T
         )
         args = (target.value, now, now, code, why, turn_id)
     rows = conn.execute(sql, args).fetchall()
+    if ledger_lines:
+        put_ledger_lines(conn, ledger_lines)
     return turn_from_row(rows[0], _attempts_of(conn, turn_id))
 
 

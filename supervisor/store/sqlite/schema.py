@@ -9,7 +9,7 @@ Design notes
 * **Versions only move forward.** Opening a file whose version is newer than this code's
   `SCHEMA_VERSION` raises `SchemaVersionError` naming the file, both versions and what to do:
   the newer daemon's tables may mean things this one cannot know. An older version is upgraded
-  by the steps in `_MIGRATIONS` inside one transaction (none yet: version 1 is the first).
+  by the steps in `_MIGRATIONS` inside one transaction (version 2 added ``ledger_lines``).
 * **Claims live on the turn row**: ``owner``, ``lease_until_us`` and ``token`` (only grows, one
   more on every claim). ``round`` counts escalation retries: attempts are keyed by
   ``(turn_id, round, attempt)`` so a fresh attempt budget numbers its attempts from 1 again and
@@ -17,6 +17,10 @@ Design notes
 * **Durability.** WAL with ``synchronous=FULL``: a commit fsyncs the WAL, so a committed change
   survives a power loss, not only a crash. The writer and the reader are separate connections
   (WAL lets a reader see every committed transaction without waiting for the writer).
+* **Ledger lines ride in the turn's commit.** ``ledger_lines`` keeps the sealed exec and evidence
+  lines that `finish` committed with the turn's ending: that one commit is the turn's durable
+  step. The daemon syncs the JSONL files later in rounds and then trims what the files hold; after
+  a crash it writes back the lines the files lost (``LedgerWriter.restore``).
 * ``command_type`` is copied out of an instruction turn's spec at acceptance, so claims filter
   by it in SQL.
 """
@@ -41,7 +45,7 @@ __all__ = [
 ]
 
 #: The schema this code writes. Raise it (and add a step to `_MIGRATIONS`) on every change.
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 _VERSION_KEY: Final = "turn_store_schema"
 
 #: States a turn can still leave by itself (claimable, recoverable). ``escalated`` waits for a
@@ -114,10 +118,25 @@ CREATE TABLE IF NOT EXISTS attempts(
     extra BLOB,
     PRIMARY KEY(turn_id, round, attempt)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ledger_lines(
+    ledger_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    entry_hash TEXT NOT NULL,
+    line BLOB NOT NULL,
+    PRIMARY KEY(ledger_id, seq)
+) WITHOUT ROWID;
 """
 
 #: version -> the SQL that upgrades a file from that version to the next one.
-_MIGRATIONS: Final[Mapping[int, str]] = {}
+_MIGRATIONS: Final[Mapping[int, str]] = {
+    1: """CREATE TABLE IF NOT EXISTS ledger_lines(
+    ledger_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    entry_hash TEXT NOT NULL,
+    line BLOB NOT NULL,
+    PRIMARY KEY(ledger_id, seq)
+) WITHOUT ROWID;""",
+}
 
 TURN_COLUMNS: Final = (
     "turn_id, session_id, turn_number, kind, spec, idempotency_key, state, attempt, accepted_us,"

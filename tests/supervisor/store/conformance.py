@@ -8,12 +8,14 @@ errors. The only sleeps wait for a lease of a few milliseconds to expire.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 
 import anyio
 import pytest
 
+from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import IllegalTransition, TurnKind, TurnState
 from supervisor.errors import (
@@ -76,6 +78,13 @@ def attempt(n: int, *, decision: str | None = None, **extra: object) -> AttemptR
         decision=decision,
         extra=extra,
     )
+
+
+def line(ledger_id: str, seq: int, *, salt: str = "") -> SealedLine:
+    """A stand-in sealed line (the store keeps lines as bytes; it does not parse them)."""
+    digest = hashlib.sha256(f"{ledger_id}/{seq}{salt}".encode()).hexdigest()
+    body = f'{{"ledger_id":"{ledger_id}","seq":{seq},"entry_hash":"{digest}"}}\n'
+    return SealedLine(ledger_id, seq, digest, body.encode())
 
 
 async def expire() -> None:
@@ -648,3 +657,61 @@ class TurnStoreConformance:
             assert 1 <= stats.commits <= stats.operations
             assert stats.largest_batch >= 1
             assert stats.stale_writes_refused == 0
+
+    # -- ledger lines ride in the ending's commit ---------------------------------------------
+
+    async def test_finish_keeps_ledger_lines(self, open_store: StoreFactory) -> None:
+        """The ending's ledger lines commit with it, survive a restart, come back in
+        (ledger, seq) order and go once trimmed."""
+        lines = [line("S1/exec", 2), line("S1/evidence", 2), line("S1/exec", 3)]
+        async with open_store() as store:
+            await session(store)
+            held = await claimed(store)
+            held = await store.start_attempt(held, attempt(1))
+            await store.finish(held, TurnEnding(state=TurnState.SUCCEEDED), ledger_lines=lines[:2])
+            escalated_turn = await escalated(store)
+            await store.resolve_escalation(
+                escalated_turn.turn_id, Resolution.TERMINATE, ledger_lines=lines[2:]
+            )
+        async with open_store() as store:
+            got = await store.ledger_lines(["S1/exec", "S1/evidence", "S2/exec"])
+            assert got == [lines[0], lines[2], lines[1]]
+            assert await store.trim_ledger_lines({"S1/exec": 2, "S1/evidence": 5}) == 2
+            assert await store.ledger_lines(["S1/exec", "S1/evidence"]) == [lines[2]]
+            assert await store.trim_ledger_lines({}) == 0
+
+    async def test_refused_finish_keeps_no_lines(self, open_store: StoreFactory) -> None:
+        """A stale or illegal ending keeps none of its lines; a different line under a kept
+        seq (a forked chain) is refused and changes nothing."""
+        async with open_store() as store:
+            await session(store)
+            accepted = await store.accept(instruction(), claim_for="A", lease_ms=SHORT_LEASE_MS)
+            assert accepted.claim is not None
+            old = await store.start_attempt(accepted.claim, attempt(1))
+            await expire()
+            (new,) = await store.claim("B", limit=1, lease_ms=LEASE_MS)
+            with pytest.raises(StaleClaimError):
+                await store.finish(
+                    old, TurnEnding(state=TurnState.SUCCEEDED), ledger_lines=[line("S1/exec", 2)]
+                )
+            fresh = await claimed(store)
+            with pytest.raises(IllegalTransition):  # accepted cannot succeed without running
+                await store.finish(
+                    fresh,
+                    TurnEnding(state=TurnState.SUCCEEDED),
+                    ledger_lines=[line("S1/exec", 2)],
+                )
+            assert await store.ledger_lines(["S1/exec"]) == []
+            await store.finish(  # the new owner's claim of the running turn
+                new, TurnEnding(state=TurnState.SUCCEEDED), ledger_lines=[line("S1/exec", 2)]
+            )
+            other = await claimed(store)
+            other = await store.start_attempt(other, attempt(1))
+            with pytest.raises(ValueError, match="different line at seq 2"):
+                await store.finish(
+                    other,
+                    TurnEnding(state=TurnState.SUCCEEDED),
+                    ledger_lines=[line("S1/exec", 2, salt="forked")],
+                )
+            assert (await store.get_turn(other.turn_id)).state is TurnState.RUNNING
+            assert await store.ledger_lines(["S1/exec"]) == [line("S1/exec", 2)]

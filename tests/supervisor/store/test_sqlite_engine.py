@@ -75,6 +75,25 @@ async def test_newer_schema_refused(tmp_path: Path) -> None:
     assert "Upgrade hunter" in str(err.value)
 
 
+async def test_version_1_file_is_upgraded(tmp_path: Path) -> None:
+    """A file of schema 1 (before ledger lines rode in the ending's commit) is upgraded in
+    place on open; its sessions stay and the new table works."""
+    path = tmp_path / "turns.sqlite3"
+    await _with_session(path)
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("DROP TABLE ledger_lines")
+        conn.execute("UPDATE meta SET value = '1' WHERE key = 'turn_store_schema'")
+    conn.close()
+    async with open_sqlite_store(path) as store:
+        assert [s.session_id for s in await store.list_sessions()] == ["S1"]
+        assert await store.ledger_lines(["S1/exec"]) == []
+    conn = sqlite3.connect(path)
+    version = conn.execute("SELECT value FROM meta WHERE key = 'turn_store_schema'").fetchone()
+    conn.close()
+    assert int(version[0]) == SCHEMA_VERSION == 2
+
+
 async def test_foreign_file_refused(tmp_path: Path) -> None:
     """A SQLite file with other tables (the old intake) is refused, not written into."""
     path = tmp_path / "intake.sqlite3"

@@ -22,7 +22,7 @@ import anyio
 import orjson
 import pytest
 
-from ledger import GroupSyncer, SessionLedgers, verify_session_dir
+from ledger import GroupSyncer, SealedLine, SessionLedgers, verify_session_dir
 from sandbox.policy.attempts import AttemptOutcome
 from sandbox.policy.envelopes import ExecutorCommandType, ExecutorInstructionEnvelope
 from sandbox.policy.faults import ExecutionFaultType
@@ -135,14 +135,34 @@ class FakeSession:
             attempts=(FakeAttempt({"outcome": "SUCCESS", "exit_code": 0, "verdict": "SUCCEED"}),),
         )
 
-    async def record_instruction_turn(self, **kw: Any) -> None:
-        await self.ledgers.arecord_turn(
+    def seal_instruction_turn(self, **kw: Any) -> tuple[SealedLine, SealedLine]:
+        return self.ledgers.seal_turn(
             turn_number=kw["turn_number"],
             query_hash=_h(kw["instruction"]),
             result_hash=_h(kw["result"]),
             status=kw["status"],
             external_calls=kw["external_calls"],
+            exec_extra=kw.get("exec_extra"),
         )
+
+    @property
+    def ledger_ids(self) -> tuple[str, str]:
+        return self.ledgers.exec.ledger_id, self.ledgers.evidence.ledger_id
+
+    @property
+    def exec_ledger_path(self) -> Path:
+        return self.ledgers.exec_path
+
+    def flush_ledgers(self) -> None:
+        self.ledgers.flush()
+
+    def sync_ledgers(self) -> tuple[int, int]:
+        return self.ledgers.sync()
+
+    def restore_ledgers(self, lines: Sequence[SealedLine]) -> int:
+        exec_id, evidence_id = self.ledger_ids
+        n = self.ledgers.exec.restore(x for x in lines if x.ledger_id == exec_id)
+        return n + self.ledgers.evidence.restore(x for x in lines if x.ledger_id == evidence_id)
 
     def close(self) -> None:
         self.ledgers.close()
@@ -214,7 +234,11 @@ def _sql(root: Path, statement: str, *args: object) -> None:
 
 @asynccontextmanager
 async def rig(
-    tmp_path: Path, hub: FakeHub | None = None, *, process_status: str = "succeeded"
+    tmp_path: Path,
+    hub: FakeHub | None = None,
+    *,
+    process_status: str = "succeeded",
+    ledger_sync_interval_s: float = 0.25,
 ) -> AsyncIterator[Rig]:
     hub = hub or FakeHub()
     async with open_sqlite_store(_db(tmp_path)) as store:
@@ -224,7 +248,12 @@ async def rig(
                 store=store,
                 hub=hub,
                 runtime=runtime,
-                settings=CoreSettings(root=tmp_path, retry=FAST, process_slots=2),
+                settings=CoreSettings(
+                    root=tmp_path,
+                    retry=FAST,
+                    process_slots=2,
+                    ledger_sync_interval_s=ledger_sync_interval_s,
+                ),
             )
             async with anyio.create_task_group() as tg:
                 await tg.start(core.run)
