@@ -34,10 +34,10 @@ Ownership, written for the shared engine and kept by the embedded one:
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
@@ -50,6 +50,7 @@ __all__ = [
     "ClaimFilter",
     "NewSession",
     "NewTurn",
+    "PendingWrite",
     "Resolution",
     "SessionRecord",
     "SessionState",
@@ -244,6 +245,16 @@ class StoreStatistics:
     stale_writes_refused: int
 
 
+T_co = TypeVar("T_co", covariant=True)
+
+
+class PendingWrite(Protocol[T_co]):
+    """A write queued by a ``*_soon`` method: it commits in order with the store's other
+    writes; `result` waits for its commit and returns (or raises) what the write did."""
+
+    async def result(self) -> T_co: ...
+
+
 class TurnStore(Protocol):
     """Durable sessions, turns, attempts, claims and escalations (see the module docstring)."""
 
@@ -298,6 +309,18 @@ class TurnStore(Protocol):
     # -- fenced writes
     async def start_attempt(self, claim: Claim, attempt: AttemptRecord) -> Claim:
         """Move the turn to ``running`` with *attempt* as its current attempt."""
+        ...
+
+    def start_attempt_soon(
+        self,
+        claim: Claim,
+        attempt: AttemptRecord,
+        *,
+        on_commit: Callable[[Claim], None] | None = None,
+    ) -> PendingWrite[Claim]:
+        """`start_attempt`, queued without waiting: the attempt can be dispatched while the
+        start commits. Every later write of this daemon commits after it. *on_commit* runs on
+        the event loop as soon as the start is durable (not when it is refused)."""
         ...
 
     async def record_attempt(

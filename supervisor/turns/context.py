@@ -16,7 +16,7 @@ from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.attempts import AttemptDecision, RetryOptions
 from sandbox.policy.lifecycle import TurnState
 from supervisor.logging import get_logger
-from supervisor.store.protocol import Claim, TurnEnding, TurnRecord, TurnStore
+from supervisor.store.protocol import Claim, PendingWrite, TurnEnding, TurnRecord, TurnStore
 from supervisor.turns.sessions import DaemonSessions
 from supervisor.turns.tracker import ActiveTurn, Tracker
 
@@ -102,7 +102,7 @@ class LoopHooks:
         self._active = active
         self._process = process
         self._overlap_start = overlap_start
-        self._starting: AttemptRecord | None = None
+        self._starting: PendingWrite[Claim] | None = None
         self._log_ids: Mapping[str, object] = log_ids
         #: true from an attempt's start until its outcome is durable (the drain waits for it)
         self.counting = False
@@ -123,18 +123,22 @@ class LoopHooks:
         self._deps.tracker.attempt_started(process=self._process)
         self.counting = True
         if self._overlap_start:
-            self._starting = attempt
+            self._starting = self._deps.store.start_attempt_soon(
+                self.claim, attempt, on_commit=lambda claim: self._started(attempt, claim)
+            )
             return
-        await self._store_start(attempt)
+        self._started(attempt, await self._deps.store.start_attempt(self.claim, attempt))
 
     async def commit_start(self) -> None:
-        """Make the noted start durable (the turn shows ``running`` once it is)."""
-        attempt, self._starting = self._starting, None
-        if attempt is not None:
-            await self._store_start(attempt)
+        """Wait for the queued start's commit (the turn shows ``running`` from the commit on;
+        a refused start raises here)."""
+        pending, self._starting = self._starting, None
+        if pending is not None:
+            await pending.result()
 
-    async def _store_start(self, attempt: AttemptRecord) -> None:
-        self._active.claim = await self._deps.store.start_attempt(self.claim, attempt)
+    def _started(self, attempt: AttemptRecord, claim: Claim) -> None:
+        if self._active.claim is not None:  # not lost or ended meanwhile
+            self._active.claim = claim
         self._active.attempt = attempt.attempt
         self._active.move(TurnState.RUNNING)
         get_logger("supervisor.turns").info(

@@ -143,28 +143,15 @@ async def run_instruction_turn(
 async def _start_and_send(
     hooks: LoopHooks, hub: HubLike, envelope: ExecutorInstructionEnvelope
 ) -> HubAttemptLike:
-    """Send the envelope while the attempt's start commits: the start is durable before the
-    attempt's outcome is recorded (the same ordered commit stream), without a sync between
-    dispatch and the reply. A crash in between re-runs the attempt as the same number."""
-    failed: list[Exception] = []
-    report: HubAttemptLike | None = None
-    async with anyio.create_task_group() as tg:
-
-        async def start() -> None:
-            try:
-                await hooks.commit_start()
-            except Exception as exc:  # e.g. a stale claim: stop the attempt, raise it plainly
-                failed.append(exc)
-                tg.cancel_scope.cancel()
-
-        tg.start_soon(start)
-        try:
-            report = await hub.run_attempt(envelope)
-        except Exception as exc:  # raised plainly below, not inside an exception group
-            failed.append(exc)
-    if failed:
-        raise failed[0]
-    assert report is not None
+    """Send the envelope while the attempt's queued start commits: the start is durable before
+    the attempt's outcome is recorded (the store commits in order), with no sync between
+    dispatch and the reply. A crash in between re-runs the attempt under the same number."""
+    try:
+        report = await hub.run_attempt(envelope)
+    except Exception:
+        await hooks.commit_start()  # a refused start (stale claim) is the error that counts
+        raise
+    await hooks.commit_start()
     return report
 
 

@@ -56,12 +56,14 @@ from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import FINAL_STATES, TurnState
 from supervisor.errors import IntakeClosedError, StaleClaimError
+from supervisor.logging import get_logger
 from supervisor.store.protocol import (
     Accepted,
     Claim,
     ClaimFilter,
     NewSession,
     NewTurn,
+    PendingWrite,
     Resolution,
     SessionRecord,
     SessionState,
@@ -79,13 +81,22 @@ T_co = TypeVar("T_co", covariant=True)
 T = TypeVar("T")
 
 
+_log = get_logger("supervisor.store")
+
+
 class _Op(Generic[T_co]):
     """One queued write: run in a batch on the commit thread, its outcome read by its caller."""
 
-    __slots__ = ("_fn", "_result", "abandoned", "done", "error")
+    __slots__ = ("_fn", "_result", "abandoned", "done", "error", "on_commit")
 
-    def __init__(self, fn: Callable[[sqlite3.Connection], T_co]) -> None:
+    def __init__(
+        self,
+        fn: Callable[[sqlite3.Connection], T_co],
+        on_commit: Callable[[T_co], None] | None = None,
+    ) -> None:
         self._fn = fn
+        #: called on the event loop once the op committed (not when it failed)
+        self.on_commit = on_commit
         self._result: tuple[T_co] | None = None
         self.error: BaseException | None = None
         self.done = anyio.Event()
@@ -101,6 +112,13 @@ class _Op(Generic[T_co]):
             return False
         return True
 
+    def committed(self) -> None:
+        if self.on_commit is not None and self.error is None and self._result is not None:
+            try:
+                self.on_commit(self._result[0])
+            except Exception:  # the caller's hook must not stop the committer
+                _log.exception("store_commit_hook_failed")
+
     def fail(self, error: BaseException) -> None:
         self._result = None
         self.error = error
@@ -111,6 +129,24 @@ class _Op(Generic[T_co]):
         if self._result is None:
             raise IntakeClosedError("turn store stopped before this write committed")
         return self._result[0]
+
+
+class _PendingOp(Generic[T_co]):
+    """`PendingWrite` over a queued op."""
+
+    __slots__ = ("_op",)
+
+    def __init__(self, op: _Op[T_co]) -> None:
+        self._op = op
+
+    async def result(self) -> T_co:
+        op = self._op
+        try:
+            await op.done.wait()
+        except BaseException:  # cancelled: the op is skipped if its batch has not started
+            op.abandoned = True
+            raise
+        return op.result()
 
 
 class SqliteTurnStore:
@@ -222,19 +258,21 @@ class SqliteTurnStore:
 
     # -- the committer --------------------------------------------------------------------
 
-    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    def _enqueue(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        on_commit: Callable[[T], None] | None = None,
+    ) -> _Op[T]:
         self._check_open()
-        op = _Op(fn)
+        op = _Op(fn, on_commit)
         try:
             self._send.send_nowait(op)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             raise IntakeClosedError(f"turn store {self.path} is closed") from None
-        try:
-            await op.done.wait()
-        except BaseException:  # cancelled: the op is skipped if its batch has not started
-            op.abandoned = True
-            raise
-        return op.result()
+        return op
+
+    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return await _PendingOp(self._enqueue(fn)).result()
 
     async def _commit_loop(self) -> None:
         async for first in self._receive:
@@ -265,6 +303,7 @@ class SqliteTurnStore:
         finally:
             for op in batch:
                 op.done.set()
+                op.committed()
 
     def _run_batch(self, batch: list[_Op[object]]) -> None:
         """On the commit thread: run *batch* in one transaction, each op all-or-nothing."""
@@ -356,6 +395,15 @@ class SqliteTurnStore:
 
     async def start_attempt(self, claim: Claim, attempt: AttemptRecord) -> Claim:
         return await self._write(lambda c: ops.start_attempt(c, claim, attempt))
+
+    def start_attempt_soon(
+        self,
+        claim: Claim,
+        attempt: AttemptRecord,
+        *,
+        on_commit: Callable[[Claim], None] | None = None,
+    ) -> PendingWrite[Claim]:
+        return _PendingOp(self._enqueue(lambda c: ops.start_attempt(c, claim, attempt), on_commit))
 
     async def record_attempt(
         self, claim: Claim, attempt: AttemptRecord, *, next_attempt_us: int

@@ -715,3 +715,21 @@ class TurnStoreConformance:
                 )
             assert (await store.get_turn(other.turn_id)).state is TurnState.RUNNING
             assert await store.ledger_lines(["S1/exec"]) == [line("S1/exec", 2)]
+
+    async def test_start_attempt_soon_commits_in_order(self, open_store: StoreFactory) -> None:
+        """A queued start commits before any later write (a finish written right after it is
+        legal), calls back once durable, and a refused one raises from `result` only."""
+        async with open_store() as store:
+            await session(store)
+            held = await claimed(store)
+            seen: list[Claim] = []
+            pending = store.start_attempt_soon(held, attempt(1), on_commit=seen.append)
+            done = await store.finish(held, TurnEnding(state=TurnState.SUCCEEDED))
+            assert done.state is TurnState.SUCCEEDED
+            started = await pending.result()
+            assert [c.turn.state for c in seen] == [TurnState.RUNNING]
+            assert started.turn.attempt == 1
+            refused = store.start_attempt_soon(held, attempt(2), on_commit=seen.append)
+            with pytest.raises(StaleClaimError):
+                await refused.result()
+            assert len(seen) == 1
