@@ -1,0 +1,721 @@
+"""A crash storm: a real daemon SIGKILLed again and again while clients submit turns.
+
+Used by ``tests/supervisor/test_crash.py`` (a short storm in CI) and ``scripts/crash_storm.py``
+(a long one, by hand). `run_storm` does the whole scenario on a fresh root and returns a
+`StormReport`; nothing here asserts, the callers judge the report.
+
+The scenario
+------------
+1. A real ``hunter serve`` on a fresh root (`DemoStack`), a few real chaos executor processes
+   that reconnect after a restart: ``ok`` (answers at once), ``slow`` (answers after a short
+   delay, so kills find attempts in flight) and ``flaky`` (an ERROR now and then, so kills also
+   find turns waiting for a retry). One session.
+2. ``submitters`` client tasks submit instruction turns, each with its own
+   ``idempotency_key``; about half submit-and-wait (``wait_s``), the others submit, then wait
+   separately. A turn counts as acknowledged when a ``turn.submit`` answer names it. When the
+   daemon dies under a submit, the client resubmits the same key after the restart.
+3. A killer SIGKILLs the daemon ``kills`` times at seeded random points of the turn stream
+   (each time once every executor is back and some turns were acknowledged since), and
+   restarts it at once.
+4. With the daemon up for good: every acknowledged turn is waited for; every key is submitted
+   once more (it must name the same turn, ``created`` false); the store's turn count is
+   compared with the keys; ``ledger.verify`` runs. Then the daemon is stopped with SIGTERM and
+   the session's ledgers are read: each final turn must have exactly one final ``turn`` entry
+   in ``exec.jsonl`` and one in ``evidence.jsonl`` (entries of one turn are paired in file
+   order; an escalated turn's pair is not final), agreeing with the store's state. The ledgers
+   are verified offline too, and the daemon log must hold no traceback.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import anyio
+import orjson
+
+from ledger import IntegrityError, session_dir_for, verify_session_dir
+from sandbox.policy.lifecycle import FINAL_STATES
+from supervisor.control.client import ControlClient
+from supervisor.demo.stack import DEMO_CONFIG, DemoStack, prepare_root
+from supervisor.errors import ConnectionLost, ControlClientError, DaemonNotRunning
+
+__all__ = [
+    "CRASH_CONFIG",
+    "LedgerTurnEntries",
+    "StormConfig",
+    "StormReport",
+    "check_daemon_log",
+    "check_turn_entries",
+    "format_violations",
+    "read_turn_entries",
+    "run_storm",
+]
+
+#: The storm's daemon config: the demo's, with a long queue wait (turns wait for the executors
+#: to reconnect after each restart) and logging at info (the log is checked for tracebacks).
+CRASH_CONFIG: Final = DEMO_CONFIG.replace("queue_wait_s = 3.0", "queue_wait_s = 30.0")
+
+FINAL_STATUSES: Final = frozenset(s.value for s in FINAL_STATES)
+
+_SEVERE: Final = re.compile(r'"level":\s*"(error|critical)"')
+
+#: What a dead or restarting daemon looks like to a control client.
+_GONE: Final = (
+    ConnectionLost,
+    DaemonNotRunning,
+    OSError,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    anyio.EndOfStream,
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StormConfig:
+    """How hard the storm blows (defaults: the long run of ``scripts/crash_storm.py``)."""
+
+    kills: int = 20
+    turns: int = 3000
+    seed: int = 1
+    #: concurrent client tasks (each on its own connection)
+    submitters: int = 8
+    #: executor processes (kinds in turn: ok, slow, flaky)
+    executors: int = 3
+    slots: int = 4
+    #: delay of the ``slow`` executor's answers
+    slow_ms: int = 20
+    #: share of the ``flaky`` executor's answers that are ERROR
+    flaky_probability: float = 0.05
+    #: the longest wait for all acknowledged turns to be final once the storm is over
+    settle_s: float = 60.0
+    #: the longest the whole storm (submits and kills) may take
+    storm_limit_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.kills < 0 or self.turns < 1 or self.submitters < 1 or self.executors < 1:
+            msg = f"invalid storm config {self!r}"
+            raise ValueError(msg)
+
+
+@dataclass(slots=True)
+class StormReport:
+    """What the storm did, and every broken invariant, by kind (each names its turn)."""
+
+    seed: int
+    kills: int = 0
+    acknowledged: int = 0
+    resubmissions: int = 0
+    #: resubmissions whose key the daemon had already accepted (answered ``created`` false)
+    resubmitted_existing: int = 0
+    states: Counter[str] = field(default_factory=Counter)
+    ledger_entries: int = 0
+    elapsed_s: float = 0.0
+    session_id: str = ""
+    #: an acknowledged turn missing from the store or not final
+    lost: list[str] = field(default_factory=list)
+    #: a key naming two turns, a resubmission naming another turn, turns nobody submitted
+    idempotency: list[str] = field(default_factory=list)
+    #: more than one final exec or evidence entry for one turn
+    ledger_duplicates: list[str] = field(default_factory=list)
+    #: a final turn without its pair of entries, an unpaired entry, a status the store denies
+    ledger_missing: list[str] = field(default_factory=list)
+    #: ledger verification failures (through the daemon and offline)
+    verification: list[str] = field(default_factory=list)
+    #: tracebacks and error events in the daemon log
+    log: list[str] = field(default_factory=list)
+    #: the harness's own findings: the daemon died without a kill, a submit was refused,
+    #: an executor did not come back, the final SIGTERM did not exit 0
+    storm: list[str] = field(default_factory=list)
+
+    def categories(self) -> dict[str, list[str]]:
+        return {
+            "lost": self.lost,
+            "idempotency": self.idempotency,
+            "ledger_duplicates": self.ledger_duplicates,
+            "ledger_missing": self.ledger_missing,
+            "verification": self.verification,
+            "log": self.log,
+            "storm": self.storm,
+        }
+
+    @property
+    def violations(self) -> list[str]:
+        return [f"{kind}: {line}" for kind, lines in self.categories().items() for line in lines]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def summary(self) -> str:
+        states = ", ".join(f"{n} {s}" for s, n in sorted(self.states.items()))
+        verdict = "OK" if self.ok else f"FAILED ({len(self.violations)} violations)"
+        return (
+            f"crash storm {verdict}: seed {self.seed}, {self.kills} SIGKILLs, "
+            f"{self.acknowledged} turns acknowledged ({states or 'none'}), "
+            f"{self.resubmissions} resubmissions ({self.resubmitted_existing} found the turn "
+            f"already accepted), {self.ledger_entries} ledger entries, {self.elapsed_s:.1f} s"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Reading what the daemon left behind
+
+
+@dataclass(slots=True)
+class LedgerTurnEntries:
+    """The ``turn`` entries of one turn number: exec statuses and seqs, evidence seqs."""
+
+    exec_statuses: list[str] = field(default_factory=list)
+    exec_seqs: list[int] = field(default_factory=list)
+    evidence_seqs: list[int] = field(default_factory=list)
+
+    def final_exec(self) -> list[tuple[int, str]]:
+        return [
+            (seq, status)
+            for seq, status in zip(self.exec_seqs, self.exec_statuses, strict=True)
+            if status in FINAL_STATUSES
+        ]
+
+    def final_evidence(self) -> list[int]:
+        """Evidence entries whose exec partner (same position among this turn's entries) is
+        final: the two entries of a turn ending are written as a pair."""
+        return [
+            seq
+            for seq, status in zip(self.evidence_seqs, self.exec_statuses, strict=False)
+            if status in FINAL_STATUSES
+        ]
+
+
+def _jsonl(path: Path, problems: list[str]) -> Iterator[dict[str, Any]]:
+    with path.open("rb") as fh:
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                entry = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                problems.append(f"{path.name} line {number} is not JSON: {line[:120]!r}")
+                continue
+            if isinstance(entry, dict):
+                yield entry
+
+
+def read_turn_entries(
+    session_dir: Path, problems: list[str]
+) -> tuple[dict[int, LedgerTurnEntries], int]:
+    """The ``turn`` entries of a session's two ledgers by turn number, and the number of
+    entries read; unreadable lines are added to *problems*."""
+    ledger_dir = session_dir / "ledger"
+    by_turn: dict[int, LedgerTurnEntries] = {}
+    count = 0
+    for entry in _jsonl(ledger_dir / "exec.jsonl", problems):
+        count += 1
+        if entry.get("kind") == "turn":
+            t = by_turn.setdefault(int(entry["turn_number"]), LedgerTurnEntries())
+            t.exec_statuses.append(str(entry.get("status")))
+            t.exec_seqs.append(int(entry.get("seq", -1)))
+    for entry in _jsonl(ledger_dir / "evidence.jsonl", problems):
+        count += 1
+        if entry.get("kind") == "turn":
+            t = by_turn.setdefault(int(entry["turn_number"]), LedgerTurnEntries())
+            t.evidence_seqs.append(int(entry.get("seq", -1)))
+    return by_turn, count
+
+
+def check_daemon_log(path: Path) -> list[str]:
+    """Every traceback in the daemon's JSON log (an ``exception`` field, or a ``Traceback``
+    anywhere, also on a line a SIGKILL cut short) and every event at level error or critical;
+    each names the event, its ids and the traceback's last line. Warnings are expected (a
+    restart rolls turns forward and restores ledger lines)."""
+    problems: list[str] = []
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        return [f"cannot read {path}: {exc}"]
+    for number, line in enumerate(text.splitlines(), start=1):
+        suspect = "Traceback" in line or '"exception"' in line
+        if not suspect and not _SEVERE.search(line):
+            continue
+        try:
+            event = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            if suspect:
+                problems.append(f"{path.name} line {number}: {line[:300]}")
+            continue
+        if not isinstance(event, dict):
+            continue
+        if not suspect and event.get("level") not in {"error", "critical"}:
+            continue
+        exception = str(event.get("exception") or "").strip()
+        last = exception.splitlines()[-1] if exception else str(event.get("error") or "")
+        ids = ", ".join(
+            f"{k} {event[k]}" for k in ("turn_id", "turn_number", "executor_id") if k in event
+        )
+        problems.append(
+            f"{path.name} line {number}: {event.get('level')} {event.get('logger')} "
+            f"{event.get('event')!r}{' (' + ids + ')' if ids else ''}"
+            + (f": {last}" if last else "")
+        )
+    return problems
+
+
+def check_turn_entries(
+    turns: Iterable[Mapping[str, Any]], by_number: Mapping[int, LedgerTurnEntries]
+) -> tuple[list[str], list[str]]:
+    """Compare the store's turns (``turn.get`` dicts) with their ledger entries; returns
+    ``(duplicates, missing)``: final turns with more than one final exec or evidence entry,
+    and final turns without exactly one of each (or with unpaired entries, or whose final
+    ledger status is not the store's state), plus ledger turn numbers no turn has."""
+    duplicates: list[str] = []
+    missing: list[str] = []
+    known: set[int] = set()
+    for turn in sorted(turns, key=lambda t: int(t["turn_id"])):
+        number = int(turn["turn_number"])
+        known.add(number)
+        if not turn["final"]:
+            continue  # the caller reports it as lost
+        name = (
+            f"turn {turn['turn_id']} (turn_number {number}, key {turn['idempotency_key']}, "
+            f"{turn['state']})"
+        )
+        entries = by_number.get(number, LedgerTurnEntries())
+        finals = entries.final_exec()
+        evidence = entries.final_evidence()
+        if len(entries.exec_seqs) != len(entries.evidence_seqs):
+            missing.append(
+                f"{name}: {len(entries.exec_seqs)} exec turn entries (seqs {entries.exec_seqs}) "
+                f"but {len(entries.evidence_seqs)} evidence turn entries "
+                f"(seqs {entries.evidence_seqs})"
+            )
+        for what, seqs in (("exec", [seq for seq, _ in finals]), ("evidence", evidence)):
+            if not seqs:
+                missing.append(
+                    f"{name}: no final entry in the {what} ledger "
+                    f"(exec statuses {entries.exec_statuses})"
+                )
+            elif len(seqs) > 1:
+                duplicates.append(
+                    f"{name}: {len(seqs)} final entries in the {what} ledger (seqs {seqs}, "
+                    f"exec statuses {[status for _, status in finals]}, "
+                    f"{len(turn['attempts'])} attempts in the store)"
+                )
+        if finals and finals[-1][1] != turn["state"]:
+            missing.append(
+                f"{name}: the exec ledger's final status is {finals[-1][1]} (statuses "
+                f"{[status for _, status in finals]}), the store's state is {turn['state']}"
+            )
+    for number in sorted(set(by_number) - known):
+        entries = by_number[number]
+        missing.append(
+            f"turn_number {number} has ledger entries (exec statuses {entries.exec_statuses}, "
+            f"seqs {entries.exec_seqs}) but no acknowledged turn"
+        )
+    return duplicates, missing
+
+
+# --------------------------------------------------------------------------------------------
+# The storm
+
+
+@dataclass(frozen=True, slots=True)
+class _Key:
+    index: int
+    key: str
+    wait: bool
+
+
+def _executor_argv(kind: str, config: StormConfig, index: int) -> list[str]:
+    argv = [
+        "supervisor.examples.chaos_executor",
+        "--commands",
+        "READ",
+        "--slots",
+        str(config.slots),
+    ]
+    if kind == "slow":
+        return [*argv, "--behaviour", "slow", "--delay-ms", str(config.slow_ms)]
+    if kind == "flaky":
+        return [
+            *argv,
+            "--behaviour",
+            "error",
+            "--probability",
+            str(config.flaky_probability),
+            "--seed",
+            str(config.seed * 1000 + index),
+        ]
+    return [*argv, "--behaviour", "ok"]
+
+
+class _Storm:
+    def __init__(self, stack: DemoStack, config: StormConfig, show: Callable[[str], None]) -> None:
+        self.stack = stack
+        self.config = config
+        self.show = show
+        self.rng = random.Random(config.seed)
+        self.report = StormReport(seed=config.seed)
+        self.session_id = ""
+        self.executor_ids: list[str] = []
+        kinds = ("ok", "slow", "flaky")
+        self.executor_kinds = {f"{kinds[i % 3]}-{i}": kinds[i % 3] for i in range(config.executors)}
+        self.keys = [
+            _Key(i, f"crash-{config.seed}-{i}", self.rng.random() < 0.5)
+            for i in range(config.turns)
+        ]
+        self._next = iter(self.keys)
+        #: key -> every turn id a submit answer named for it
+        self.acks: dict[str, set[int]] = {}
+        self.ack_order: list[tuple[str, int]] = []
+        #: set while the daemon is up; replaced by a fresh one before each kill
+        self.up = anyio.Event()
+        #: bumped before each kill: a client that connected earlier knows its loss is expected
+        self.generation = 0
+        self.submitting = 0
+        #: set while new keys may be submitted (cleared from a kill until the executors are back)
+        self.fresh = anyio.Event()
+        self.workers_done = anyio.Event()
+        self.restart_lock = anyio.Lock()
+        #: set once ``len(ack_order)`` reaches ``_target`` (or the clients are done)
+        self._target = 0
+        self._reached = anyio.Event()
+
+    # -- clients ------------------------------------------------------------------------------
+
+    def _params(self, key: _Key) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "session_id": self.session_id,
+            "kind": "instruction",
+            "command_type": "READ",
+            "target_selector": f"#item-{key.index}",
+            "timeout_ms": 5000,
+            "declared_outputs": [],
+            "idempotency_key": key.key,
+        }
+        if key.wait:
+            params["wait_s"] = 60
+        return params
+
+    def _ack(self, key: _Key, result: Mapping[str, Any], *, resubmitted: bool) -> None:
+        turn_id = int(result["turn"]["turn_id"])
+        seen = self.acks.setdefault(key.key, set())
+        if seen and turn_id not in seen:
+            self.report.idempotency.append(
+                f"key {key.key}: submit answered turn {turn_id}, an earlier answer named "
+                f"turn(s) {sorted(seen)}"
+            )
+        if not seen:
+            self.ack_order.append((key.key, turn_id))
+            if len(self.ack_order) >= self._target:
+                self._reached.set()
+        seen.add(turn_id)
+        if resubmitted and result.get("created") is False:
+            self.report.resubmitted_existing += 1
+
+    async def _restart(self, why: str) -> None:
+        """SIGKILL the daemon (unless it is dead already) and start it again. Clients wait for
+        the restart; new keys wait until every executor is back too (resubmissions do not), so
+        that each kill finds turns flowing and the kills do not outrun the turns."""
+        self.up = anyio.Event()
+        self.fresh = anyio.Event()
+        self.generation += 1
+        daemon = self.stack.daemon
+        pid = daemon.pid if daemon is not None else "?"
+        acked, in_flight = len(self.ack_order), self.submitting
+        started = time.monotonic()
+        if daemon is not None:
+            code = await self.stack.stop_daemon(signal.SIGKILL)
+            if code != -signal.SIGKILL:
+                self.report.storm.append(f"{why}: the daemon (pid {pid}) had exited {code}")
+        await self.stack.start_daemon()
+        ready = time.monotonic() - started
+        self.up.set()
+        await self._executors_back()
+        self.fresh.set()
+        self.show(
+            f"{why}: SIGKILL pid {pid} after {acked} turns acknowledged ({in_flight} submits "
+            f"in flight); daemon ready in {ready:.2f} s, executors back in "
+            f"{time.monotonic() - started:.2f} s"
+        )
+
+    async def _lost_connection(self, generation: int) -> None:
+        """After a lost connection: wait for the restart if a kill explains it; if the daemon
+        died on its own, note it and restart it (the storm goes on)."""
+        if self.generation == generation:
+            await anyio.sleep(0.05)
+        async with self.restart_lock:
+            if self.generation == generation:
+                daemon = self.stack.daemon
+                code = None if daemon is None else daemon.returncode
+                self.report.storm.append(
+                    f"a control connection was lost with no kill in progress "
+                    f"(daemon exit code {code})"
+                )
+                if code is not None:
+                    await self._restart("unplanned restart (the daemon died on its own)")
+        await self.up.wait()
+
+    async def _worker(self) -> None:
+        pending: _Key | None = None
+        resubmitted = False
+        while True:
+            await self.up.wait()
+            generation = self.generation
+            try:
+                async with ControlClient(self.stack.control_socket) as client:
+                    while True:
+                        if pending is None:
+                            await self.fresh.wait()
+                            pending = next(self._next, None)
+                            resubmitted = False
+                            if pending is None:
+                                return
+                        key = pending
+                        self.submitting += 1
+                        try:
+                            result = await client.call("turn.submit", **self._params(key))
+                        except ControlClientError as exc:
+                            if exc.code == "queue_full":
+                                delay = float(exc.details.get("retry_after_ms", 50)) / 1000
+                                await anyio.sleep(delay)
+                                continue
+                            self.report.storm.append(
+                                f"key {key.key}: turn.submit refused ({exc.code}: {exc.message})"
+                            )
+                            pending = None
+                            continue
+                        finally:
+                            self.submitting -= 1
+                        self._ack(key, result, resubmitted=resubmitted)
+                        pending = None
+                        if not key.wait:  # a loss here is no resubmission: the turn is acked
+                            turn_id = int(result["turn"]["turn_id"])
+                            await client.call("turn.wait", turn_id=turn_id, timeout_s=60)
+            except _GONE:
+                if pending is not None:
+                    self.report.resubmissions += 1
+                    resubmitted = True
+                await self._lost_connection(generation)
+
+    async def _workers(self) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                for _ in range(self.config.submitters):
+                    tg.start_soon(self._worker)
+        finally:
+            self.workers_done.set()
+            self._reached.set()
+
+    # -- the killer -----------------------------------------------------------------------------
+
+    async def _executors_back(self) -> None:
+        async with ControlClient(self.stack.control_socket) as client:
+            for executor_id in self.executor_ids:
+                try:
+                    await client.call("executors.wait", executor_id=executor_id, timeout_s=20)
+                except ControlClientError as exc:
+                    self.report.storm.append(
+                        f"executor {executor_id} did not come back after a restart: {exc}"
+                    )
+
+    async def _acknowledged(self, target: int) -> None:
+        """Wait until *target* turns are acknowledged (or the clients are done)."""
+        self._target = target
+        self._reached = anyio.Event()
+        if len(self.ack_order) >= target or self.workers_done.is_set():
+            return
+        await self._reached.wait()
+
+    async def _killer(self) -> None:
+        # kill n at a random point of the n-th of kills+1 equal stretches of the turn stream,
+        # and never before a few turns were acknowledged since the executors came back
+        segment = self.config.turns / (self.config.kills + 1)
+        for number in range(1, self.config.kills + 1):
+            planned = int(segment * (number - 1 + self.rng.uniform(0.5, 1.0)))
+            target = max(planned, len(self.ack_order) + max(1, int(segment / 4)))
+            await self._acknowledged(target)
+            if self.workers_done.is_set():
+                self.report.storm.append(
+                    f"the turns ran out after {number - 1} of {self.config.kills} kills"
+                )
+                return
+            await anyio.sleep(self.rng.uniform(0.0, 0.03))
+            async with self.restart_lock:
+                self.report.kills += 1
+                await self._restart(f"kill {number}/{self.config.kills}")
+
+    # -- the whole scenario ---------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        await self.stack.start_daemon()
+        for index, (executor_id, kind) in enumerate(self.executor_kinds.items()):
+            await self.stack.start_executor(executor_id, _executor_argv(kind, self.config, index))
+            self.executor_ids.append(executor_id)
+        async with ControlClient(self.stack.control_socket) as client:
+            opened = await client.call("session.open", package_id="demo")
+        self.session_id = str(opened["session_id"])
+        self.report.session_id = self.session_id
+        self.up.set()
+        self.fresh.set()
+
+    async def storm(self) -> None:
+        with anyio.fail_after(self.config.storm_limit_s):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._workers)
+                tg.start_soon(self._killer)
+        self.report.acknowledged = len(self.ack_order)
+
+    async def settle(self) -> dict[int, dict[str, Any]]:
+        """Wait for every acknowledged turn to be final; resubmit every key; returns the
+        turns by id as the store has them."""
+        turns: dict[int, dict[str, Any]] = {}
+        deadline = time.monotonic() + self.config.settle_s
+        lanes = 8
+
+        async def wait_lane(lane: int, client: ControlClient) -> None:
+            for key, turn_id in self.ack_order[lane::lanes]:
+                try:
+                    turn: dict[str, Any] = {}
+                    while True:
+                        left = deadline - time.monotonic()
+                        answer = await client.call(
+                            "turn.wait", turn_id=turn_id, timeout_s=max(0.1, min(left, 10))
+                        )
+                        turn = answer["turn"]
+                        if turn["final"] or left <= 0:
+                            break
+                        if turn["state"] == "escalated":
+                            break
+                        await anyio.sleep(0.05)
+                except ControlClientError as exc:
+                    self.report.lost.append(
+                        f"turn {turn_id} (key {key}) was acknowledged but the store does not "
+                        f"have it: {exc.code}: {exc.message}"
+                    )
+                    continue
+                turns[turn_id] = turn
+                if not turn["final"]:
+                    self.report.lost.append(
+                        f"turn {turn_id} (turn_number {turn['turn_number']}, key {key}) is "
+                        f"stuck in state {turn['state']} after {self.config.settle_s:.0f} s"
+                    )
+
+        async def resubmit_lane(lane: int, client: ControlClient) -> None:
+            for key in self.keys[lane::lanes]:
+                seen = self.acks.get(key.key)
+                if not seen:
+                    continue
+                params = self._params(key)
+                params.pop("wait_s", None)
+                result = await client.call("turn.submit", **params)
+                turn_id = int(result["turn"]["turn_id"])
+                if result.get("created") is not False or turn_id not in seen:
+                    self.report.idempotency.append(
+                        f"key {key.key}: a resubmission after the storm answered turn "
+                        f"{turn_id} (created={result.get('created')}), the storm's answers "
+                        f"named turn(s) {sorted(seen)}"
+                    )
+
+        async with ControlClient(self.stack.control_socket) as client:
+            async with anyio.create_task_group() as tg:
+                for lane in range(lanes):
+                    tg.start_soon(wait_lane, lane, client)
+            async with anyio.create_task_group() as tg:
+                for lane in range(lanes):
+                    tg.start_soon(resubmit_lane, lane, client)
+            status = await client.call("status")
+            stored = sum(int(n) for n in status["turns_by_state"].values())
+            if stored != len(self.acks):
+                self.report.idempotency.append(
+                    f"the store holds {stored} turns for {len(self.acks)} idempotency keys"
+                )
+            verify = await client.call("ledger.verify", session_id=self.session_id)
+            for failure in verify["failures"]:
+                self.report.verification.append(
+                    f"ledger.verify of session {failure['session_id']}: {failure['error']}"
+                )
+        for key, seen in self.acks.items():
+            if len(seen) != 1:
+                self.report.idempotency.append(f"key {key} names turns {sorted(seen)}")
+        by_key: dict[str, list[int]] = {}
+        for turn_id, turn in turns.items():
+            by_key.setdefault(str(turn.get("idempotency_key")), []).append(turn_id)
+            if turn.get("session_id") != self.session_id:
+                self.report.idempotency.append(f"turn {turn_id} is in another session")
+        for key, ids in by_key.items():
+            if len(ids) > 1:
+                self.report.idempotency.append(f"key {key} names turns {sorted(ids)} in the store")
+        for turn in turns.values():
+            self.report.states[str(turn["state"])] += 1
+        return turns
+
+    def check_ledgers(self, turns: Mapping[int, Mapping[str, Any]]) -> None:
+        session_dir = session_dir_for(self.stack.root, "default", self.session_id)
+        problems: list[str] = []
+        by_number, count = read_turn_entries(session_dir, problems)
+        self.report.ledger_entries = count
+        self.report.ledger_missing.extend(problems)
+        duplicates, missing = check_turn_entries(turns.values(), by_number)
+        self.report.ledger_duplicates.extend(duplicates)
+        self.report.ledger_missing.extend(missing)
+        try:
+            verify_session_dir(session_dir)
+        except IntegrityError as exc:
+            self.report.verification.append(f"offline verification of {session_dir}: {exc}")
+
+
+async def run_storm(
+    root: Path,
+    config: StormConfig,
+    *,
+    show: Callable[[str], None] = lambda line: None,
+) -> StormReport:
+    """Run the whole crash storm on a fresh *root* (see the module docstring)."""
+    started = time.monotonic()
+    config_path = prepare_root(root, fresh=True, config_text=CRASH_CONFIG)
+    stack = DemoStack(root=root, config_path=config_path)
+    storm = _Storm(stack, config, show)
+    report = storm.report
+    try:
+        await storm.setup()
+        show(
+            f"crash storm: root {root}, seed {config.seed}, {config.turns} turns, "
+            f"{config.kills} kills, {config.submitters} submitters, executors "
+            f"{', '.join(storm.executor_ids)}"
+        )
+        await storm.storm()
+        report.acknowledged = len(storm.ack_order)
+        show(
+            f"storm over: {report.kills} kills, {report.acknowledged} turns acknowledged, "
+            f"{report.resubmissions} resubmissions; waiting for every turn to be final"
+        )
+        turns = await storm.settle()
+        for executor_id in list(stack.executors):
+            await stack.stop_executor(executor_id)
+        code = await stack.stop_daemon(signal.SIGTERM)
+        if code != 0:
+            report.storm.append(f"the final SIGTERM stop exited {code}, not 0")
+        storm.check_ledgers(turns)
+    finally:
+        await stack.aclose()
+        report.log.extend(check_daemon_log(stack.daemon_log))
+        report.elapsed_s = time.monotonic() - started
+    return report
+
+
+def format_violations(report: StormReport, *, limit: int = 50) -> Sequence[str]:
+    """The report's violations, at most *limit* per kind (and how many more)."""
+    lines: list[str] = []
+    for kind, found in report.categories().items():
+        for line in found[:limit]:
+            lines.append(f"{kind}: {line}")
+        if len(found) > limit:
+            lines.append(f"{kind}: ... and {len(found) - limit} more")
+    return lines
