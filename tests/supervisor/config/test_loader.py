@@ -1,31 +1,14 @@
-"""Loading, validating, overriding and diffing the daemon configuration."""
+"""Loading and validating the daemon configuration: sources, precedence, parse errors."""
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import json
-import re
 from pathlib import Path
 
 import pytest
 
-from supervisor.config import (
-    RELOADABLE_KEYS,
-    RESERVED_ENV,
-    Config,
-    ConfigError,
-    ExecutorSettings,
-    add_parser,
-    changed_keys,
-    diff_reloadable,
-    env_var_name,
-    iter_keys,
-    load_config,
-    to_toml,
-)
-
-_DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+from supervisor.config.loader import RESERVED_ENV, load_config
+from supervisor.config.schema import ExecutorSettings
+from supervisor.errors import ConfigError
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -250,118 +233,6 @@ def test_invalid_override() -> None:
         load_config(None, env={}, overrides={"log": {"format": "xml"}})
     with pytest.raises(ConfigError, match=r"^config key 'bogus': unknown key \(from override\)$"):
         load_config(None, env={}, overrides={"bogus": 1})
-
-
-def test_to_dict_round_trips(tmp_path: Path) -> None:
-    """to_dict() is plain data and loads back to an equal Config."""
-    config = load_config(
-        None,
-        env={"HUNTER_ALLOWED_UIDS": "7,3", "HUNTER_ROOT": str(tmp_path)},
-        overrides={"socket_mode": 0o640, "retry.jitter": 0.5},
-    )
-    data = config.to_dict()
-    assert data["socket_mode"] == "0640"
-    assert data["allowed_uids"] == [3, 7]
-    assert data["root"] == str(tmp_path)
-    assert load_config(None, env={}, overrides=data) == config
-    assert "allowed_uids" not in load_config(None, env={}).to_dict()
-
-
-def test_config_is_frozen() -> None:
-    """Config and its sections cannot be mutated."""
-    config = load_config(None, env={})
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        config.drain_grace_s = 1.0  # type: ignore[misc]  # checking the runtime guard
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        config.log.level = "debug"  # type: ignore[misc]  # checking the runtime guard
-
-
-def test_diff_reloadable_splits_changes(tmp_path: Path) -> None:
-    """Log level, retry and heartbeat changes reload; socket paths need a restart."""
-    old = load_config(None, env={"HUNTER_ROOT": str(tmp_path)})
-    new = load_config(
-        None,
-        env={
-            "HUNTER_ROOT": str(tmp_path),
-            "HUNTER_LOG__LEVEL": "debug",
-            "HUNTER_RETRY__MAX_ATTEMPTS": "4",
-            "HUNTER_EXECUTORS__HEARTBEAT_INTERVAL_S": "1",
-            "HUNTER_CONTROL_SOCKET": str(tmp_path / "c.sock"),
-            "HUNTER_EXECUTORS__QUEUE_CAPACITY": "5",
-        },
-    )
-    diff = diff_reloadable(old, new)
-    assert diff.reloadable == (
-        "executors.heartbeat_interval_s",
-        "retry.max_attempts",
-        "log.level",
-    )
-    assert diff.restart_required == ("control_socket", "executors.queue_capacity")
-    assert diff.changed == tuple(sorted(diff.reloadable + diff.restart_required))
-    assert changed_keys(old, old) == ()
-    assert diff_reloadable(old, old).changed == ()
-
-
-def test_reloadable_keys_are_known() -> None:
-    """RELOADABLE_KEYS only names real keys; paths and socket settings are not among them."""
-    keys = {k for k, _ in iter_keys()}
-    assert keys >= RELOADABLE_KEYS
-    assert {"root", "control_socket", "executor_socket", "socket_mode"}.isdisjoint(RELOADABLE_KEYS)
-
-
-def test_env_var_names() -> None:
-    """Sections are joined to keys with two underscores."""
-    assert env_var_name("root") == "HUNTER_ROOT"
-    assert (
-        env_var_name("executors.heartbeat_interval_s") == "HUNTER_EXECUTORS__HEARTBEAT_INTERVAL_S"
-    )
-
-
-def test_every_key_has_a_docstring_and_a_docs_row() -> None:
-    """Each key has a meaning in code and a row (key, env var) in docs/configuration.md."""
-    text = _DOCS.read_text(encoding="utf-8")
-    for key, f in iter_keys():
-        assert f.metadata["doc"], key
-        row = re.search(rf"^\| `{re.escape(key)}` \|.*`{env_var_name(key)}`", text, re.M)
-        assert row, f"docs/configuration.md has no row for {key}"
-
-
-def test_config_type_has_no_extra_fields() -> None:
-    """Config's top-level fields are the documented keys and the four sections."""
-    names = {f.name for f in dataclasses.fields(Config)}
-    assert names == {k.partition(".")[0] for k, _ in iter_keys()}
-
-
-def test_to_toml_round_trips(tmp_path: Path) -> None:
-    """The TOML rendering loads back to an equal Config."""
-    config = load_config(
-        None, env={"HUNTER_ALLOWED_UIDS": "0,5", "HUNTER_ROOT": str(tmp_path / 'a "b"')}
-    )
-    path = _write(tmp_path, to_toml(config))
-    assert load_config(path, env={}) == config
-
-
-def _config_cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser()
-    add_parser(parser.add_subparsers())
-    args = parser.parse_args(argv)
-    handler = args.handler
-    assert callable(handler)
-    return int(handler(args))
-
-
-def test_config_show_and_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`hunter config show` prints TOML or JSON; `check` exits 2 naming the bad key."""
-    assert _config_cli(["config", "show", "--root", str(tmp_path), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["root"] == str(tmp_path)
-    assert _config_cli(["config", "show", "--root", str(tmp_path)]) == 0
-    assert f'root = "{tmp_path}"' in capsys.readouterr().out
-    bad = _write(tmp_path, "[retry]\nmax_attempts = 0\n")
-    assert _config_cli(["config", "check", "--config", str(bad)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("hunter config: config key 'retry.max_attempts': must be >= 1, got 0")
-    assert _config_cli(["config", "check", "--root", str(tmp_path)]) == 0
-    assert capsys.readouterr().out == "configuration OK\n"
 
 
 def test_reserved_env_names_are_ignored() -> None:
