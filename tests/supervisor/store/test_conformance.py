@@ -19,7 +19,15 @@ def _sqlite(tmp_path: Path) -> StoreFactory:
     return lambda: open_sqlite_store(tmp_path / "state" / "turns.sqlite3")
 
 
-ENGINES: dict[str, Callable[[Path], StoreFactory]] = {"sqlite": _sqlite}
+def _sqlite_threaded(tmp_path: Path) -> StoreFactory:
+    """SQLite with every batch on the worker thread (what a slow disk switches to)."""
+    return lambda: open_sqlite_store(tmp_path / "state" / "turns.sqlite3", inline_limit_s=0)
+
+
+ENGINES: dict[str, Callable[[Path], StoreFactory]] = {
+    "sqlite": _sqlite,
+    "sqlite-threaded": _sqlite_threaded,
+}
 
 
 @pytest.fixture(params=sorted(ENGINES))
