@@ -24,6 +24,10 @@ What it does
 
 Exit code 0 only if every outcome equals the expected one and every ledger verifies.
 `DemoStack` (daemon + executors as real processes) is also what the end-to-end tests use.
+
+This module holds `DemoStack` and the run (`run_demo`, `demo_main`); the root it prepares is
+`supervisor.demo.root`, the batch of expected outcomes `supervisor.demo.batch`, the checking and
+the table `supervisor.demo.results`. Their public names are re-exported here.
 """
 
 from __future__ import annotations
@@ -41,12 +45,24 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import anyio
 import anyio.abc
 
 from supervisor.control.client import ControlClient, socket_for_root
+from supervisor.demo.batch import (
+    CHAOS_ROUND,
+    CHAOS_ROUND_2,
+    Expectation,
+    chaos_batch,
+    chaos_batch_2,
+    process_batch,
+    web_batch,
+)
+from supervisor.demo.results import DemoResult, format_results
+from supervisor.demo.results import check_result as _check
+from supervisor.demo.root import DEMO_CONFIG, DEMO_MANIFEST, prepare_root
 
 __all__ = [
     "DEMO_CONFIG",
@@ -56,72 +72,6 @@ __all__ = [
     "prepare_root",
     "run_demo",
 ]
-
-
-#: The demo daemon's config: everything short so that faults play out in seconds.
-DEMO_CONFIG: Final = """\
-# hunter demo: short timeouts and backoff so that every fault plays out in seconds
-drain_grace_s = 2.0
-
-[executors]
-heartbeat_interval_s = 0.5
-heartbeat_misses = 3
-queue_wait_s = 3.0
-quarantine_s = 60.0
-cancel_grace_s = 0.5
-hello_timeout_s = 2.0
-
-[retry]
-max_attempts = 3
-base_delay_ms = 50
-backoff_multiplier = 2.0
-max_delay_ms = 200
-
-[sandbox]
-enforcement = "best-effort"
-default_timeout_ms = 5000
-
-[log]
-format = "json"
-level = "info"
-"""
-
-#: Fallback copy of examples/packages/demo/manifest.json (used when run from an install).
-DEMO_MANIFEST: Final = """\
-{
-  "id": "demo",
-  "version": "1.0",
-  "description": "The package `hunter demo` opens its session with.",
-  "capabilities": {
-    "read": ["/usr/**", "/etc/**"],
-    "write": ["**"],
-    "execute": ["/usr/bin/*", "/bin/*", "/usr/local/bin/*"],
-    "forbidden": ["/etc/shadow", "/etc/gshadow", "/root/**"],
-    "network": false
-  },
-  "limits": {"memory_mb": 64, "pids": 32, "timeout_s": 60}
-}
-"""
-
-
-def _source_manifest() -> str:
-    here = Path(__file__).resolve().parent.parent / "examples" / "packages" / "demo"
-    path = here / "manifest.json"
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError:
-        return DEMO_MANIFEST
-
-
-def prepare_root(root: Path, *, fresh: bool, config_text: str = DEMO_CONFIG) -> Path:
-    """Create *root* with the demo config and package; returns the config file's path."""
-    if fresh and root.exists():
-        shutil.rmtree(root)
-    (root / "installed" / "demo").mkdir(parents=True, exist_ok=True)
-    (root / "installed" / "demo" / "manifest.json").write_text(_source_manifest(), "utf-8")
-    config = root / "hunter.toml"
-    config.write_text(config_text, encoding="utf-8")
-    return config
 
 
 class StartError(RuntimeError):
@@ -324,172 +274,7 @@ async def demo_stack(
 
 
 # --------------------------------------------------------------------------------------------
-# The demo batch
-
-
-@dataclass(frozen=True, slots=True)
-class Expectation:
-    """One demo turn: what is submitted and the state it must end in."""
-
-    label: str
-    params: Mapping[str, object]
-    expect: str
-    expect_decisions: tuple[str, ...] | None = None
-
-
-def _instruction(command: str, **extra: object) -> dict[str, object]:
-    return {"kind": "instruction", "command_type": command, "declared_outputs": [], **extra}
-
-
-def _process(argv: Sequence[str], **extra: object) -> dict[str, object]:
-    return {"kind": "process", "argv": list(argv), "declared_outputs": [], **extra}
-
-
-def web_batch(base_url: str) -> list[Expectation]:
-    """Every command type against the demo pages (run in order: the executor has one tab)."""
-    return [
-        Expectation(
-            "web NAVIGATE", _instruction("NAVIGATE", target_url=base_url + "/"), "succeeded"
-        ),
-        Expectation("web READ", _instruction("READ", target_selector="#title"), "succeeded"),
-        Expectation(
-            "web CLICK link",
-            _instruction("CLICK", target_selector="#catalogue-link"),
-            "succeeded",
-        ),
-        Expectation(
-            "web EXTRACT",
-            _instruction("EXTRACT", target_selector=".name", parameters={"max_items": 100}),
-            "succeeded",
-        ),
-        Expectation("web SCROLL", _instruction("SCROLL", parameters={"lines": 10}), "succeeded"),
-        Expectation("web SCREENSHOT", _instruction("SCREENSHOT"), "succeeded"),
-    ]
-
-
-def process_batch() -> list[Expectation]:
-    out = '"$HUNTER_OUTPUT_DIR/result.txt"'
-    return [
-        Expectation(
-            "process writes declared file",
-            _process(
-                ["sh", "-c", f"echo hello > {out}"],
-                declared_outputs=[{"path": "result.txt", "role": "report"}],
-            ),
-            "succeeded",
-        ),
-        Expectation("process exits 3", _process(["sh", "-c", "exit 3"]), "failed"),
-        Expectation(
-            "process exits 3 in GREEN",
-            _process(["sh", "-c", "exit 3"], phase="GREEN"),
-            "exhausted",
-            ("RETRY", "RETRY", "EXHAUSTED"),
-        ),
-        Expectation(
-            "process sleeps past deadline",
-            _process(["sleep", "10"], timeout_ms=300),
-            "timeout",
-            ("RETRY", "RETRY", "TERMINATE"),
-        ),
-        Expectation(
-            "process writes undeclared file",
-            _process(["sh", "-c", 'echo x > "$HUNTER_OUTPUT_DIR/sneaky.txt"']),
-            "violation",
-        ),
-        Expectation(
-            "process exceeds memory limit",
-            _process(["python3", "-c", "b = bytearray(512 << 20)"]),
-            "escalated",
-            ("ESCALATE",),
-        ),
-    ]
-
-
-#: Chaos executors of the second round: (id, command advertised, behaviour spec).
-CHAOS_ROUND: Final[tuple[tuple[str, str, str], ...]] = (
-    ("chaos-flaky", "READ", "error,ok"),
-    ("chaos-crash", "CLICK", "crash"),
-    ("chaos-backup", "CLICK", "ok"),
-    ("chaos-hang", "SCROLL", "hang"),
-    ("chaos-liar", "EXTRACT", "wrong-id"),
-    ("chaos-authority", "SCREENSHOT", "authority"),
-    ("chaos-partial", "NAVIGATE", "partial"),
-)
-CHAOS_ROUND_2: Final[tuple[tuple[str, str, str], ...]] = (
-    ("chaos-refuse", "READ", "refuse"),
-    ("chaos-no-evidence", "EXTRACT", "no-evidence"),
-)
-
-
-def chaos_batch() -> list[Expectation]:
-    return [
-        Expectation(
-            "chaos errors, then recovers",
-            _instruction("READ", target_selector="#title"),
-            "succeeded",
-            ("RETRY", "SUCCEED"),
-        ),
-        Expectation(
-            "chaos crashes; retry elsewhere",
-            _instruction("CLICK", target_selector="#hello"),
-            "succeeded",
-            ("RETRY", "SUCCEED"),
-        ),
-        Expectation(
-            "chaos hangs",
-            _instruction("SCROLL", timeout_ms=300),
-            "timeout",
-            ("RETRY", "RETRY", "TERMINATE"),
-        ),
-        Expectation(
-            "chaos lies (wrong id)",
-            _instruction("EXTRACT", target_selector="li"),
-            "terminated",
-            ("TERMINATE",),
-        ),
-        Expectation(
-            "chaos claims authority",
-            _instruction("SCREENSHOT"),
-            "violation",
-            ("TERMINATE",),
-        ),
-        Expectation(
-            "chaos partial output",
-            _instruction("NAVIGATE", target_url="http://127.0.0.1:9/"),
-            "terminated",
-            ("TERMINATE",),
-        ),
-    ]
-
-
-def chaos_batch_2() -> list[Expectation]:
-    return [
-        Expectation("chaos refuses", _instruction("READ", target_selector="p"), "terminated"),
-        Expectation(
-            "chaos SUCCESS without evidence",
-            _instruction("EXTRACT", target_selector="p"),
-            "terminated",
-        ),
-    ]
-
-
-@dataclass
-class DemoResult:
-    label: str
-    expected: str
-    turn: dict[str, Any]
-    ok: bool
-    note: str = ""
-
-
-def _check(exp: Expectation, turn: dict[str, Any]) -> DemoResult:
-    decisions = tuple(a.get("decision") or "-" for a in turn["attempts"])
-    ok = turn["state"] == exp.expect
-    note = ""
-    if exp.expect_decisions is not None and decisions != exp.expect_decisions:
-        ok = False
-        note = f"decisions {decisions} != {exp.expect_decisions}"
-    return DemoResult(exp.label, exp.expect, turn, ok, note)
+# The demo run
 
 
 async def _run_batch(
@@ -520,39 +305,6 @@ async def _run_batch(
             for i, exp in enumerate(batch):
                 tg.start_soon(one, i, exp)
     return [r for r in results if r is not None]
-
-
-def _result_text(r: DemoResult) -> str:
-    if not r.ok:
-        return f"{r.turn['state']} (expected {r.expected})"
-    return r.expected if "->" in r.expected else str(r.turn["state"])
-
-
-def format_results(results: Sequence[DemoResult]) -> str:
-    from supervisor.cli.commands import table
-
-    rows: list[tuple[object, ...]] = []
-    for r in results:
-        t = r.turn
-        attempts = t["attempts"] or [{}]
-        for i, a in enumerate(attempts):
-            first = i == 0
-            rows.append(
-                (
-                    t["turn_id"] if first else "",
-                    r.label if first else "",
-                    a.get("attempt", "-"),
-                    a.get("executor_id") or ("sandbox" if t["kind"] == "process" else "-"),
-                    a.get("fault_type") or (a.get("outcome") or "-"),
-                    a.get("decision") or "-",
-                    a.get("reason_code") or "-",
-                    _result_text(r) if first else "",
-                )
-            )
-    return table(
-        ("TURN", "WHAT", "ATT", "EXECUTOR", "FAULT/OUTCOME", "DECISION", "REASON", "RESULT"),
-        rows,
-    )
 
 
 async def demo_main(root: Path, *, fresh: bool, show: Callable[[str], None]) -> int:
