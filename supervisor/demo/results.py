@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from supervisor.cli.output import table
 from supervisor.demo.batch import Expectation
 
 __all__ = ["DemoResult", "check_result", "format_results"]
@@ -41,8 +42,6 @@ def _result_text(r: DemoResult) -> str:
 
 def format_results(results: Sequence[DemoResult]) -> str:
     """The table `hunter demo` prints: one row per attempt, the result on each turn's first."""
-    from supervisor.cli.commands import table
-
     rows: list[tuple[object, ...]] = []
     for r in results:
         t = r.turn

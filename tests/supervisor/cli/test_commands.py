@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import functools
 import io
 import shutil
@@ -15,7 +16,7 @@ import orjson
 import pytest
 
 from supervisor.cli import build_parser, main
-from supervisor.cli.commands import EXIT_NO_DAEMON, submit_params
+from supervisor.cli.commands import EXIT_NO_DAEMON
 from supervisor.config import load_config
 from supervisor.demo.stack import prepare_root
 from supervisor.logging import configure_logging, reset_logging
@@ -48,6 +49,20 @@ async def serving(root: Path) -> AsyncIterator[None]:
                 daemon.request_drain()
     finally:
         reset_logging()
+
+
+_CORE_COMMANDS = (
+    "serve",
+    "session",
+    "submit",
+    "status",
+    "executors",
+    "turn",
+    "escalations",
+    "check-ledgers",
+    "drain",
+    "demo",
+)
 
 
 async def hunter(*argv: str) -> int:
@@ -113,35 +128,6 @@ async def test_refused_request_exits_1(root: Path, capsys: pytest.CaptureFixture
     assert "unknown_turn: no turn 99" in capsys.readouterr().err
 
 
-def test_submit_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
-    """Nothing to submit, or both kinds at once, is a usage error (exit 2)."""
-    assert main(["submit", "--session", "S"]) == 2
-    assert "nothing to submit" in capsys.readouterr().err
-    assert main(["submit", "--session", "S", "--command", "READ", "--", "true"]) == 2
-    assert "not both" in capsys.readouterr().err
-
-
-def test_submit_params_for_instruction() -> None:
-    """Instruction flags become a turn.submit request with typed parameters."""
-    args = build_parser().parse_args(
-        ["submit", "--session", "S", "--command", "extract", "--selector", "li",
-         "--param", "max_items=5", "--param", "all=true", "--phase", "green",
-         "--idempotency-key", "k"]
-    )  # fmt: skip
-    assert submit_params(args) == {
-        "session_id": "S",
-        "declared_outputs": [],
-        "declared_inputs": [],
-        "phase": "GREEN",
-        "idempotency_key": "k",
-        "kind": "instruction",
-        "command_type": "EXTRACT",
-        "target_url": "",
-        "target_selector": "li",
-        "parameters": {"max_items": 5, "all": True},
-    }
-
-
 def test_config_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`hunter config show` prints the effective config; a bad file exits 2 naming the key."""
     good = tmp_path / "good.toml"
@@ -154,3 +140,12 @@ def test_config_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     bad.write_text("[retry]\nbase_delay_ms = -1\n")
     assert main(["config", "show", "--config", str(bad)]) == 2
     assert "retry.base_delay_ms" in capsys.readouterr().err
+
+
+def test_commands_are_listed_in_help_order() -> None:
+    """`hunter --help` lists the daemon core's commands in their registration order."""
+    subparsers = next(
+        a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    )
+    names = [name for name in subparsers.choices if name in _CORE_COMMANDS]
+    assert names == list(_CORE_COMMANDS)

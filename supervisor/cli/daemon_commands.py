@@ -1,0 +1,179 @@
+"""`hunter serve`, and the commands about the running daemon as a whole: `status`, `executors`,
+`check-ledgers`, `drain`."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from supervisor.cli.client import client_options, run_client
+from supervisor.cli.exit_codes import EXIT_FAILED, EXIT_OK
+from supervisor.cli.output import out, table, to_json
+
+if TYPE_CHECKING:
+    from supervisor.control.client import ControlClient
+
+__all__ = [
+    "add_check_ledgers_parser",
+    "add_drain_parser",
+    "add_executors_parser",
+    "add_serve_parser",
+    "add_status_parser",
+    "format_executors",
+    "format_status",
+]
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from supervisor.server import run_daemon
+
+    return run_daemon(
+        root=Path(args.root) if args.root else None,
+        config_path=Path(args.config) if args.config else None,
+        log_format=args.log_format,
+    )
+
+
+def format_status(status: dict[str, Any]) -> str:
+    daemon = status["daemon"]
+    sched = status["scheduler"]
+    hub = status["hub"]
+    lines = [
+        f"daemon pid {daemon['pid']}  root {daemon.get('root', '?')}"
+        + ("  DRAINING" if daemon.get("draining") else ""),
+        f"sessions open {sched['sessions_open']}  turns active {sched['turns_active']}"
+        f"  attempts running {sched['attempts_running']}  waiting retry "
+        f"{sched['turns_waiting_retry']}  escalated {sched['turns_escalated']}",
+        "",
+        table(("STATE", "TURNS"), sorted(status["turns_by_state"].items())),
+    ]
+    queued = hub.get("queued_by_command") or {}
+    lines += [
+        "",
+        f"executors connected {hub['executors_connected']}  in flight {hub['in_flight']}"
+        f"  queued {sum(queued.values())}"
+        + (f" ({', '.join(f'{k} {v}' for k, v in sorted(queued.items()))})" if queued else ""),
+    ]
+    if status["in_flight"]:
+        rows = [
+            (
+                t["turn_id"],
+                t["session_id"],
+                t["turn_number"],
+                t["kind"],
+                t["state"],
+                t["attempt"],
+                t.get("executor_id") or "-",
+            )
+            for t in status["in_flight"]
+        ]
+        lines += ["", table(("TURN", "SESSION", "#", "KIND", "STATE", "ATTEMPT", "EXECUTOR"), rows)]
+    if status["executors"]:
+        lines += ["", format_executors(status["executors"])]
+    return "\n".join(lines)
+
+
+def format_executors(executors: Sequence[dict[str, Any]]) -> str:
+    rows = [
+        (
+            e["executor_id"],
+            e["status"],
+            f"{e['in_flight']}/{e['slots']}",
+            ",".join(e["commands"]),
+            e.get("pid") or "-",
+            e.get("detail") or "",
+        )
+        for e in executors
+    ]
+    return table(("EXECUTOR", "STATUS", "BUSY", "COMMANDS", "PID", "DETAIL"), rows)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    async def body(client: ControlClient) -> int:
+        status = await client.call("status")
+        out(to_json(status) if args.json else format_status(status))
+        return EXIT_OK
+
+    return run_client(args, body)
+
+
+def _cmd_executors(args: argparse.Namespace) -> int:
+    async def body(client: ControlClient) -> int:
+        result = await client.call("executors.list")
+        if args.json:
+            out(to_json(result))
+        elif not result["executors"]:
+            out("no executors connected")
+        else:
+            out(format_executors(result["executors"]))
+        return EXIT_OK
+
+    return run_client(args, body)
+
+
+def _cmd_ledger_check(args: argparse.Namespace) -> int:
+    async def body(client: ControlClient) -> int:
+        params = {"session_id": args.session} if args.session else {}
+        result = await client.call("ledger.verify", **params)
+        if args.json:
+            out(to_json(result))
+        else:
+            for r in result["ledgers"]:
+                out(f"ok  {r['ledger_id']}  {r['entries']} entries")
+            for f in result["failures"]:
+                out(f"BAD {f['session_id']}: {f['error']}")
+        return EXIT_OK if result["ok"] else EXIT_FAILED
+
+    return run_client(args, body)
+
+
+def _cmd_drain(args: argparse.Namespace) -> int:
+    async def body(client: ControlClient) -> int:
+        await client.call("drain")
+        out("drain started")
+        return EXIT_OK
+
+    return run_client(args, body)
+
+
+def add_serve_parser(subparsers: Any) -> None:
+    """Register `hunter serve`."""
+    p = subparsers.add_parser("serve", help="run the supervisor daemon in the foreground")
+    p.add_argument("--root", metavar="DIR", help="the root directory (default ./.hunter)")
+    p.add_argument("--config", metavar="FILE", help="TOML config file (default $HUNTER_CONFIG)")
+    p.add_argument("--log-format", choices=("auto", "json", "console"), default=None)
+    p.set_defaults(handler=_cmd_serve)
+
+
+def add_status_parser(subparsers: Any) -> None:
+    """Register `hunter status`."""
+    p = subparsers.add_parser("status", help="queues, executors, in-flight turns, counts")
+    p.add_argument("--json", action="store_true")
+    client_options(p)
+    p.set_defaults(handler=_cmd_status)
+
+
+def add_executors_parser(subparsers: Any) -> None:
+    """Register `hunter executors`."""
+    p = subparsers.add_parser("executors", help="list connected executors")
+    p.add_argument("--json", action="store_true")
+    client_options(p)
+    p.set_defaults(handler=_cmd_executors)
+
+
+def add_check_ledgers_parser(subparsers: Any) -> None:
+    """Register `hunter check-ledgers`."""
+    p = subparsers.add_parser("check-ledgers", help="ask the daemon to verify session ledgers")
+    p.add_argument("--session", metavar="SID")
+    p.add_argument("--json", action="store_true")
+    client_options(p)
+    p.set_defaults(handler=_cmd_ledger_check)
+
+
+def add_drain_parser(subparsers: Any) -> None:
+    """Register `hunter drain`."""
+    p = subparsers.add_parser("drain", help="ask the daemon to drain and stop (like SIGTERM)")
+    client_options(p)
+    p.set_defaults(handler=_cmd_drain)

@@ -1,0 +1,72 @@
+"""`hunter escalations list|resolve`: turns parked for an operator's decision."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from supervisor.cli.client import client_options, run_client
+from supervisor.cli.exit_codes import EXIT_OK
+from supervisor.cli.output import out, table, to_json
+from supervisor.cli.turn_commands import parse_turn_id
+
+if TYPE_CHECKING:
+    from supervisor.control.client import ControlClient
+
+__all__ = ["add_escalations_parser"]
+
+
+def _cmd_escalations_list(args: argparse.Namespace) -> int:
+    async def body(client: ControlClient) -> int:
+        result = await client.call("escalations.list")
+        if args.json:
+            out(to_json(result))
+        elif not result["escalations"]:
+            out("no escalated turns")
+        else:
+            rows = [
+                (
+                    t["turn_id"],
+                    t["session_id"],
+                    t["turn_number"],
+                    t["kind"],
+                    t.get("fault_type"),
+                    t.get("reason_code"),
+                )
+                for t in result["escalations"]
+            ]
+            out(table(("TURN", "SESSION", "#", "KIND", "FAULT", "REASON"), rows))
+        return EXIT_OK
+
+    return run_client(args, body)
+
+
+def _cmd_escalations_resolve(args: argparse.Namespace) -> int:
+    action = "retry" if args.retry else "terminate"
+
+    async def body(client: ControlClient) -> int:
+        turn = (await client.call("escalations.resolve", turn_id=args.turn_id, action=action))[
+            "turn"
+        ]
+        out(to_json(turn) if args.json else f"turn {turn['turn_id']}: {turn['state']}")
+        return EXIT_OK
+
+    return run_client(args, body)
+
+
+def add_escalations_parser(subparsers: Any) -> None:
+    """Register `hunter escalations list|resolve`."""
+    p = subparsers.add_parser("escalations", help="turns parked for an operator's decision")
+    sp = p.add_subparsers(dest="escalations_command", metavar="ACTION", required=True)
+    ls = sp.add_parser("list", help="list escalated turns")
+    ls.add_argument("--json", action="store_true")
+    client_options(ls)
+    ls.set_defaults(handler=_cmd_escalations_list)
+    r = sp.add_parser("resolve", help="decide an escalated turn: --retry or --terminate")
+    r.add_argument("turn_id", type=parse_turn_id)
+    how = r.add_mutually_exclusive_group(required=True)
+    how.add_argument("--retry", action="store_true")
+    how.add_argument("--terminate", action="store_true")
+    r.add_argument("--json", action="store_true")
+    client_options(r)
+    r.set_defaults(handler=_cmd_escalations_resolve)

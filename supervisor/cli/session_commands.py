@@ -1,0 +1,80 @@
+"""`hunter session open|close|list`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from supervisor.cli.client import client_options, run_client
+from supervisor.cli.exit_codes import EXIT_OK
+from supervisor.cli.output import out, table, to_json
+
+if TYPE_CHECKING:
+    from supervisor.control.client import ControlClient
+
+__all__ = ["add_session_parser"]
+
+
+def _cmd_session_open(args: argparse.Namespace) -> int:
+    workspace = str(Path(args.workspace).absolute()) if args.workspace else None
+
+    async def body(client: ControlClient) -> int:
+        params: dict[str, object] = {"package_id": args.package, "tier": args.tier}
+        if args.work_order:
+            params["work_order_id"] = args.work_order
+        if args.workspace:
+            params["workspace"] = workspace
+        session = await client.call("session.open", **params)
+        out(to_json(session) if args.json else session["session_id"])
+        return EXIT_OK
+
+    return run_client(args, body)
+
+
+def _cmd_session_close(args: argparse.Namespace) -> int:
+    async def body(client: ControlClient) -> int:
+        session = await client.call("session.close", session_id=args.session_id)
+        out(to_json(session) if args.json else f"{session['session_id']} closed")
+        return EXIT_OK
+
+    return run_client(args, body)
+
+
+def _cmd_session_list(args: argparse.Namespace) -> int:
+    async def body(client: ControlClient) -> int:
+        result = await client.call("session.list")
+        if args.json:
+            out(to_json(result))
+        else:
+            rows = [
+                (s["session_id"], s["package_id"], s["tier"], s["state"], s["turns"])
+                for s in result["sessions"]
+            ]
+            out(table(("SESSION", "PACKAGE", "TIER", "STATE", "TURNS"), rows))
+        return EXIT_OK
+
+    return run_client(args, body)
+
+
+def add_session_parser(subparsers: Any) -> None:
+    """Register `hunter session open|close|list`."""
+    p = subparsers.add_parser("session", help="open, close and list sessions")
+    sp = p.add_subparsers(dest="session_command", metavar="ACTION", required=True)
+    o = sp.add_parser("open", help="open a session of an installed package; prints its id")
+    o.add_argument("package", help="package id (installed under <root>/installed/)")
+    o.add_argument("--tier", default="default")
+    o.add_argument("--work-order", metavar="ID")
+    o.add_argument("--workspace", metavar="DIR", help="where promoted outputs go")
+    o.add_argument("--json", action="store_true")
+    client_options(o)
+    o.set_defaults(handler=_cmd_session_open)
+    c = sp.add_parser("close", help="close a session (no unfinished turns)")
+    c.add_argument("session_id")
+    c.add_argument("--json", action="store_true")
+    client_options(c)
+    c.set_defaults(handler=_cmd_session_close)
+    ls = sp.add_parser("list", help="list sessions")
+    ls.add_argument("--json", action="store_true")
+    client_options(ls)
+    ls.set_defaults(handler=_cmd_session_list)

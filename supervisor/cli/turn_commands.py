@@ -1,0 +1,253 @@
+"""`hunter submit` and `hunter turn show|wait|cancel`: turns submitted, followed, described."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from supervisor.cli.client import client_options, run_client
+from supervisor.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE, STATE_EXIT_CODES
+from supervisor.cli.output import err, out, table, to_json
+
+if TYPE_CHECKING:
+    from supervisor.control.client import ControlClient
+
+__all__ = [
+    "add_submit_parser",
+    "add_turn_parser",
+    "describe_turn",
+    "parse_turn_id",
+    "submit_params",
+    "wait_with_progress",
+]
+
+
+def _parse_param(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--param wants KEY=VALUE, got {text!r}")
+    if value in {"true", "false"}:
+        return key, value == "true"
+    if value.lstrip("-").isdigit():
+        return key, int(value)
+    return key, value
+
+
+def _declared_output(text: str) -> dict[str, object]:
+    path, sep, role = text.rpartition(":")
+    if not sep or not path or "/" in role:
+        path, role = text, ""
+    return {"path": path, "role": role or None}
+
+
+def submit_params(args: argparse.Namespace) -> dict[str, object]:
+    """The ``turn.submit`` params for `hunter submit`'s flags (raises ValueError on misuse)."""
+    argv = list(args.argv or [])
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    params: dict[str, object] = {
+        "session_id": args.session,
+        "declared_outputs": [_declared_output(d) for d in args.declare_output or []],
+        "declared_inputs": list(args.declare_input or []),
+    }
+    if args.phase:
+        params["phase"] = args.phase.upper()
+    if args.timeout_ms is not None:
+        params["timeout_ms"] = args.timeout_ms
+    if args.idempotency_key:
+        params["idempotency_key"] = args.idempotency_key
+    if argv:
+        if args.command_type:
+            raise ValueError("give either --command (an instruction) or `-- CMD ARGS`, not both")
+        params.update(kind="process", argv=argv)
+    elif args.command_type:
+        params.update(
+            kind="instruction",
+            command_type=args.command_type.upper(),
+            target_url=args.url or "",
+            target_selector=args.selector or "",
+            parameters=dict(args.param or []),
+        )
+    else:
+        raise ValueError("nothing to submit: give --command TYPE (instruction) or `-- CMD ARGS`")
+    return params
+
+
+def describe_turn(turn: dict[str, Any]) -> str:
+    """A readable multi-line description of a turn (``hunter turn show``)."""
+    spec = turn["spec"]
+    what = (
+        " ".join(str(spec.get(k) or "") for k in ("command_type", "target_url", "target_selector"))
+        if turn["kind"] == "instruction"
+        else " ".join(spec.get("argv", []))
+    ).strip()
+    lines = [
+        f"turn {turn['turn_id']}  session {turn['session_id']}  #{turn['turn_number']}",
+        f"  kind:    {turn['kind']}: {what}",
+        f"  state:   {turn['state']}"
+        + (f"  ({turn['verdict']} {turn['reason_code']})" if turn.get("verdict") else ""),
+    ]
+    if turn.get("reason"):
+        lines.append(f"  reason:  {turn['reason']}")
+    rows = [
+        (
+            a["attempt"],
+            a.get("executor_id") or ("sandbox" if turn["kind"] == "process" else "-"),
+            a.get("outcome") or "-",
+            a.get("fault_type") or "-",
+            a.get("decision") or "-",
+            a.get("reason_code") or "-",
+            a.get("duration_ms") if a.get("duration_ms") is not None else "-",
+        )
+        for a in turn.get("attempts", [])
+    ]
+    if rows:
+        lines.append("")
+        lines.append(
+            table(("ATTEMPT", "EXECUTOR", "OUTCOME", "FAULT", "DECISION", "REASON", "MS"), rows)
+        )
+    return "\n".join(lines)
+
+
+async def wait_with_progress(
+    client: ControlClient,
+    turn_id: int,
+    *,
+    show: Callable[[str], None],
+    limit_s: float | None = None,
+) -> dict[str, Any]:
+    """Long-poll `turn.wait`, reporting each new state/attempt; returns the final turn."""
+    import anyio
+
+    from sandbox.policy.lifecycle import TurnState
+
+    every = {s.value for s in TurnState}
+    last: tuple[object, object] | None = None
+    current = ""
+    with anyio.move_on_after(limit_s if limit_s is not None else float("inf")):
+        while True:
+            until = sorted(every - {current})
+            result = await client.call("turn.wait", turn_id=turn_id, timeout_s=30, until=until)
+            turn: dict[str, Any] = result["turn"]
+            current = turn["state"]
+            key = (turn["state"], turn["attempt"])
+            if key != last:
+                last = key
+                show(f"turn {turn_id}: {turn['state']} (attempt {turn['attempt']})")
+            if turn["final"] or turn["state"] == "escalated":
+                return turn
+    result = await client.call("turn.get", turn_id=turn_id)
+    return dict(result["turn"])
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    try:
+        params = submit_params(args)
+    except ValueError as exc:
+        err(f"hunter submit: {exc}")
+        return EXIT_USAGE
+
+    async def body(client: ControlClient) -> int:
+        result = await client.call("turn.submit", **params)
+        turn = result["turn"]
+        if not args.wait:
+            if args.json:
+                out(to_json(result))
+            else:
+                again = "" if result["created"] else " (already accepted earlier: same turn)"
+                out(f"turn {turn['turn_id']} accepted{again}")
+            return EXIT_OK
+        turn = await wait_with_progress(client, turn["turn_id"], show=err)
+        out(to_json(turn) if args.json else describe_turn(turn))
+        return STATE_EXIT_CODES.get(turn["state"], EXIT_FAILED)
+
+    return run_client(args, body)
+
+
+def parse_turn_id(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a turn id is a number, got {text!r}") from None
+
+
+def _cmd_turn_show(args: argparse.Namespace) -> int:
+    async def body(client: ControlClient) -> int:
+        turn = (await client.call("turn.get", turn_id=args.turn_id))["turn"]
+        out(to_json(turn) if args.json else describe_turn(turn))
+        return EXIT_OK
+
+    return run_client(args, body)
+
+
+def _cmd_turn_wait(args: argparse.Namespace) -> int:
+    async def body(client: ControlClient) -> int:
+        turn = await wait_with_progress(client, args.turn_id, show=err, limit_s=args.timeout)
+        out(to_json(turn) if args.json else describe_turn(turn))
+        if not turn["final"] and turn["state"] != "escalated":
+            return EXIT_FAILED
+        return STATE_EXIT_CODES.get(turn["state"], EXIT_FAILED)
+
+    return run_client(args, body)
+
+
+def _cmd_turn_cancel(args: argparse.Namespace) -> int:
+    async def body(client: ControlClient) -> int:
+        turn = (await client.call("turn.cancel", turn_id=args.turn_id))["turn"]
+        out(to_json(turn) if args.json else f"turn {turn['turn_id']}: {turn['state']}")
+        return EXIT_OK
+
+    return run_client(args, body)
+
+
+def add_submit_parser(subparsers: Any) -> None:
+    """Register `hunter submit`."""
+    p = subparsers.add_parser(
+        "submit",
+        help="submit a turn: an instruction (--command) or a process (-- CMD ARGS)",
+        description="Submit an instruction for the executors (--command TYPE ...) or a process "
+        "turn run in the sandbox (-- CMD ARGS). declared outputs are required for process turns "
+        "that write files (--declare-output PATH[:ROLE], repeatable).",
+    )
+    p.add_argument("--session", required=True, metavar="SID")
+    p.add_argument(
+        "--command",
+        dest="command_type",
+        metavar="TYPE",
+        help="NAVIGATE, CLICK, READ, SCROLL, SCREENSHOT, EXTRACT",
+    )
+    p.add_argument("--url", metavar="URL")
+    p.add_argument("--selector", metavar="SEL")
+    p.add_argument("--param", type=_parse_param, action="append", metavar="KEY=VALUE")
+    p.add_argument("--timeout-ms", type=int, metavar="MS")
+    p.add_argument(
+        "--phase",
+        choices=("RED", "GREEN", "VERIFY", "REFACTOR", "red", "green", "verify", "refactor"),
+    )
+    p.add_argument("--declare-output", action="append", metavar="PATH[:ROLE]")
+    p.add_argument("--declare-input", action="append", metavar="PATH")
+    p.add_argument("--idempotency-key", metavar="KEY")
+    p.add_argument("--wait", action="store_true", help="show progress and the result")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("argv", nargs=argparse.REMAINDER, help="-- CMD ARGS for a process turn")
+    client_options(p)
+    p.set_defaults(handler=_cmd_submit)
+
+
+def add_turn_parser(subparsers: Any) -> None:
+    """Register `hunter turn show|wait|cancel` (the sandbox adds `turn run` to it)."""
+    p = subparsers.add_parser("turn", help="show, wait for or cancel a turn")
+    sp = p.add_subparsers(dest="turn_command", metavar="ACTION", required=True)
+    for name, handler, help_text in (
+        ("show", _cmd_turn_show, "show a turn, its attempts and outcome"),
+        ("wait", _cmd_turn_wait, "wait until the turn ends (or is escalated)"),
+        ("cancel", _cmd_turn_cancel, "cancel a turn"),
+    ):
+        t = sp.add_parser(name, help=help_text)
+        t.add_argument("turn_id", type=parse_turn_id)
+        t.add_argument("--json", action="store_true")
+        if name == "wait":
+            t.add_argument("--timeout", type=float, metavar="S")
+        client_options(t)
+        t.set_defaults(handler=handler)
