@@ -118,7 +118,8 @@ async def _measure(socket: Path, sid: str, daemon: psutil.Process) -> tuple[floa
 
 
 def _rss_mb(process: psutil.Process) -> float:
-    return process.memory_info().rss / 1e6
+    rss: int = process.memory_info().rss
+    return rss / 1e6
 
 
 async def run(queued_max: int, extra_executors: int) -> None:

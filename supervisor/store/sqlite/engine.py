@@ -81,7 +81,7 @@ from supervisor.store.protocol import (
     TurnPage,
     TurnRecord,
 )
-from supervisor.store.sqlite import operations as ops
+import supervisor.store.sqlite.operations as ops
 from supervisor.store.sqlite.schema import open_connections
 
 __all__ = ["SqliteTurnStore", "open_sqlite_store"]
