@@ -61,6 +61,7 @@ import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
 
+import supervisor.store.sqlite.operations as ops
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import FINAL_STATES, TurnState
@@ -81,7 +82,6 @@ from supervisor.store.protocol import (
     TurnPage,
     TurnRecord,
 )
-import supervisor.store.sqlite.operations as ops
 from supervisor.store.sqlite.schema import open_connections
 
 __all__ = ["SqliteTurnStore", "open_sqlite_store"]
