@@ -28,6 +28,7 @@ __all__ = [
     "ProtocolError",
     "QueueFullError",
     "RequestError",
+    "SchemaVersionError",
     "SessionClosedError",
     "StaleClaimError",
     "UnknownSessionError",
@@ -100,6 +101,39 @@ class IntakeError(Exception):
 
 class IntakeClosedError(IntakeError):
     """Raised when an operation reaches an intake (or committer) that was already closed."""
+
+
+class SchemaVersionError(IntakeError):
+    """Raised when a turn store was written with a schema this code cannot use: a newer
+    version, an older one without a migration, or tables that are not a turn store.
+
+    ``path`` names the store (a file, or a server and database), ``found`` its version (None
+    when it is not a turn store), ``supported`` this code's version. Every engine raises it.
+    """
+
+    def __init__(self, path: Path | str, *, found: int | None, supported: int) -> None:
+        self.path = path
+        self.found = found
+        self.supported = supported
+        if found is None:
+            what = (
+                f"turn store {path} holds tables but no turn store schema version; it is not a"
+                " turn store (perhaps the old intake file). Pass the path of a turn store, or a"
+                " new file"
+            )
+        elif found > supported:
+            what = (
+                f"turn store {path} has schema version {found}, newer than the {supported} this"
+                " hunter supports: a newer hunter wrote it. Upgrade hunter to open it, or use"
+                " another state directory"
+            )
+        else:
+            what = (
+                f"turn store {path} has schema version {found} and this hunter ({supported}) has"
+                " no migration from it. Open it with the hunter that wrote it and export the"
+                " turns, or use another state directory"
+            )
+        super().__init__(what)
 
 
 class UnknownSessionError(IntakeError):

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from supervisor.errors import IntakeError
+from supervisor.errors import IntakeError, SchemaVersionError
 
 __all__ = [
     "ATTEMPT_COLUMNS",
@@ -150,39 +150,6 @@ ATTEMPT_COLUMNS: Final = (
 SESSION_COLUMNS: Final = (
     "session_id, package_id, tier, work_order_id, workspace, state, opened_us, closed_us, turns"
 )
-
-
-class SchemaVersionError(IntakeError):
-    """Raised when the store file was written with a schema this code cannot use: a newer
-    version, an older one without a migration, or tables that are not a turn store.
-
-    ``path`` is the file, ``found`` its version (None when it is not a turn store), ``supported``
-    this code's version.
-    """
-
-    def __init__(self, path: Path, *, found: int | None, supported: int) -> None:
-        self.path = path
-        self.found = found
-        self.supported = supported
-        if found is None:
-            what = (
-                f"turn store {path} holds tables but no turn store schema version; it is not a"
-                " turn store (perhaps the old intake file). Pass the path of a turn store, or a"
-                " new file"
-            )
-        elif found > supported:
-            what = (
-                f"turn store {path} has schema version {found}, newer than the {supported} this"
-                " hunter supports: a newer hunter wrote it. Upgrade hunter to open it, or use"
-                " another state directory"
-            )
-        else:
-            what = (
-                f"turn store {path} has schema version {found} and this hunter ({supported}) has"
-                " no migration from it. Open it with the hunter that wrote it and export the"
-                " turns, or use another state directory"
-            )
-        super().__init__(what)
 
 
 def _migrate(conn: sqlite3.Connection, path: Path) -> None:
