@@ -12,9 +12,12 @@ Layouts handled (detected at run time from /proc/self/mountinfo and /proc/self/c
 * none usable: no cgroup; limits fall back to rlimits and the tree kill to the process group
   plus a ``psutil`` descendant walk (weaker: a double-forked setsid process can escape it).
 
-Each turn attempt gets its own leaf (``hunter-turns/<name>``) beneath the supervisor's own
-cgroup, created before the spawn (the child joins it itself, before exec) and removed once
-it is empty.
+Each session gets its own leaf (``hunter-turns/<name>``) beneath the supervisor's own
+cgroup, created before the first spawn (the child joins it itself, before exec) and removed
+once it is empty. Several runtimes may share ``hunter-turns`` (two supervisors started from one
+shell, a test run); the leaf *name* says which runtime made it (``Runtime.cgroup_prefix``), and
+`reclaim_cgroups` removes only the leaves its caller selects by name: what a killed supervisor
+left behind is reclaimed by the next runtime on the same root, never by another.
 """
 
 from __future__ import annotations
@@ -23,15 +26,19 @@ import contextlib
 import errno
 import os
 import signal
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 import anyio
 
-__all__ = ["CgroupLayout", "TurnCgroup", "detect_layout"]
+from sandbox.confine.procs import LEAF_PARENT
 
-_LEAF_PARENT: Final = "hunter-turns"
+__all__ = ["CgroupLayout", "CgroupReclaim", "TurnCgroup", "detect_layout", "reclaim_cgroups"]
+
+_LEAF_PARENT: Final = LEAF_PARENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +65,12 @@ class CgroupLayout:
         if name in self.v1:
             return "cgroup-v1"
         return "unavailable"
+
+    def leaf_parents(self) -> tuple[Path, ...]:
+        """Every directory leaves are created under (one per hierarchy in use)."""
+        parents = [] if self.unified is None else [self.unified]
+        parents += [p for p in self.v1.values() if p not in parents]
+        return tuple(parents)
 
 
 def _mounts() -> tuple[Path | None, dict[str, Path]]:
@@ -326,3 +339,115 @@ class TurnCgroup:
                     raise
                 continue
             del self.dirs[key]
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupReclaim:
+    """What `reclaim_cgroups` found: leaves removed, processes killed, leaves left (busy)."""
+
+    cgroups: int = 0
+    processes: int = 0
+    busy: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+
+
+def _procs(leaf: Path) -> set[int]:
+    try:
+        text = (leaf / "cgroup.procs").read_text(encoding="ascii")
+    except OSError:  # gone meanwhile, or not a cgroup dir
+        return set()
+    return {int(x) for x in text.split()}
+
+
+def _kill_members(leaf: Path, pids: set[int]) -> None:
+    """Kill the processes of *leaf* (listed: *pids*) and of the cgroups beneath it.
+
+    ``cgroup.kill`` kills them all at once (a process that forks meanwhile cannot escape);
+    without it (v1), each listed pid gets SIGKILL and the caller repeats until none is left.
+    """
+    try:
+        fd = os.open(leaf / "cgroup.kill", os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        fd = -1
+    if fd >= 0:
+        try:
+            os.write(fd, b"1")
+        finally:
+            os.close(fd)
+        return
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _cgroup_dirs(top: Path) -> list[Path]:
+    """*top* and every cgroup beneath it (no symlinks on cgroupfs; none followed)."""
+    found = [top]
+    for dirpath, dirnames, _files in os.walk(top):
+        found.extend(Path(dirpath) / name for name in dirnames)
+    return found
+
+
+def reclaim_cgroups(
+    layout: CgroupLayout, select: Callable[[str], bool], *, timeout_s: float = 5.0
+) -> CgroupReclaim:
+    """Kill the processes of the leaves *select* picks by name, then remove those leaves.
+
+    Looks at the direct children of each of the layout's leaf parents (``hunter-turns`` of
+    every hierarchy) and nothing else; a picked leaf is taken with everything beneath it.
+    Members are killed (``cgroup.kill``, else SIGKILL per pid) until every picked cgroup is
+    empty or *timeout_s* passed; then the directories are removed, deepest first. A leaf
+    that cannot be removed is reported in ``busy``, never raised: this runs at start.
+    Blocking (a short, growing sleep while killed processes exit); run it off the event loop.
+    """
+    tops: list[Path] = []
+    errors: list[str] = []
+    for parent in layout.leaf_parents():
+        try:
+            with os.scandir(parent) as entries:
+                tops += [
+                    Path(e.path)
+                    for e in entries
+                    if e.is_dir(follow_symlinks=False) and select(e.name)
+                ]
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            errors.append(f"{parent}: {exc.strerror}")
+    if not tops:
+        return CgroupReclaim(errors=tuple(errors))
+    dirs = [d for top in tops for d in _cgroup_dirs(top)]
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    delay = 0.0005
+    while True:
+        members = {leaf: _procs(leaf) for leaf in dirs}  # all read before any is killed
+        alive = {leaf: pids for leaf, pids in members.items() if pids}
+        if not alive or time.monotonic() >= deadline:
+            break
+        for leaf, pids in alive.items():
+            killed |= pids
+            try:
+                _kill_members(leaf, pids)
+            except OSError as exc:
+                errors.append(f"{leaf}: {exc.strerror}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+    removed: set[str] = set()
+    busy: list[str] = []
+    for leaf in sorted(dirs, key=lambda d: len(d.parts), reverse=True):
+        try:
+            leaf.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            busy.append(f"{leaf}: {exc.strerror}")
+            continue
+        if leaf in tops:
+            removed.add(leaf.name)
+    return CgroupReclaim(
+        cgroups=len(removed),
+        processes=len(killed),
+        busy=tuple(busy),
+        errors=tuple(dict.fromkeys(errors)),
+    )

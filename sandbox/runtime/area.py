@@ -1,20 +1,24 @@
 """A session's confined area: its directories, its uid, its Landlock ruleset and its cgroup.
 
-``tmp/<sid>`` and ``output/<sid>`` are owned by the session's unprivileged uid (mode 0700) and
-emptied before every attempt; the Landlock ruleset (writes only there, reads only under the
-read roots, ``forbidden`` carved out) and the empty network namespace are built once and reused
-while the directories keep their inodes; the cgroup leaf is created on first use. ``env`` and
-``rlimits`` are what every confined run of the session gets.
+``tmp/<sid>`` and ``output/<sid>`` are owned by the session's unprivileged uid (mode 0700),
+emptied before every attempt and when a turn ends, and removed when the session closes; the
+Landlock ruleset (writes only there, reads only under the read roots, ``forbidden`` carved out)
+and the empty network namespace are built once and reused while the directories keep their
+inodes; the cgroup leaf (named with the runtime's ``cgroup_prefix``) is created on first use.
+``env`` and ``rlimits`` are what every confined run of the session gets.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
+
+import structlog
 
 from sandbox.capabilities import CompiledCapabilities, compile_capabilities, has_glob
 from sandbox.confine import landlock
@@ -26,7 +30,15 @@ from sandbox.packages import Package
 if TYPE_CHECKING:
     from sandbox.runtime.runtime import Runtime
 
-__all__ = ["SessionArea", "all_empty", "empty_directory", "session_capabilities"]
+__all__ = [
+    "SessionArea",
+    "all_empty",
+    "empty_directory",
+    "remove_directory",
+    "session_capabilities",
+]
+
+_log = structlog.get_logger("sandbox.runtime.area")
 
 _DEV_NULL_ACCESS: Final = int(
     landlock.FsAccess.READ_FILE | landlock.FsAccess.WRITE_FILE | landlock.FsAccess.TRUNCATE
@@ -131,15 +143,41 @@ class SessionArea:
         self.prepare()
 
     def close(self) -> None:
-        """Release the fds, the cgroup and the uid (idempotent)."""
+        """Release the fds, the cgroup, the directories and the uid (idempotent).
+
+        ``tmp/<sid>`` and ``output/<sid>`` are removed once the cgroup's processes are
+        killed: nothing of a closed session stays on disk but its ledgers and workspace (a
+        session resumed later gets fresh ones). A failure to remove them is logged, never
+        raised (the session's ledgers still have to be closed).
+        """
         if self._closed:
             return
         self._closed = True
         close_quietly([fd for fd in (self.netns_fd, self.ruleset_fd) if fd >= 0])
         self.netns_fd = self.ruleset_fd = -1
         self.drop_cgroup()
+        try:
+            for area in (self.tmp_dir, self.output_dir):
+                remove_directory(area)
+        except OSError as exc:
+            _log.error(
+                "scratch_not_emptied", session_id=self.session_id, when="close", error=str(exc)
+            )
         if self.uid > 0:
             self.runtime.release_uid(self.uid)
+
+    def empty_areas(self) -> int:
+        """Empty ``tmp/<sid>`` and ``output/<sid>`` (kept, as `prepare` keeps them); the bytes
+        removed. Called when a turn ends, after its writes were enumerated and promoted."""
+        removed = 0
+        for area in (self.tmp_dir, self.output_dir):
+            try:
+                st = os.lstat(area)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                removed += empty_directory(area)
+        return removed
 
     def _make_area(self, path: Path) -> None:
         path.mkdir(mode=0o700)
@@ -184,7 +222,7 @@ class SessionArea:
             cfg = self.runtime.config
             self.cgroup = TurnCgroup.create(
                 self.runtime.layout,
-                f"{self.session_id}-{os.urandom(3).hex()}",
+                f"{self.runtime.cgroup_prefix}{self.session_id}-{os.urandom(3).hex()}",
                 memory_bytes=(limits.memory_mb or cfg.memory_mb) << 20,
                 pids=limits.pids or cfg.pids,
             )
@@ -294,30 +332,42 @@ class SessionArea:
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _unlink_non_directories(dir_fd: int) -> list[str]:
-    """Unlink every entry of *dir_fd* that is not a directory; return the directories."""
+def _unlink_non_directories(dir_fd: int) -> tuple[list[str], int]:
+    """Unlink every entry of *dir_fd* that is not a directory; return the directories and
+    the bytes unlinked (the sizes of the regular files)."""
     with os.scandir(dir_fd) as entries:
-        listed = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+        listed = [
+            (e.name, e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False))
+            for e in entries
+        ]
     subdirs: list[str] = []
-    for name, is_dir in listed:
+    size = 0
+    for name, is_dir, is_file in listed:
         if is_dir:
             subdirs.append(name)
-        else:
-            os.unlink(name, dir_fd=dir_fd)
-    return subdirs
+            continue
+        if is_file:
+            with contextlib.suppress(FileNotFoundError):
+                size += os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size
+        os.unlink(name, dir_fd=dir_fd)
+    return subdirs, size
 
 
-def empty_directory(path: Path) -> None:
-    """Remove everything inside *path* (kept itself), never following a symlink.
+def empty_directory(path: Path) -> int:
+    """Remove everything inside *path* (kept itself), never following a symlink; return the
+    bytes removed (the sizes of the regular files unlinked).
 
     Iterative (``shutil.rmtree`` recurses in Python and fails on the thousands of nested
     directories a turn can leave, which would stop every later attempt of the session);
     one directory fd stays open per level of the current path.
     """
     stack: list[tuple[int, list[str]]] = []
+    removed = 0
     top = os.open(path, _DIR_FLAGS)
     try:
-        stack.append((top, _unlink_non_directories(top)))
+        subdirs, size = _unlink_non_directories(top)
+        stack.append((top, subdirs))
+        removed += size
     except BaseException:
         os.close(top)
         raise
@@ -327,7 +377,9 @@ def empty_directory(path: Path) -> None:
             if subdirs:
                 child = os.open(subdirs[-1], _DIR_FLAGS, dir_fd=dir_fd)
                 try:
-                    stack.append((child, _unlink_non_directories(child)))
+                    grandchildren, size = _unlink_non_directories(child)
+                    stack.append((child, grandchildren))
+                    removed += size
                 except BaseException:
                     os.close(child)
                     raise
@@ -340,6 +392,25 @@ def empty_directory(path: Path) -> None:
     finally:
         for dir_fd, _subdirs in stack:
             os.close(dir_fd)
+    return removed
+
+
+def remove_directory(path: Path) -> int:
+    """Remove *path* and everything in it, never following a symlink (a symlink or other
+    non-directory at *path* is unlinked itself); return the bytes removed. Nothing there
+    is not an error."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return 0
+    if not stat.S_ISDIR(st.st_mode):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return 0
+    removed = empty_directory(path)
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(path)
+    return removed
 
 
 def all_empty(directories: Iterable[Path]) -> bool:

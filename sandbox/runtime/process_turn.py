@@ -6,7 +6,8 @@ capabilities); a refused request is a *rejected* turn. The attempts go through T
 (``sandbox.policy.attempt_loop.run_attempts``): its runner is one confined run
 (``sandbox.runtime.attempt``), its hooks keep the turn's progress and log; time and sleep are
 injected here, at the edge. On SUCCEED the declared outputs are promoted into the workspace.
-Both ledger entries are written for every turn, also one cut short by cancellation or an error.
+Both ledger entries are written for every turn, also one cut short by cancellation or an error;
+then the session's sandbox dirs are emptied (nothing a turn wrote stays there after it).
 
 Longer than 600 lines on purpose: every way a turn ends (rejected, finished, promoted or not,
 aborted) and the ledger entries it writes stay next to each other, so none is missed.
@@ -45,6 +46,7 @@ from sandbox.policy.faults import ExecutionFaultType
 from sandbox.policy.retry_protocol import EntropyDetector, ToolCall
 from sandbox.promote import PromotedOutput, PromotionError, promote_outputs
 from sandbox.prompt_header import PromptHeader
+from sandbox.runtime.area import all_empty
 from sandbox.runtime.attempt import (
     SPAWN_FAILED,
     ConfinedRun,
@@ -293,6 +295,31 @@ class ProcessTurn:
                 with anyio.CancelScope(shield=True):
                     await self._record_aborted(self.turn, progress, exc, start_ns)
             raise
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._empty_sandbox()
+
+    async def _empty_sandbox(self) -> None:
+        """Empty ``tmp/<sid>`` and ``output/<sid>`` once the turn has ended, however it ended.
+
+        Runs after the last attempt's writes were enumerated, compared with the declared
+        outputs and recorded, and after promotion: scratch files are not kept between turns
+        (the next attempt would remove them anyway). A failure is logged, never raised (the
+        turn's result stands; the next attempt empties the directories again).
+        """
+        area = self.session.area
+        try:
+            if all_empty((area.tmp_dir, area.output_dir)):
+                return
+            await anyio.to_thread.run_sync(area.empty_areas)
+        except OSError as exc:
+            _log.error(
+                "scratch_not_emptied",
+                session_id=self.session.session_id,
+                turn_number=self.turn,
+                when="turn_end",
+                error=str(exc),
+            )
 
     async def _record_aborted(
         self, turn: int, progress: _TurnProgress, exc: BaseException, start_ns: int

@@ -4,14 +4,19 @@
 controllers and ``cgroup.kill``) and records each mechanism's enforcement level; with
 ``enforcement="strict"`` a process turn never runs while one is missing. It hands each session
 a dedicated unprivileged uid and opens (or, after a restart, resumes) sessions with both ledgers.
+At start it reclaims what a previous run on the same root left behind (leftovers.py), while it
+holds ``<root>/state/sandbox.lock`` (one live runtime per root reclaims; a second one does not).
 docs/sandbox.md describes the threat model and what each mechanism does and does not stop.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import stat
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +32,7 @@ from sandbox.confine.cgroups import CgroupLayout, detect_layout
 from sandbox.confine.spawn import native_available, new_network_namespace
 from sandbox.errors import SandboxUnavailableError, SessionNotFoundError
 from sandbox.packages import load_package
+from sandbox.runtime.leftovers import Leftovers, reclaim_leftovers
 from sandbox.session_ids import is_session_id, new_session_id
 
 if TYPE_CHECKING:
@@ -110,6 +116,29 @@ class RuntimeConfig:
             raise ValueError(f"uid_range must be 0 < first <= last, got {self.uid_range}")
 
 
+def cgroup_prefix_for(root: Path) -> str:
+    """The prefix of this root's cgroup leaf names: ``root-<16 hex of its real path>.``."""
+    tag = hashlib.sha256(os.fsencode(os.path.realpath(root))).hexdigest()[:16]
+    return f"root-{tag}."
+
+
+def _lock_root(root: Path) -> int:
+    """Take ``<root>/state/sandbox.lock`` (flock, not blocking): its fd, or -1 when another
+    runtime (in this process or another) holds it. Released when the fd is closed."""
+    state = root / "state"
+    state.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(state / "sandbox.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return -1
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _searchable_by_others(path: Path) -> Path | None:
     """The first ancestor of *path* (inclusive) that others cannot traverse, or None."""
     for p in (path, *path.parents):
@@ -140,6 +169,8 @@ class Runtime:
         self._uids_in_use: set[int] = set()
         self._layout: CgroupLayout | None = None
         self._stdin_fd = -1
+        #: the prefix of every cgroup leaf name of this root (see `leftovers`)
+        self.cgroup_prefix = cgroup_prefix_for(self.root)
         for sub in ("", "tmp", "output"):
             d = self.root / sub
             d.mkdir(mode=0o711, parents=True, exist_ok=True)
@@ -147,6 +178,47 @@ class Runtime:
                 d.chmod(0o711)  # others may traverse to their session dir, never list
         self.levels, self.missing = self._probe()
         _log.info("sandbox_enforcement", root=str(self.root), **self.levels)
+        lock_fd = _lock_root(self.root)
+        # Closed by `close`, or when the runtime is collected (a daemon never closes it).
+        self._unlock = weakref.finalize(self, os.close, lock_fd) if lock_fd >= 0 else None
+        #: what the start reclaimed from a previous run (None: another runtime is live here)
+        self.leftovers: Leftovers | None = None
+        if self._unlock is None:
+            _log.warning(
+                "sandbox_leftovers_not_reclaimed",
+                root=str(self.root),
+                reason="another runtime holds the root's sandbox.lock",
+            )
+        else:
+            self.leftovers = self._reclaim_leftovers()
+
+    # -- leftovers of a previous run -------------------------------------------------------
+
+    def is_sandbox_uid(self, uid: int) -> bool:
+        """Whether *uid* is one this runtime hands to sessions (never 0 or its own)."""
+        if uid <= 0 or uid == os.geteuid():
+            return False
+        if self.config.run_as_uid is not None:
+            return uid == self.config.run_as_uid
+        first, last = self.config.uid_range
+        return first <= uid <= last
+
+    def _reclaim_leftovers(self) -> Leftovers:
+        """Kill and remove what a previous run on this root left (leftovers.py); log it."""
+        found = reclaim_leftovers(
+            self.root,
+            layout=self.layout,
+            cgroup_prefix=self.cgroup_prefix,
+            sandbox_uid=self.is_sandbox_uid,
+        )
+        fields = found.to_log()
+        if found.cgroups_busy or found.errors:
+            _log.warning("sandbox_leftovers_reclaimed", root=str(self.root), **fields)
+        elif found.found:
+            _log.info("sandbox_leftovers_reclaimed", root=str(self.root), **fields)
+        else:
+            _log.debug("sandbox_leftovers_reclaimed", root=str(self.root), **fields)
+        return found
 
     # -- capability probing ----------------------------------------------------------------
 
@@ -342,10 +414,13 @@ class Runtime:
         return session
 
     def close(self) -> None:
-        """Release shared fds (sessions are closed by their owners)."""
+        """Release shared fds and the root's lock (sessions are closed by their owners)."""
         if self._stdin_fd >= 0:
             os.close(self._stdin_fd)
             self._stdin_fd = -1
+        if self._unlock is not None:
+            with contextlib.suppress(OSError):
+                self._unlock()
 
     def __enter__(self) -> Runtime:
         return self

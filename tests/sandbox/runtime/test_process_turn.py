@@ -1,0 +1,136 @@
+"""A turn's sandbox dirs are empty once it has ended, and what was there is on the record."""
+
+from __future__ import annotations
+
+import errno
+import json
+import stat
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import structlog
+
+from sandbox.runtime.area import SessionArea
+from sandbox.runtime.session import Runtime, Session
+
+pytestmark = pytest.mark.usefixtures("sandboxed")
+
+Installer = Callable[..., Path]
+SCRATCH_BYTES = 48 << 20  # below the default 64 MiB per-file limit
+
+
+@pytest.fixture
+def session(root: Path, install: Installer) -> Iterator[Session]:
+    install("pkg")
+    with Runtime(root) as runtime, runtime.open_session("pkg") as sess:
+        yield sess
+
+
+def turn_entry(session: Session, ledger: str, turn_number: int) -> dict[str, Any]:
+    """The turn's entry in the ``exec`` or ``evidence`` ledger."""
+    path = session.ledgers.session_dir / "ledger" / f"{ledger}.jsonl"
+    entries = [json.loads(line) for line in path.read_text().splitlines() if line]
+    (entry,) = [
+        e for e in entries if e.get("kind") == "turn" and e.get("turn_number") == turn_number
+    ]
+    return dict(entry)
+
+
+def assert_empty_sandbox(session: Session) -> None:
+    """Both dirs are there (Landlock rules are bound to them), empty, the session's, 0700."""
+    for area in (session.tmp_dir, session.output_dir):
+        st = area.lstat()
+        assert stat.S_ISDIR(st.st_mode)
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (session.uid, 0o700)
+        assert list(area.iterdir()) == []
+
+
+async def test_scratch_is_emptied_when_the_turn_ends(session: Session) -> None:
+    """A turn writes 48 MiB of scratch (and a nested dir) besides its declared output: the
+    scratch is enumerated and recorded, the output promoted, then both dirs are emptied."""
+    script = (
+        f'head -c {SCRATCH_BYTES} /dev/zero > "$TMPDIR/big"; '
+        'mkdir -p "$TMPDIR/a/b"; echo x > "$TMPDIR/a/b/c"; echo done > report.txt'
+    )
+    result = await session.run_process_turn(
+        ["/bin/sh", "-c", script], declared_outputs=["report.txt"], timeout_ms=30_000
+    )
+    assert result.status == "succeeded", result.stderr
+    sizes = {(w.area, w.path): w.size for w in result.realized_writes}
+    assert sizes == {
+        ("tmp", "big"): SCRATCH_BYTES,
+        ("tmp", "a/b/c"): 2,
+        ("output", "report.txt"): 5,
+    }
+    recorded = {
+        (w["area"], w["path"]) for w in turn_entry(session, "evidence", 1)["realized_writes"]
+    }
+    assert recorded == set(sizes)
+    assert (session.workspace / "report.txt").read_text() == "done\n"
+    assert_empty_sandbox(session)
+
+
+async def test_undeclared_writes_are_recorded_then_removed(session: Session) -> None:
+    """An undeclared output is a violation found by the enumeration before the emptying; the
+    file is not promoted and does not stay in ``output/<sid>`` either."""
+    result = await session.run_process_turn(
+        ["/bin/sh", "-c", "echo x > sneaky.txt; echo y > $TMPDIR/t"],
+        declared_outputs=[],
+        timeout_ms=10_000,
+    )
+    assert result.status == "violation"
+    assert [v.target for v in result.violations] == ["sneaky.txt"]
+    assert {w.path for w in result.realized_writes} == {"sneaky.txt", "t"}
+    assert not (session.workspace / "sneaky.txt").exists()
+    assert_empty_sandbox(session)
+
+
+async def test_a_cancelled_turn_leaves_an_empty_sandbox(session: Session) -> None:
+    """A turn cut short from outside: its processes are killed, its files removed."""
+    ready = session.output_dir / "ready"
+    script = 'echo x > "$TMPDIR/scratch"; touch ready; sleep 30'
+    with anyio.move_on_after(10) as scope:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                lambda: session.run_process_turn(
+                    ["/bin/sh", "-c", script], declared_outputs=[], timeout_ms=60_000
+                )
+            )
+            for _ in range(1000):
+                if ready.exists():
+                    break
+                await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    assert not scope.cancelled_caught
+    assert turn_entry(session, "exec", 1)["status"] == "terminated"
+    assert_empty_sandbox(session)
+
+
+async def test_a_failure_to_empty_is_logged_and_the_result_stands(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the dirs cannot be emptied (here: an injected EBUSY), the turn still returns its
+    recorded result and the failure is logged; the next attempt empties them before it runs."""
+
+    def busy(self: SessionArea) -> int:
+        raise OSError(errno.EBUSY, "Device or resource busy")
+
+    monkeypatch.setattr(SessionArea, "empty_areas", busy)
+    with structlog.testing.capture_logs() as logs:
+        result = await session.run_process_turn(
+            ["/bin/sh", "-c", "echo x > $TMPDIR/left"], declared_outputs=[], timeout_ms=10_000
+        )
+    assert result.status == "succeeded"
+    (event,) = [e for e in logs if e["event"] == "scratch_not_emptied"]
+    assert event["log_level"] == "error"
+    assert (event["when"], event["turn_number"]) == ("turn_end", 1)
+    assert (session.tmp_dir / "left").exists()
+    monkeypatch.undo()
+    again = await session.run_process_turn(
+        ["/bin/sh", "-c", "ls -A $TMPDIR"], declared_outputs=[], timeout_ms=10_000
+    )
+    assert again.stdout == ""
+    assert_empty_sandbox(session)
