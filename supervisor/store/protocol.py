@@ -324,10 +324,17 @@ class TurnStore(Protocol):
         ...
 
     async def record_attempt(
-        self, claim: Claim, attempt: AttemptRecord, *, next_attempt_us: int
+        self,
+        claim: Claim,
+        attempt: AttemptRecord,
+        *,
+        next_attempt_us: int,
+        started: AttemptRecord | None = None,
     ) -> Claim:
         """Record a decided attempt whose verdict is RETRY: the turn waits until
-        *next_attempt_us* (``waiting_retry``); the claim stays held."""
+        *next_attempt_us* (``waiting_retry``); the claim stays held. *started*: the attempt's
+        start, not written before, is written first in the same transaction (as by
+        `start_attempt`)."""
         ...
 
     async def finish(
@@ -337,10 +344,12 @@ class TurnStore(Protocol):
         attempts: Sequence[AttemptRecord] = (),
         *,
         ledger_lines: Sequence[SealedLine] = (),
+        started: AttemptRecord | None = None,
     ) -> TurnRecord:
         """Record *attempts* and move the turn to ``ending.state`` (final or ``escalated``);
         releases the claim. *ledger_lines* commit in the same transaction (a line kept before
-        under the same ledger and seq must be the same line, else `ValueError`)."""
+        under the same ledger and seq must be the same line, else `ValueError`); so does
+        *started*, an attempt start not written before (as by `start_attempt`)."""
         ...
 
     # -- ledger lines

@@ -18,6 +18,7 @@ from sandbox.policy.lifecycle import TurnState
 from supervisor.logging import get_logger
 from supervisor.store.protocol import Claim, PendingWrite, TurnEnding, TurnRecord, TurnStore
 from supervisor.turns.sessions import DaemonSessions
+from supervisor.turns.starts import DeferredStarts
 from supervisor.turns.tracker import ActiveTurn, Tracker
 
 __all__ = [
@@ -59,6 +60,7 @@ class TurnDeps:
     settings: CoreSettings
     owner: str
     process_limiter: anyio.CapacityLimiter
+    starts: DeferredStarts = field(default_factory=DeferredStarts)
     draining: bool = False
 
 
@@ -103,6 +105,7 @@ class LoopHooks:
         self._process = process
         self._overlap_start = overlap_start
         self._starting: PendingWrite[Claim] | None = None
+        self._unwritten: AttemptRecord | None = None
         self._log_ids: Mapping[str, object] = log_ids
         #: true from an attempt's start until its outcome is durable (the drain waits for it)
         self.counting = False
@@ -117,24 +120,46 @@ class LoopHooks:
 
     async def attempt_started(self, attempt: AttemptRecord) -> None:
         """Process turns: the start is durable before the attempt runs. Instruction turns
-        (``overlap_start``): only noted here; `commit_start` makes it durable while the envelope
-        is already on its way (see `instruction.py`)."""
+        (``overlap_start``): only noted (`starts.DeferredStarts`); it is written if the attempt
+        outlives a short delay, else it rides with the outcome (`take_unwritten_start`)."""
         # Counted from here: a drain waits for an attempt whose envelope may be on its way.
         self._deps.tracker.attempt_started(process=self._process)
         self.counting = True
         if self._overlap_start:
-            self._starting = self._deps.store.start_attempt_soon(
-                self.claim, attempt, on_commit=lambda claim: self._started(attempt, claim)
-            )
+            self._unwritten = attempt
+            self._deps.starts.note(self._active.turn_id, self._write_start)
             return
         self._started(attempt, await self._deps.store.start_attempt(self.claim, attempt))
 
+    def _write_start(self) -> None:
+        """Due (the attempt is still running): queue the start's write."""
+        attempt, self._unwritten = self._unwritten, None
+        if attempt is None or self._active.claim is None:  # ended or lost meanwhile
+            return
+        self._starting = self._deps.store.start_attempt_soon(
+            self._active.claim, attempt, on_commit=lambda claim: self._started(attempt, claim)
+        )
+
     async def commit_start(self) -> None:
-        """Wait for the queued start's commit (the turn shows ``running`` from the commit on;
-        a refused start raises here)."""
+        """The attempt's answer is in: take back a start not yet written (it rides with the
+        outcome), or wait for the written one's commit (a refused start raises here)."""
+        if self._deps.starts.take_back(self._active.turn_id):
+            return
         pending, self._starting = self._starting, None
         if pending is not None:
             await pending.result()
+
+    def forget_start(self) -> None:
+        """The attempt was cancelled: its start is never written."""
+        self._deps.starts.take_back(self._active.turn_id)
+        self._unwritten = None
+
+    def take_unwritten_start(self) -> AttemptRecord | None:
+        """The start that rides with the next store write of this turn (None when written)."""
+        attempt, self._unwritten = self._unwritten, None
+        if attempt is not None:
+            self._active.attempt = attempt.attempt
+        return attempt
 
     def _started(self, attempt: AttemptRecord, claim: Claim) -> None:
         if self._active.claim is not None:  # not lost or ended meanwhile
@@ -154,7 +179,10 @@ class LoopHooks:
         log = get_logger("supervisor.turns")
         self.log_fault(attempt)
         self._active.claim = await self._deps.store.record_attempt(
-            self.claim, attempt, next_attempt_us=next_attempt_us
+            self.claim,
+            attempt,
+            next_attempt_us=next_attempt_us,
+            started=self.take_unwritten_start(),
         )
         self._active.move(TurnState.WAITING_RETRY)
         self.stop_counting()
@@ -194,6 +222,7 @@ async def end_turn(
     attempts: Sequence[AttemptRecord] = (),
     *,
     write_ledgers: bool = True,
+    started: AttemptRecord | None = None,
 ) -> TurnRecord:
     """End (or park) *turn* under its claim in one durable step: the turn's exec and evidence
     lines are sealed (unless the sandbox runtime already wrote them) and commit with the ending
@@ -208,7 +237,9 @@ async def end_turn(
         raise RuntimeError(msg)
     lines = deps.sessions.record_end(with_ending(turn, ending, attempts)) if write_ledgers else ()
     try:
-        finished = await deps.store.finish(claim, ending, attempts, ledger_lines=lines)
+        finished = await deps.store.finish(
+            claim, ending, attempts, ledger_lines=lines, started=started
+        )
     except BaseException:
         if lines:  # sealed but not committed: the file may get them ahead of the store
             get_logger("supervisor.turns").error(

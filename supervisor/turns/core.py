@@ -178,6 +178,7 @@ class TurnCore:
                 await self._recover()
                 tg.start_soon(self._renew_leases, name="lease-renewal")
                 tg.start_soon(self._sync_ledgers, name="ledger-sync")
+                tg.start_soon(self._deps.starts.run, name="attempt-starts")
                 task_status.started()
                 await anyio.sleep_forever()
         finally:

@@ -151,6 +151,9 @@ async def _start_and_send(
     except Exception:
         await hooks.commit_start()  # a refused start (stale claim) is the error that counts
         raise
+    except BaseException:  # cancelled: the start is never written
+        hooks.forget_start()
+        raise
     await hooks.commit_start()
     return report
 
@@ -183,6 +186,8 @@ async def _end(
         fault_type=None if end.outcome.fault_type is None else end.outcome.fault_type.value,
         result=_result(end.report.payload if end.report else None, last.detail),
     )
-    finished = await end_turn(deps, turn, active, ending, [last])
+    finished = await end_turn(
+        deps, turn, active, ending, [last], started=hooks.take_unwritten_start()
+    )
     hooks.stop_counting()
     return finished

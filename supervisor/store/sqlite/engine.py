@@ -468,9 +468,16 @@ class SqliteTurnStore:
         return _PendingOp(self._enqueue(lambda c: ops.start_attempt(c, claim, attempt), on_commit))
 
     async def record_attempt(
-        self, claim: Claim, attempt: AttemptRecord, *, next_attempt_us: int
+        self,
+        claim: Claim,
+        attempt: AttemptRecord,
+        *,
+        next_attempt_us: int,
+        started: AttemptRecord | None = None,
     ) -> Claim:
-        return await self._write(lambda c: ops.record_attempt(c, claim, attempt, next_attempt_us))
+        return await self._write(
+            lambda c: ops.record_attempt(c, claim, attempt, next_attempt_us, started)
+        )
 
     async def finish(
         self,
@@ -479,13 +486,16 @@ class SqliteTurnStore:
         attempts: Sequence[AttemptRecord] = (),
         *,
         ledger_lines: Sequence[SealedLine] = (),
+        started: AttemptRecord | None = None,
     ) -> TurnRecord:
         if ending.state not in FINAL_STATES and ending.state is not TurnState.ESCALATED:
             msg = f"finish needs a final state or escalated, not {ending.state.value}"
             raise ValueError(msg)
         records = tuple(attempts)
         lines = tuple(ledger_lines)
-        return await self._write(lambda c: ops.finish(c, claim, ending, records, lines))
+        return await self._write(
+            lambda c: ops.finish(c, claim, ending, records, ledger_lines=lines, started=started)
+        )
 
     # -- ledger lines ---------------------------------------------------------------------
 

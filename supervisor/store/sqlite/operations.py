@@ -397,8 +397,14 @@ def start_attempt(conn: sqlite3.Connection, claim: Claim, attempt: AttemptRecord
 
 
 def record_attempt(
-    conn: sqlite3.Connection, claim: Claim, attempt: AttemptRecord, next_attempt_us: int
+    conn: sqlite3.Connection,
+    claim: Claim,
+    attempt: AttemptRecord,
+    next_attempt_us: int,
+    started: AttemptRecord | None = None,
 ) -> Claim:
+    if started is not None:
+        start_attempt(conn, claim, started)
     state, round_ = _fence(conn, claim)
     check_move(state, TurnState.WAITING_RETRY, turn_id=claim.turn_id)
     _put_attempts(conn, claim.turn_id, round_, (attempt,))
@@ -415,8 +421,12 @@ def finish(
     claim: Claim,
     ending: TurnEnding,
     attempts: tuple[AttemptRecord, ...],
+    *,
     ledger_lines: tuple[SealedLine, ...] = (),
+    started: AttemptRecord | None = None,
 ) -> TurnRecord:
+    if started is not None:
+        start_attempt(conn, claim, started)
     state, round_ = _fence(conn, claim)
     check_move(state, ending.state, turn_id=claim.turn_id)
     _put_attempts(conn, claim.turn_id, round_, attempts)

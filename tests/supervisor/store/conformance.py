@@ -733,3 +733,35 @@ class TurnStoreConformance:
             with pytest.raises(StaleClaimError):
                 await refused.result()
             assert len(seen) == 1
+
+    async def test_outcome_writes_carry_an_unwritten_start(self, open_store: StoreFactory) -> None:
+        """`finish` and `record_attempt` with ``started``: the start and the outcome in one
+        write (accepted -> running -> outcome); refused whole under a stale claim."""
+        async with open_store() as store:
+            await session(store)
+            held = await claimed(store)
+            waiting = await store.record_attempt(
+                held, attempt(1, decision="RETRY"), next_attempt_us=1, started=attempt(1)
+            )
+            assert waiting.turn.state is TurnState.WAITING_RETRY
+            done = await store.finish(
+                waiting,
+                TurnEnding(state=TurnState.SUCCEEDED),
+                [attempt(2, decision="SUCCEED")],
+                started=attempt(2),
+            )
+            assert done.state is TurnState.SUCCEEDED
+            assert [(a.attempt, a.decision) for a in done.attempts] == [
+                (1, "RETRY"),
+                (2, "SUCCEED"),
+            ]
+            accepted = await store.accept(instruction(), claim_for="A", lease_ms=SHORT_LEASE_MS)
+            assert accepted.claim is not None
+            await expire()
+            await store.claim("B", limit=1, lease_ms=LEASE_MS)
+            with pytest.raises(StaleClaimError):
+                await store.finish(
+                    accepted.claim, TurnEnding(state=TurnState.SUCCEEDED), started=attempt(1)
+                )
+            after = await store.get_turn(accepted.turn.turn_id)
+            assert (after.state, after.attempts) == (TurnState.ACCEPTED, ())

@@ -461,7 +461,8 @@ async def test_drain_leaves_unstarted_work_for_restart(tmp_path: Path) -> None:
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
         turn, _ = await r.scheduler.submit(parse_turn_request(_instruction(sid)))
-        await hub.started.wait()
+        # running: the start is durable (a start is written once the attempt outlives 2 ms)
+        await r.scheduler.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
         assert await r.scheduler.drain(0.01) is False
         with pytest.raises(RequestError, match=r"^the daemon is draining"):
             await r.scheduler.submit(parse_turn_request(_instruction(sid)))
@@ -475,7 +476,8 @@ async def test_restart_turns_interrupted_attempt_into_crash(tmp_path: Path) -> N
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
         turn, _ = await r.scheduler.submit(parse_turn_request(_instruction(sid)))
-        await hub.started.wait()
+        # running: the start is durable (a start is written once the attempt outlives 2 ms)
+        await r.scheduler.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
     async with rig(tmp_path) as r2:
         done = await r2.scheduler.wait_turn(turn.turn_id, timeout_s=10)
         assert done.state is TurnState.SUCCEEDED
