@@ -403,17 +403,33 @@ def record_attempt(
     next_attempt_us: int,
     started: AttemptRecord | None = None,
 ) -> Claim:
-    if started is not None:
-        start_attempt(conn, claim, started)
     state, round_ = _fence(conn, claim)
+    state = _started_move(state, started, claim.turn_id)
     check_move(state, TurnState.WAITING_RETRY, turn_id=claim.turn_id)
-    _put_attempts(conn, claim.turn_id, round_, (attempt,))
+    _put_attempts(conn, claim.turn_id, round_, _with_start((attempt,), started))
     rows = conn.execute(
         "UPDATE turns SET state = 'waiting_retry', attempt = max(attempt, ?), updated_us = ?,"
         f" next_attempt_us = ? WHERE turn_id = ? RETURNING {TURN_COLUMNS}",
         (attempt.attempt, _now_us(), next_attempt_us, claim.turn_id),
     ).fetchall()
     return _after_write(conn, claim, rows, None)
+
+
+def _started_move(state: TurnState, started: AttemptRecord | None, turn_id: int) -> TurnState:
+    """The state once an attempt start not written before (*started*) is applied."""
+    if started is None:
+        return state
+    check_move(state, TurnState.RUNNING, turn_id=turn_id)
+    return TurnState.RUNNING
+
+
+def _with_start(
+    attempts: tuple[AttemptRecord, ...], started: AttemptRecord | None
+) -> tuple[AttemptRecord, ...]:
+    """*attempts* plus the row of *started* unless its outcome (same number) is among them."""
+    if started is None or any(a.attempt == started.attempt for a in attempts):
+        return attempts
+    return (started, *attempts)
 
 
 def finish(
@@ -425,11 +441,10 @@ def finish(
     ledger_lines: tuple[SealedLine, ...] = (),
     started: AttemptRecord | None = None,
 ) -> TurnRecord:
-    if started is not None:
-        start_attempt(conn, claim, started)
     state, round_ = _fence(conn, claim)
+    state = _started_move(state, started, claim.turn_id)
     check_move(state, ending.state, turn_id=claim.turn_id)
-    _put_attempts(conn, claim.turn_id, round_, attempts)
+    _put_attempts(conn, claim.turn_id, round_, _with_start(attempts, started))
     if ledger_lines:
         put_ledger_lines(conn, ledger_lines)
     now = _now_us()
@@ -451,7 +466,8 @@ def finish(
             claim.turn_id,
         ),
     ).fetchall()
-    return turn_from_row(rows[0], _attempts_of(conn, claim.turn_id))
+    # The spec never changes: the claim's copy saves parsing it again.
+    return turn_from_row(rows[0], _attempts_of(conn, claim.turn_id), spec=claim.turn.spec)
 
 
 def put_ledger_lines(conn: sqlite3.Connection, lines: Sequence[SealedLine]) -> None:

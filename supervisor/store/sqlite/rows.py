@@ -100,10 +100,16 @@ def attempt_from_row(row: Sequence[object]) -> AttemptRecord:
     )
 
 
-def turn_from_row(row: Sequence[object], attempts: tuple[AttemptRecord, ...]) -> TurnRecord:
-    """A `turns` row (`TURN_COLUMNS`) and its attempts as a record."""
-    spec, result = row[4], row[16]
-    assert isinstance(spec, bytes)
+def turn_from_row(
+    row: Sequence[object],
+    attempts: tuple[AttemptRecord, ...],
+    *,
+    spec: Mapping[str, object] | None = None,
+) -> TurnRecord:
+    """A `turns` row (`TURN_COLUMNS`) and its attempts as a record (*spec*: the turn's spec
+    when the caller has it already parsed)."""
+    raw_spec, result = row[4], row[16]
+    assert isinstance(raw_spec, bytes)
     assert result is None or isinstance(result, bytes)
     turn_id, session_id, number, kind, state = row[0], row[1], row[2], row[3], row[6]
     assert isinstance(turn_id, int)
@@ -121,7 +127,7 @@ def turn_from_row(row: Sequence[object], attempts: tuple[AttemptRecord, ...]) ->
         session_id=session_id,
         turn_number=number,
         kind=TurnKind(kind),
-        spec=loads(spec),
+        spec=loads(raw_spec) if spec is None else spec,
         idempotency_key=_text(row[5]),
         state=TurnState(state),
         attempt=attempt,
