@@ -1,0 +1,54 @@
+"""The seam between a connection and the hub around it: ``ConnectionHost``.
+
+A ``Connection`` reports to its host (the hub) what concerns more than itself: status changes
+that watchers wait for, slots that queued attempts may take, frame errors and late responses
+(counted in the hub's statistics) and quarantines (which outlive the connection). It reads the
+limits in force through it too, since a reload may replace them while the connection is open.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from supervisor.executors.peercred import PeerCredentials
+from supervisor.executors.settings import HubSettings
+from supervisor.wire.frames import FrameError
+
+if TYPE_CHECKING:
+    from supervisor.executors.connection import Connection
+
+__all__ = ["ConnectionHost"]
+
+
+class ConnectionHost(Protocol):
+    """What a connection needs from the hub around it."""
+
+    @property
+    def settings(self) -> HubSettings:
+        """The limits in force now (they may be replaced while the connection is open)."""
+
+    @property
+    def trace(self) -> bool:
+        """Whether per-frame debug events are wanted."""
+
+    def changed(self) -> None:
+        """An executor's status changed (wakes ``wait_for_executor``)."""
+
+    def slot_freed(self, conn: Connection) -> None:
+        """``conn`` may have a free slot: hand it to a queued attempt."""
+
+    def frame_error(
+        self,
+        exc: FrameError,
+        *,
+        executor_id: str | None,
+        in_flight: list[str],
+        creds: PeerCredentials | None,
+    ) -> None:
+        """Count and log a frame that could not be read."""
+
+    def late_response(self) -> None:
+        """Count a response that came after its attempt ended."""
+
+    def quarantine(self, executor_id: str, creds: PeerCredentials | None) -> None:
+        """Quarantine ``executor_id`` (and its peer) for ``settings.quarantine_s``."""

@@ -1,0 +1,86 @@
+"""What the executor hub reports: attempt reports, executor snapshots, statistics, reason codes.
+
+Frozen values only; the hub's modules build them, callers (turns, ``hunter status``) read them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from sandbox.policy.attempts import AttemptOutcome
+from sandbox.policy.envelopes import ExecutorCommandType, ExecutorResponseEnvelope, ExecutorStatus
+
+__all__ = ["AttemptReport", "ExecutorInfo", "HubReason", "HubStatistics"]
+
+
+class HubReason:
+    """``AttemptReport.safety_reason_code`` values for outcomes the hub decides itself.
+
+    When the executor answered, the report carries the Phase-20 reason code of
+    ``validate_executor_response`` instead (``RESPONSE_ACCEPTED``, ``SUCCESS_WITHOUT_EVIDENCE``...).
+    """
+
+    DEADLINE_EXCEEDED: Final = "DEADLINE_EXCEEDED"  # no answer by timeout_ms: TIMEOUT
+    QUEUE_WAIT_EXPIRED: Final = "QUEUE_WAIT_EXPIRED"  # no executor free within queue_wait_s
+    EXECUTOR_DISCONNECTED: Final = "EXECUTOR_DISCONNECTED"  # connection lost mid-instruction
+    HEARTBEAT_LOST: Final = "HEARTBEAT_LOST"  # executor went silent: OFFLINE, CRASH
+    FRAME_ERROR: Final = "FRAME_ERROR"  # oversized/undecodable frame instead of a response
+    PROTOCOL_ERROR: Final = "PROTOCOL_ERROR"  # a well-framed message that breaks the protocol
+    UNATTRIBUTABLE_RESPONSE: Final = "UNATTRIBUTABLE_RESPONSE"  # unknown id, several in flight
+    EXECUTOR_QUARANTINED: Final = "EXECUTOR_QUARANTINED"  # another answer breached security
+    HUB_CLOSED: Final = "HUB_CLOSED"  # the hub shut down while the attempt waited or ran
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptReport:
+    """What one attempt came to. ``outcome`` follows DESIGN.md "Executor responses".
+
+    ``executor_id`` is the executor the instruction was sent to (``None`` if it never left the
+    queue); ``response`` the accepted response envelope (``None`` when denied or absent);
+    ``safety_reason_code`` the Phase-20 reason code or a ``HubReason``; ``duration_ms`` runs from
+    ``run_attempt`` being called to the outcome; ``queued_ms`` is the part spent in the queue.
+    """
+
+    outcome: AttemptOutcome
+    executor_id: str | None
+    response: ExecutorResponseEnvelope | None
+    safety_reason_code: str
+    duration_ms: int
+    detail: str
+    queued_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorInfo:
+    """A snapshot of one executor (connected, or recently disconnected: OFFLINE)."""
+
+    executor_id: str
+    status: ExecutorStatus
+    commands: tuple[ExecutorCommandType, ...]
+    slots: int
+    in_flight: int
+    uid: int | None
+    pid: int | None
+    connected_at_us: int
+    quarantined_until_us: int | None
+    software: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HubStatistics:
+    """Counters and gauges of the hub (``hunter status`` and logs use them)."""
+
+    executors_connected: int
+    executors_by_status: Mapping[str, int]
+    queued_by_command: Mapping[str, int]
+    in_flight: int
+    attempts_started: int
+    attempts_finished: int
+    outcomes: Mapping[str, int]
+    connections_rejected: int
+    frame_errors: int
+    late_responses: int
+    quarantined: int
