@@ -70,6 +70,9 @@ def format_status(status: dict[str, Any]) -> str:
             for t in status["in_flight"]
         ]
         lines += ["", table(("TURN", "SESSION", "#", "KIND", "STATE", "ATTEMPT", "EXECUTOR"), rows)]
+        total = int(status.get("in_flight_total", len(rows)))
+        if total > len(rows):
+            lines.append(f"({len(rows)} oldest of {total} active turns shown)")
     if status["executors"]:
         lines += ["", format_executors(status["executors"])]
     return "\n".join(lines)

@@ -24,8 +24,11 @@ Operations (params -> result):
   answer only once the turn is final or parked, at most that long)
 * ``turn.get`` {turn_id} -> {turn}; ``turn.wait`` {turn_id, timeout_s?, until?: [states]} ->
   {turn} once final, escalated, or in one of ``until``; ``turn.cancel`` {turn_id} -> {turn};
-  ``turns.list`` {session_id?} -> {turns}
-* ``status`` -> {daemon, scheduler, store, turns_by_state, in_flight, hub, executors}
+  ``turns.list`` {session_id?, after_turn_id?, limit? (1..500)} -> {turns, next_after} (a page,
+  oldest first; pass ``next_after`` as ``after_turn_id`` for the next one, null at the end)
+* ``status`` -> {daemon, scheduler, store, turns_by_state, in_flight (the 100 oldest active
+  turns), in_flight_total, hub, executors}
+* An answer over the frame limit is a ``reply_too_large`` error; the connection stays open.
 * ``executors.list`` -> {executors}; ``executors.wait`` {executor_id, status?, timeout_s?}
 * ``escalations.list`` -> {escalations}; ``escalations.resolve`` {turn_id, action:
   "retry"|"terminate"} -> {turn}
@@ -61,13 +64,14 @@ from supervisor.wire.control import (
     SessionOpenParams,
     SessionRef,
     TurnRef,
+    TurnsListParams,
     TurnSubmitParams,
     TurnWaitParams,
     convert_request,
     decode_request,
     op_of,
 )
-from supervisor.wire.frames import FrameError, FrameReader, FrameWriter, encode_frame
+from supervisor.wire.frames import FrameError, FrameReader, FrameTooLarge, FrameWriter, encode_frame
 
 __all__ = ["CONTROL_PROTOCOL_VERSION", "ERROR_CODES", "ControlServer"]
 
@@ -96,6 +100,7 @@ ERROR_CODES: Final[Mapping[str, str]] = {
     "not_escalated": "the turn is not parked for an operator",
     "ledger_invalid": "a ledger failed verification",
     "timeout": "the awaited condition did not happen in time",
+    "reply_too_large": "the answer is over the frame limit; ask for less (a session, a limit)",
     "internal": "a bug in the daemon (the log has the traceback)",
 }
 
@@ -111,6 +116,10 @@ _STATE_CHANGING: Final = frozenset(
 
 def _turn(turn: TurnRecord) -> dict[str, object]:
     return turn.to_dict()
+
+
+#: `status` lists at most this many active turns (the oldest); ``in_flight_total`` counts all
+_IN_FLIGHT_SHOWN = 100
 
 
 class ControlServer:
@@ -219,8 +228,26 @@ class ControlServer:
         else:
             response = await self.handle(request)
         draining = op == "drain" and response["ok"] and self._on_drain is not None
+        try:
+            frame = encode_frame(response, max_bytes=self._max_frame_bytes)
+        except FrameTooLarge as exc:  # the client would refuse it: say so, keep the connection
+            self._log.warning("control_reply_too_large", op=op, size=exc.size)
+            frame = encode_frame(
+                {
+                    "id": response.get("id"),
+                    "ok": False,
+                    "error": {
+                        "code": "reply_too_large",
+                        "message": (
+                            f"the answer to {op} is {exc.size} bytes, over the"
+                            f" {exc.max_bytes}-byte frame limit; ask for less (a session, a"
+                            " smaller limit)"
+                        ),
+                    },
+                }
+            )
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-            await writer.send(encode_frame(response), cork=False if draining else None)
+            await writer.send(frame, cork=False if draining else None)
             if draining:
                 await writer.flush()
         if draining and self._on_drain is not None:
@@ -322,10 +349,19 @@ class ControlServer:
     async def _turn_cancel(self, params: TurnRef) -> object:
         return {"turn": _turn(await self._scheduler.cancel_turn(params.id))}
 
-    async def _turns_list(self, params: SessionFilter) -> object:
-        sid = params.session_id
-        turns = await self._scheduler.list_turns(session_id=sid)
-        return {"turns": [_turn(t) for t in turns]}
+    async def _turns_list(self, params: TurnsListParams) -> object:
+        turns = await self._scheduler.list_turns(
+            session_id=params.session_id,
+            after_turn_id=params.after_turn_id,
+            limit=params.limit + 1,
+        )
+        more = len(turns) > params.limit
+        turns = turns[: params.limit]
+        return {
+            "turns": [_turn(t) for t in turns],
+            # pass as after_turn_id for the next page; null on the last page
+            "next_after": turns[-1].turn_id if more else None,
+        }
 
     async def _status(self, params: NoParams) -> object:
         stats = self._scheduler.statistics()
@@ -338,7 +374,8 @@ class ControlServer:
             "scheduler": turns,
             "store": asdict(self._scheduler.store_statistics()),
             "turns_by_state": counts,
-            "in_flight": self._scheduler.in_flight(),
+            "in_flight": self._scheduler.in_flight(limit=_IN_FLIGHT_SHOWN),
+            "in_flight_total": turns["turns_active"],
             "hub": _plain(asdict(hub_stats)),
             "executors": [_executor(i) for i in self._hub.list_executors()],
         }

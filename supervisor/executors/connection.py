@@ -169,6 +169,13 @@ class Connection:
             return ExecutorStatus.BUSY
         return ExecutorStatus.READY
 
+    @property
+    def free_slots(self) -> int:
+        """Slots an attempt could take now (0 unless READY and open)."""
+        if self.closed or self._error_detail or self._self_status is not _READY:
+            return 0
+        return max(0, self.slots - self.load)
+
     def accepts(self, instruction_id: str) -> bool:
         """READY with a free slot, and not still holding this instruction id."""
         return self.load_if_accepting(instruction_id) is not None

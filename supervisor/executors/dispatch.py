@@ -81,12 +81,24 @@ class Dispatcher:
         return best
 
     # ------------------------------------------------------------------ queues
+    def free_slots(self, command: ExecutorCommandType) -> int:
+        """Free slots of READY executors serving ``command``, less the attempts waiting in its
+        queue (negative when more wait than there are slots)."""
+        free = sum(conn.free_slots for conn in self._members[command])
+        return free - len(self._queues[command])
+
     def admit(
-        self, command_type: ExecutorCommandType, capacity: int, *, per_attempt_s: float
+        self,
+        command_type: ExecutorCommandType,
+        capacity: int,
+        *,
+        per_attempt_s: float,
+        waiting: int = 0,
     ) -> None:
-        """Raise ``QueueFullError`` if ``command_type``'s queue holds ``capacity`` waiters; the
-        retry hint assumes attempts of ``per_attempt_s`` spread over the connected slots."""
-        queued = len(self._queues[command_type])
+        """Raise ``QueueFullError`` if ``command_type``'s queue, with ``waiting`` turns the
+        caller holds back, reaches ``capacity``; the retry hint assumes attempts of
+        ``per_attempt_s`` spread over the connected slots."""
+        queued = len(self._queues[command_type]) + waiting
         if queued >= capacity:
             slots = sum(c.slots for c in self._members[command_type] if not c.closed)
             retry_s = per_attempt_s * (queued - capacity + 1) / max(1, slots)

@@ -193,8 +193,9 @@ class ExecutorHub:
             task_status.started()
             await listener.serve(self._handle_connection, task_group=tg)
 
-    def admit(self, command_type: ExecutorCommandType) -> None:
-        """Raise ``QueueFullError`` if ``command_type``'s queue is at capacity (backpressure).
+    def admit(self, command_type: ExecutorCommandType, *, waiting: int = 0) -> None:
+        """Raise ``QueueFullError`` if ``command_type``'s queue is at capacity (backpressure),
+        counting ``waiting`` turns the caller parks before they reach the hub.
 
         Intake calls this before accepting a turn; ``run_attempt`` itself never drops work.
         """
@@ -202,7 +203,18 @@ class ExecutorHub:
             command_type,
             self.settings.queue_capacity,
             per_attempt_s=self._avg_attempt_s.get(command_type, 1.0),
+            waiting=waiting,
         )
+
+    def free_slots(self, command_type: ExecutorCommandType) -> int:
+        """Free slots of READY executors serving ``command_type``, less the attempts waiting
+        for one: the turn core parks turns while this is not positive."""
+        return self._dispatcher.free_slots(command_type)
+
+    @property
+    def queue_wait_s(self) -> float:
+        """How long an attempt waits for a free slot before it times out."""
+        return self.settings.queue_wait_s
 
     async def run_attempt(self, envelope: ExecutorInstructionEnvelope) -> AttemptReport:
         """Run one attempt of ``envelope`` on some executor and report its outcome.

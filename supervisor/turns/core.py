@@ -23,8 +23,10 @@ Design notes
 
 from __future__ import annotations
 
+import collections
 import os
 import socket
+import time
 import uuid
 from dataclasses import dataclass, replace
 
@@ -34,6 +36,7 @@ import anyio.to_thread
 import structlog.contextvars
 
 from sandbox.policy.attempt_record import AttemptRecord
+from sandbox.policy.envelopes import ExecutorCommandType
 from sandbox.policy.lifecycle import TurnKind, TurnState
 from supervisor.errors import (
     QueueFullError,
@@ -59,6 +62,7 @@ from supervisor.store.protocol import (
 from supervisor.turns.context import CoreSettings, TurnDeps, end_turn, now_us
 from supervisor.turns.escalations import Escalations
 from supervisor.turns.instruction import HubLike, run_instruction_turn
+from supervisor.turns.parking import Parked, ParkedTurns
 from supervisor.turns.process import run_process_turn
 from supervisor.turns.recovery import catch_up_ledgers, roll_forward
 from supervisor.turns.requests import TurnRequest, parse_turn_request
@@ -99,6 +103,26 @@ def error_code(exc: BaseException, *, default: str) -> str:
     return table.get(type(exc).__name__, default)
 
 
+class _Launch:
+    """A started instruction turn counts as launching until its first envelope reaches the hub
+    (the hub then counts the slot itself)."""
+
+    __slots__ = ("_command", "_counter")
+
+    def __init__(
+        self,
+        counter: collections.Counter[ExecutorCommandType],
+        command: ExecutorCommandType | None,
+    ) -> None:
+        self._counter = counter
+        self._command = command
+
+    def done(self) -> None:
+        if self._command is not None:
+            self._counter[self._command] -= 1
+            self._command = None
+
+
 def _owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -133,6 +157,11 @@ class TurnCore:
         self._submitting: dict[str, int] = {}
         self._closing: set[str] = set()
         self._escalations = Escalations(self._deps, start=self._start)
+        # Instruction turns waiting for an executor slot, without a task (see `parking`), and
+        # per command type the turns started whose envelope is not yet with the hub.
+        self._parked = ParkedTurns()
+        self._launching: collections.Counter[ExecutorCommandType] = collections.Counter()
+        self._feed: anyio.Event | None = None
 
     # -- settings and views -----------------------------------------------------------------
 
@@ -163,8 +192,8 @@ class TurnCore:
     def store_statistics(self) -> StoreStatistics:
         return self._deps.store.statistics()
 
-    def in_flight(self) -> list[dict[str, object]]:
-        return self._deps.tracker.in_flight()
+    def in_flight(self, limit: int | None = None) -> list[dict[str, object]]:
+        return self._deps.tracker.in_flight(limit)
 
     # -- lifetime ---------------------------------------------------------------------------
 
@@ -179,6 +208,7 @@ class TurnCore:
                 tg.start_soon(self._renew_leases, name="lease-renewal")
                 tg.start_soon(self._sync_ledgers, name="ledger-sync")
                 tg.start_soon(self._deps.starts.run, name="attempt-starts")
+                tg.start_soon(self._feed_parked, name="parked-turns")
                 task_status.started()
                 await anyio.sleep_forever()
         finally:
@@ -239,6 +269,8 @@ class TurnCore:
                     active.claim = None
                     if active.scope is not None:
                         active.scope.cancel()
+                    if self._parked.remove(claim.turn_id) is not None:
+                        self._deps.tracker.remove(active)
 
     async def _sync_ledgers(self) -> None:
         """Sync the ledger files in rounds and trim the lines the store kept for them (a
@@ -407,7 +439,7 @@ class TurnCore:
         assert request.instruction is not None
         command_type = request.instruction.command_type
         try:
-            self._hub.admit(command_type)
+            self._hub.admit(command_type, waiting=self._parked.count(command_type))
         except QueueFullError as exc:
             raise RequestError(
                 "queue_full",
@@ -470,6 +502,12 @@ class TurnCore:
             if turn.state is TurnState.ESCALATED:
                 return await self._escalations.resolve(turn, Resolution.CANCEL)
             raise RequestError("not_cancellable", f"turn {turn_id} is not active", turn_id=turn_id)
+        if self._parked.remove(turn_id) is not None:  # no task: end it here
+            try:
+                await self._end_cancelled(turn, active)
+            finally:
+                self._deps.tracker.remove(active)
+            return await self.get_turn(turn_id)
         active.cancel_requested = True
         if active.scope is not None:
             active.scope.cancel()
@@ -516,7 +554,61 @@ class TurnCore:
             msg = "the turn core is not running"
             raise RuntimeError(msg)
         active = self._deps.tracker.add(turn, claim)
-        self._tg.start_soon(self._turn_task, turn, active, recovered, name=f"turn-{turn.turn_id}")
+        command = self._command(turn)
+        if command is not None and turn.state is TurnState.ACCEPTED:
+            free = self._hub.free_slots(command) - self._launching[command]
+            if self._parked.count(command) or free <= 0:  # FIFO: never overtake parked turns
+                self._parked.park(command, turn, claim, time.monotonic())
+                return
+        self._launch(turn, active, recovered, command)
+
+    def _command(self, turn: TurnRecord) -> ExecutorCommandType | None:
+        if turn.kind is not TurnKind.INSTRUCTION:
+            return None
+        spec = self._request(turn).instruction
+        return None if spec is None else spec.command_type
+
+    def _launch(
+        self,
+        turn: TurnRecord,
+        active: ActiveTurn,
+        recovered: bool,
+        command: ExecutorCommandType | None,
+    ) -> None:
+        assert self._tg is not None
+        if command is not None:
+            self._launching[command] += 1
+        self._tg.start_soon(
+            self._turn_task, turn, active, recovered, command, name=f"turn-{turn.turn_id}"
+        )
+
+    def _unpark(self, parked: Parked) -> None:
+        active = self._deps.tracker.get(parked.turn.turn_id)
+        if active is None or active.claim is None:  # ended or lost while parked
+            return
+        self._launch(parked.turn, active, False, self._command(parked.turn))
+
+    def _kick_feeder(self) -> None:
+        if self._feed is not None and len(self._parked):
+            self._feed.set()
+
+    async def _feed_parked(self) -> None:
+        """Start parked turns as executor slots free up (woken when a turn of this daemon ends,
+        and every 50 ms for executors that connect or become ready)."""
+        while True:
+            self._feed = anyio.Event()
+            with anyio.move_on_after(0.05):
+                await self._feed.wait()
+            self._feed = None
+            if not len(self._parked) or self._deps.draining or self._tg is None:
+                continue
+            for command in self._parked.commands():
+                free = self._hub.free_slots(command) - self._launching[command]
+                for parked in self._parked.pop(command, max(0, free)):
+                    self._unpark(parked)
+            overdue = self._parked.overdue(now=time.monotonic(), max_wait_s=self._hub.queue_wait_s)
+            for parked in overdue:  # they meet the hub's own "no executor" timeout
+                self._unpark(parked)
 
     def _request(self, turn: TurnRecord) -> TurnRequest:
         request = self._requests.get(turn.turn_id)
@@ -524,12 +616,19 @@ class TurnCore:
             request = parse_turn_request(turn.spec, session_id=turn.session_id)
         return request
 
-    async def _turn_task(self, turn: TurnRecord, active: ActiveTurn, recovered: bool) -> None:
+    async def _turn_task(
+        self,
+        turn: TurnRecord,
+        active: ActiveTurn,
+        recovered: bool,
+        command: ExecutorCommandType | None,
+    ) -> None:
         # Each task runs in its own copy of the context: the ids bound here label every event
         # of this turn (the hub's too) and vanish with the task.
         structlog.contextvars.bind_contextvars(
             session_id=turn.session_id, turn_number=turn.turn_number, turn_id=turn.turn_id
         )
+        launched = _Launch(self._launching, command)
         interrupted: AttemptRecord | None = None
         if recovered and turn.state is TurnState.RUNNING and turn.attempt >= 1:
             prior = next((a for a in turn.attempts if a.attempt == turn.attempt), None)
@@ -544,7 +643,13 @@ class TurnCore:
                 request = self._request(turn)
                 if turn.kind is TurnKind.INSTRUCTION:
                     await run_instruction_turn(
-                        self._deps, self._hub, turn, active, request, interrupted=interrupted
+                        self._deps,
+                        self._hub,
+                        turn,
+                        active,
+                        request,
+                        interrupted=interrupted,
+                        dispatched=launched.done,
                     )
                 else:
                     await run_process_turn(
@@ -561,8 +666,10 @@ class TurnCore:
             self._log.exception("turn_failed", error_type=type(exc).__name__, error=str(exc))
             await self._end_error(turn, active, exc)
         finally:
+            launched.done()
             self._requests.pop(turn.turn_id, None)
             self._deps.tracker.remove(active)
+            self._kick_feeder()
 
     async def _end(self, turn: TurnRecord, active: ActiveTurn, ending: TurnEnding) -> TurnRecord:
         """End a turn on the daemon's own decision (cancel, an error), unless it already ended."""

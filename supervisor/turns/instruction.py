@@ -9,7 +9,7 @@ may go to another executor. The turn's ledger entries are written before its end
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -53,8 +53,19 @@ class HubAttemptLike(Protocol):
 class HubLike(Protocol):
     """What the turn core needs from the executor hub."""
 
-    def admit(self, command_type: ExecutorCommandType) -> None:
-        """Raise `QueueFullError` when the command type's queue is full."""
+    def admit(self, command_type: ExecutorCommandType, *, waiting: int = 0) -> None:
+        """Raise `QueueFullError` when the command type's queue, with *waiting* more turns
+        parked in the core, is full."""
+
+    def free_slots(self, command_type: ExecutorCommandType) -> int:
+        """Free slots of READY executors serving the command type, less the attempts already
+        waiting in its queue (negative when more wait than there are slots)."""
+        ...
+
+    @property
+    def queue_wait_s(self) -> float:
+        """How long an attempt waits in the hub for a slot before it times out."""
+        ...
 
     async def run_attempt(self, envelope: ExecutorInstructionEnvelope) -> HubAttemptLike: ...
 
@@ -95,9 +106,11 @@ async def run_instruction_turn(
     request: TurnRequest,
     *,
     interrupted: AttemptRecord | None,
+    dispatched: Callable[[], None] = lambda: None,
 ) -> TurnRecord | None:
     """Run the turn's attempts to its ending (final or escalated); None when a drain stopped
-    it before an attempt (it stays accepted / waiting_retry for the restart)."""
+    it before an attempt (it stays accepted / waiting_retry for the restart). *dispatched* is
+    called just before an envelope goes to the hub (the core's launch count)."""
     spec = request.instruction
     if spec is None:
         msg = f"turn {turn.turn_id} is not an instruction turn"
@@ -107,6 +120,7 @@ async def run_instruction_turn(
 
     async def one_attempt(attempt: AttemptRecord) -> AttemptReport[_Sent]:
         envelope = _envelope(spec, attempt, execution_id)
+        dispatched()
         report = await _start_and_send(hooks, hub, envelope)
         active.executor_id = report.executor_id
         detail = ": ".join(p for p in (report.safety_reason_code, report.detail) if p)

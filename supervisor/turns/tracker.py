@@ -212,7 +212,11 @@ class Tracker:
             finished_by_state=dict(self._finished_by_state),
         )
 
-    def in_flight(self) -> list[dict[str, object]]:
+    def in_flight(self, limit: int | None = None) -> list[dict[str, object]]:
+        """The active turns, oldest first (at most *limit*)."""
+        active = sorted(self._active.values(), key=lambda a: a.turn_id)
+        if limit is not None:
+            active = active[:limit]
         return [
             {
                 "turn_id": a.turn_id,
@@ -223,5 +227,5 @@ class Tracker:
                 "attempt": a.attempt,
                 "executor_id": a.executor_id,
             }
-            for a in sorted(self._active.values(), key=lambda a: a.turn_id)
+            for a in active
         ]

@@ -61,6 +61,7 @@ __all__ = [
     "TurnWait",
     "TurnWaitParams",
     "TurnsList",
+    "TurnsListParams",
     "convert_request",
     "decode_request",
     "op_of",
@@ -132,6 +133,14 @@ class SessionRef(Struct, frozen=True):
 
 class SessionFilter(Struct, frozen=True):
     session_id: _Id | None = None
+
+
+class TurnsListParams(Struct, frozen=True):
+    """A page of turns, oldest first: those after ``after_turn_id`` (0: from the start)."""
+
+    session_id: _Id | None = None
+    after_turn_id: Annotated[int, Meta(ge=0, le=2**63 - 1)] = 0
+    limit: Annotated[int, Meta(ge=1, le=500)] = 500
 
 
 def _turn_id_value(value: int | str) -> int:
@@ -284,7 +293,7 @@ class TurnCancel(_Request, frozen=True, tag="turn.cancel"):
 
 
 class TurnsList(_Request, frozen=True, tag="turns.list"):
-    params: SessionFilter = SessionFilter()
+    params: TurnsListParams = TurnsListParams()
 
 
 class Status(_Request, frozen=True, tag="status"):

@@ -189,6 +189,41 @@ async def test_oversized_frame_closes_only_that_connection(root: Path) -> None:
         assert (await call_once(socket_path, "ping"))["pong"] is True
 
 
+async def test_an_answer_over_the_frame_limit_is_an_error_not_a_hangup(root: Path) -> None:
+    """Turns whose specs together pass the frame limit: listing them all answers
+    `reply_too_large` (naming the sizes), the connection stays open, a smaller page works."""
+    async with daemon_client(root) as client:
+        sid = (await client.call("session.open", package_id="demo"))["session_id"]
+        big = {"blob": "x" * 4000}  # near the 4096-character limit of parameters
+        for _ in range(300):  # nobody serves CLICK here: the turns stay accepted
+            await client.call(
+                "turn.submit",
+                session_id=sid,
+                kind="instruction",
+                command_type="CLICK",
+                target_selector="#b",
+                timeout_ms=1000,
+                parameters=big,
+                declared_outputs=[],
+            )
+        error = await _error(client, "turns.list", session_id=sid)
+        assert error.code == "reply_too_large"
+        assert "1048576-byte frame limit" in str(error)
+        page = await client.call("turns.list", session_id=sid, limit=2)
+        assert len(page["turns"]) == 2
+        assert (await client.call("ping"))["pong"] is True
+        seen: list[int] = []
+        after = 0
+        while True:  # every turn once, in order, page by page
+            page = await client.call("turns.list", session_id=sid, after_turn_id=after, limit=120)
+            seen += [t["turn_id"] for t in page["turns"]]
+            if page["next_after"] is None:
+                break
+            after = page["next_after"]
+        assert len(seen) == 300
+        assert seen == sorted(set(seen))
+
+
 async def test_no_daemon_is_reported_clearly(tmp_path: Path) -> None:
     """Connecting where no daemon listens names the socket and how to start one."""
     with pytest.raises(DaemonNotRunning, match=r"^no daemon at .*control\.sock \(no such socket"):

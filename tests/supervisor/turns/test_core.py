@@ -57,9 +57,22 @@ class FakeHub:
     full: bool = False
     gate: anyio.Event | None = None
     started: anyio.Event = field(default_factory=anyio.Event)
+    _running: int = 0
 
-    def admit(self, command_type: ExecutorCommandType) -> None:
-        if self.full:
+    #: free executor slots the hub reports (the core parks turns when there are none)
+    slots: int = 1000
+    capacity: int | None = None
+    queue_wait_s: float = 60.0
+
+    def free_slots(self, command_type: ExecutorCommandType) -> int:
+        return self.slots - self.running
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    def admit(self, command_type: ExecutorCommandType, *, waiting: int = 0) -> None:
+        if self.full or (self.capacity is not None and waiting >= self.capacity):
             from supervisor.executors.hub import QueueFullError
 
             raise QueueFullError(command_type, 1, 250)
@@ -67,8 +80,12 @@ class FakeHub:
     async def run_attempt(self, envelope: ExecutorInstructionEnvelope) -> FakeReport:
         self.envelopes.append(envelope)
         self.started.set()
-        if self.gate is not None:
-            await self.gate.wait()
+        self._running += 1
+        try:
+            if self.gate is not None:
+                await self.gate.wait()
+        finally:
+            self._running -= 1
         index = min(len(self.envelopes), len(self.script)) - 1
         return FakeReport(self.script[index])
 

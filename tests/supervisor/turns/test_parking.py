@@ -1,0 +1,169 @@
+"""Instruction turns that wait for an executor slot are parked without a task (`parking`)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from sandbox.policy.envelopes import ExecutorCommandType
+from sandbox.policy.lifecycle import TurnKind, TurnState
+from supervisor.errors import RequestError
+from supervisor.store.protocol import Claim, TurnRecord
+from supervisor.turns.parking import ParkedTurns
+from supervisor.turns.requests import parse_turn_request
+from tests.supervisor.turns.test_core import FakeHub, Rig, _instruction, _open, _verify, rig
+from tests.supervisor.turns.test_recovery import _turn_entries
+
+READ = ExecutorCommandType.READ
+
+
+async def _submit(r: Rig, sid: str) -> TurnRecord:
+    return (await r.scheduler.submit(parse_turn_request(_instruction(sid))))[0]
+
+
+async def test_turns_wait_parked_and_start_in_order(tmp_path: Path) -> None:
+    """One executor slot: the first turn runs, the others stay `accepted` (no envelope sent)
+    and start one by one, oldest first, as the slot frees."""
+    hub = FakeHub(gate=anyio.Event(), slots=1)
+    async with rig(tmp_path, hub) as r:
+        sid = await _open(r)
+        turns = [
+            (await r.scheduler.submit(parse_turn_request(_instruction(sid))))[0] for _ in range(3)
+        ]
+        await hub.started.wait()
+        assert len(hub.envelopes) == 1
+        for turn in turns[1:]:
+            assert (await r.store.get_turn(turn.turn_id)).state is TurnState.ACCEPTED
+            assert (await r.scheduler.get_turn(turn.turn_id)).state is TurnState.ACCEPTED
+        assert r.scheduler.statistics().turns.turns_active == 3
+        assert hub.gate is not None
+        hub.gate.set()
+        for turn in turns:
+            done = await r.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+            assert done.state is TurnState.SUCCEEDED
+        assert [e.instruction_id for e in hub.envelopes] == [f"INS-{t.turn_id}-1" for t in turns]
+
+
+async def test_cancel_a_parked_turn(tmp_path: Path) -> None:
+    """A parked turn is cancelled at once: `cancelled`, one pair of ledger entries, no envelope."""
+    hub = FakeHub(gate=anyio.Event(), slots=1)
+    async with rig(tmp_path, hub) as r:
+        sid = await _open(r)
+        first, _ = await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+        parked, _ = await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+        await hub.started.wait()
+        cancelled = await r.scheduler.cancel_turn(parked.turn_id)
+        assert cancelled.state is TurnState.CANCELLED
+        assert cancelled.reason_code == "CANCELLED_BY_CLIENT"
+        assert [e.instruction_id for e in hub.envelopes] == [f"INS-{first.turn_id}-1"]
+        entries = _turn_entries(tmp_path, sid, "exec")
+        assert [(e["turn_number"], e["status"]) for e in entries] == [
+            (parked.turn_number, "cancelled")
+        ]
+        assert hub.gate is not None
+        hub.gate.set()
+        assert (await r.scheduler.wait_turn(first.turn_id)).state is TurnState.SUCCEEDED
+        assert r.scheduler.statistics().turns.turns_active == 0
+    assert [rep.entries for rep in _verify(tmp_path, sid)] == [3, 3]
+
+
+async def test_parked_turns_count_against_the_queue(tmp_path: Path) -> None:
+    """Admission sees the parked turns: a full queue refuses with queue_full."""
+    hub = FakeHub(gate=anyio.Event(), slots=1, capacity=2)
+    async with rig(tmp_path, hub) as r:
+        sid = await _open(r)
+        for _ in range(3):  # one runs, two parked
+            await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+        with pytest.raises(RequestError) as err:
+            await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+        assert err.value.code == "queue_full"
+        assert hub.gate is not None
+        hub.gate.set()
+
+
+async def test_a_turn_parked_too_long_meets_the_hub_timeout(tmp_path: Path) -> None:
+    """No executor slot at all: after the hub's queue wait the turn starts anyway (the hub then
+    decides its attempt, here at once)."""
+    hub = FakeHub(slots=0, queue_wait_s=0.2)
+    async with rig(tmp_path, hub) as r:
+        sid = await _open(r)
+        turn, _ = await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+        await anyio.sleep(0.05)
+        assert hub.envelopes == []
+        started = time.monotonic()
+        done = await r.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+        assert done.state is TurnState.SUCCEEDED
+        assert time.monotonic() - started < 5
+
+
+async def test_parked_turns_run_after_a_restart(tmp_path: Path) -> None:
+    """Parked turns are `accepted` in the store: the next start runs them."""
+    hub = FakeHub(gate=anyio.Event(), slots=1)
+    async with rig(tmp_path, hub) as r:
+        sid = await _open(r)
+        turns = [
+            (await r.scheduler.submit(parse_turn_request(_instruction(sid))))[0] for _ in range(3)
+        ]
+        await r.scheduler.wait_turn(turns[0].turn_id, until=frozenset({TurnState.RUNNING}))
+    async with rig(tmp_path) as r2:
+        for turn in turns:
+            done = await r2.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+            assert done.state is TurnState.SUCCEEDED
+        stored = [await r2.store.get_turn(t.turn_id) for t in turns]
+        # the running one was interrupted (a CRASH, retried); the parked ones never started
+        assert [[a.fault_type for a in t.attempts] for t in stored] == [
+            ["CRASH", None],
+            [None],
+            [None],
+        ]
+
+
+def _turn(turn_id: int) -> TurnRecord:
+    return TurnRecord(
+        turn_id=turn_id,
+        session_id="S",
+        turn_number=turn_id,
+        kind=TurnKind.INSTRUCTION,
+        spec={},
+        idempotency_key=None,
+        state=TurnState.ACCEPTED,
+        attempt=0,
+        accepted_us=0,
+        updated_us=0,
+    )
+
+
+def test_parked_turns_bookkeeping() -> None:
+    """FIFO per command type; pop takes at most the limit; overdue takes by age; remove."""
+    parked = ParkedTurns()
+    for turn_id, (command, at) in enumerate(
+        [(READ, 0.0), (READ, 1.0), (ExecutorCommandType.CLICK, 0.5), (READ, 2.0)], start=1
+    ):
+        turn = _turn(turn_id)
+        parked.park(command, turn, Claim(turn=turn, owner="A", token=1, lease_until_us=0), at)
+    assert (len(parked), parked.count(READ), parked.count(ExecutorCommandType.CLICK)) == (4, 3, 1)
+    assert [p.turn.turn_id for p in parked.pop(READ, 2)] == [1, 2]
+    assert parked.pop(READ, 0) == []
+    assert parked.remove(99) is None
+    assert [p.turn.turn_id for p in parked.overdue(now=2.6, max_wait_s=0.5)] == [4, 3]
+    assert len(parked) == 0
+    assert parked.commands() == []
+
+
+async def test_in_flight_lists_the_oldest_first_up_to_a_limit(tmp_path: Path) -> None:
+    """`status` shows a bounded list of active turns (parked ones included), oldest first."""
+    hub = FakeHub(gate=anyio.Event(), slots=1)
+    async with rig(tmp_path, hub) as r:
+        sid = await _open(r)
+        turns = [await _submit(r, sid) for _ in range(5)]
+        shown = r.scheduler.in_flight(limit=3)
+        assert [t["turn_id"] for t in shown] == [t.turn_id for t in turns[:3]]
+        assert [t["state"] for t in shown] == ["running", "accepted", "accepted"] or [
+            t["state"] for t in shown
+        ] == ["accepted", "accepted", "accepted"]
+        assert len(r.scheduler.in_flight()) == 5
+        assert hub.gate is not None
+        hub.gate.set()
