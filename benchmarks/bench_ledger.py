@@ -5,7 +5,8 @@ this one run on this machine; the targets from issue 3 are printed next to them:
 
 1. durable appends/s with one fdatasync per entry (one ledger, one appender);
 2. durable appends/s with 64 ledgers appended concurrently through one GroupSyncer
-   (target: >= 20x the first figure);
+   (target: >= 20x the first figure), and the daemon's own path (e.): a turn's two lines
+   commit with its ending in the turn store, one group commit for every session;
 3. verify entries/s against a raw baseline that only reads, parses (orjson) and sha256-hashes
    the same file (target: >= 60% of the baseline, best of several runs each);
 4. verify of 64 sessions in parallel worker processes vs serially.
@@ -143,6 +144,82 @@ def bench_group_commit_async(
     return sum(counts) / elapsed, detail
 
 
+def bench_store_commit(
+    directory: Path, seconds: float, *, sessions: int, per_session: int
+) -> tuple[float, str]:
+    """The daemon's path: each turn ending seals its exec and evidence lines (no sync of their
+    own) and commits them with the ending in the turn store (SQLite WAL, synchronous=FULL,
+    group commit); ``sessions`` sessions, ``per_session`` concurrent turns each. Counts ledger
+    entries made durable per second (two per ending). The files are synced afterwards, in
+    rounds, as the daemon does; that round is not counted here."""
+    from sandbox.policy.attempt_record import AttemptRecord
+    from sandbox.policy.lifecycle import TurnKind, TurnState
+    from supervisor.store.protocol import NewSession, NewTurn, TurnEnding
+    from supervisor.store.sqlite import open_sqlite_store
+
+    root = directory / "store-path"
+    with GroupSyncer() as syncer:
+        ledgers = [
+            SessionLedgers.create(root=root, tier="default", session_id=f"S{i}", syncer=syncer)
+            for i in range(sessions)
+        ]
+        entries = 0
+        stats_line = ""
+
+        async def run_all() -> float:
+            nonlocal entries, stats_line
+            async with open_sqlite_store(root / "state" / "turns.sqlite3") as store:
+                for session in ledgers:
+                    await store.open_session(
+                        NewSession(session_id=session.session_id, package_id="p")
+                    )
+
+                async def work(session: SessionLedgers, deadline: float) -> None:
+                    nonlocal entries
+                    while time.perf_counter() < deadline:
+                        accepted = await store.accept(
+                            NewTurn(
+                                session_id=session.session_id, kind=TurnKind.INSTRUCTION, spec={}
+                            ),
+                            claim_for="bench",
+                        )
+                        assert accepted.claim is not None
+                        lines = session.seal_turn(
+                            turn_number=accepted.turn.turn_number,
+                            query_hash="a" * 64,
+                            result_hash="b" * 64,
+                            status="succeeded",
+                        )
+                        await store.finish(
+                            accepted.claim,
+                            TurnEnding(state=TurnState.SUCCEEDED),
+                            [AttemptRecord(attempt=1, started_us=0, decision="SUCCEED")],
+                            ledger_lines=lines,
+                            started=AttemptRecord(attempt=1, started_us=0),
+                        )
+                        session.flush()
+                        entries += 2
+
+                start = time.perf_counter()
+                async with anyio.create_task_group() as group:
+                    for session in ledgers:
+                        for _ in range(per_session):
+                            group.start_soon(work, session, start + seconds)
+                elapsed = time.perf_counter() - start
+                stats = store.statistics()
+                stats_line = (
+                    f"commits {stats.commits}, store writes {stats.operations} (accept and"
+                    f" ending per turn), {stats.operations / max(1, stats.commits):.0f} per"
+                    " commit; CPU-bound"
+                )
+            return elapsed
+
+        elapsed = anyio.run(run_all)
+        for session in ledgers:
+            session.close()
+    return entries / elapsed, stats_line
+
+
 def _raw_baseline(path: Path) -> int:
     """Read, parse every line with orjson, sha256 it: the floor any verifier pays."""
     count = 0
@@ -233,6 +310,9 @@ def main() -> None:
         plain, plain_detail = bench_group_commit(
             directory, args.seconds, ledgers=64, per_ledger=1, mode="fdatasync"
         )
+        store_rate, store_detail = bench_store_commit(
+            directory, args.seconds, sessions=64, per_session=2
+        )
         second = bench_per_entry_fsync(directory, args.seconds)
         single = (first + second) / 2
         print(
@@ -255,6 +335,11 @@ def main() -> None:
         print(
             f"   d. 1 appender per ledger, fdatasync-only:     {plain:9.0f} /s"
             f"   ratio {plain / single:5.1f}x  [{plain_detail}]"
+        )
+        print(
+            f"   e. the daemon's path: both lines of a turn commit with its ending in the turn"
+            f" store\n      (64 sessions x 2 turns in flight):            {store_rate:9.0f} /s"
+            f"   ratio {store_rate / single:5.1f}x  [{store_detail}]"
         )
         verified, baseline = bench_verify(directory, args.entries, args.runs)
         print(
