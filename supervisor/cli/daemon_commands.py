@@ -75,6 +75,12 @@ def format_status(status: dict[str, Any]) -> str:
             lines.append(f"({len(rows)} oldest of {total} active turns shown)")
     if status["executors"]:
         lines += ["", format_executors(status["executors"])]
+        total = int(status.get("executors_total", len(status["executors"])))
+        if total > len(status["executors"]):
+            lines.append(
+                f"({len(status['executors'])} of {total} executors shown; `hunter executors`"
+                " lists all)"
+            )
     return "\n".join(lines)
 
 
@@ -104,13 +110,20 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def _cmd_executors(args: argparse.Namespace) -> int:
     async def body(client: ControlClient) -> int:
-        result = await client.call("executors.list")
+        executors: list[dict[str, Any]] = []
+        after = ""
+        while True:  # every page: the answer of one call is bounded by the frame limit
+            page = await client.call("executors.list", after_executor_id=after)
+            executors += page["executors"]
+            if page.get("next_after") is None:
+                break
+            after = str(page["next_after"])
         if args.json:
-            out(to_json(result))
-        elif not result["executors"]:
+            out(to_json({"executors": executors}))
+        elif not executors:
             out("no executors connected")
         else:
-            out(format_executors(result["executors"]))
+            out(format_executors(executors))
         return EXIT_OK
 
     return run_client(args, body)

@@ -27,9 +27,11 @@ Operations (params -> result):
   ``turns.list`` {session_id?, after_turn_id?, limit? (1..500)} -> {turns, next_after} (a page,
   oldest first; pass ``next_after`` as ``after_turn_id`` for the next one, null at the end)
 * ``status`` -> {daemon, scheduler, store, turns_by_state, in_flight (the 100 oldest active
-  turns), in_flight_total, hub, executors}
+  turns), in_flight_total, hub, executors (the first 100 by id), executors_total}
+* A connection may have 256 requests in progress; more get a ``busy`` error at once.
 * An answer over the frame limit is a ``reply_too_large`` error; the connection stays open.
-* ``executors.list`` -> {executors}; ``executors.wait`` {executor_id, status?, timeout_s?}
+* ``executors.list`` {after_executor_id?, limit? (1..1000)} -> {executors, next_after} (a page
+  by id); ``executors.wait`` {executor_id, status?, timeout_s?}
 * ``escalations.list`` -> {escalations}; ``escalations.resolve`` {turn_id, action:
   "retry"|"terminate"} -> {turn}
 * ``ledger.verify`` {session_id?} -> {ok, ledgers, failures}
@@ -57,6 +59,7 @@ from supervisor.turns.requests import parse_turn_request
 from supervisor.wire.control import (
     ControlRequest,
     EscalationResolveParams,
+    ExecutorsListParams,
     ExecutorsWaitParams,
     NoParams,
     RequestDecodeError,
@@ -73,7 +76,12 @@ from supervisor.wire.control import (
 )
 from supervisor.wire.frames import FrameError, FrameReader, FrameTooLarge, FrameWriter, encode_frame
 
-__all__ = ["CONTROL_PROTOCOL_VERSION", "ERROR_CODES", "ControlServer"]
+__all__ = [
+    "CONTROL_PROTOCOL_VERSION",
+    "ERROR_CODES",
+    "MAX_REQUESTS_PER_CONNECTION",
+    "ControlServer",
+]
 
 CONTROL_PROTOCOL_VERSION: Final = 1
 
@@ -101,6 +109,7 @@ ERROR_CODES: Final[Mapping[str, str]] = {
     "ledger_invalid": "a ledger failed verification",
     "timeout": "the awaited condition did not happen in time",
     "reply_too_large": "the answer is over the frame limit; ask for less (a session, a limit)",
+    "busy": "this connection has too many requests in progress: retry after `retry_after_ms`",
     "internal": "a bug in the daemon (the log has the traceback)",
 }
 
@@ -120,6 +129,10 @@ def _turn(turn: TurnRecord) -> dict[str, object]:
 
 #: `status` lists at most this many active turns (the oldest); ``in_flight_total`` counts all
 _IN_FLIGHT_SHOWN = 100
+#: ... and at most this many executors (by id); ``executors_total`` counts all
+_EXECUTORS_SHOWN = 100
+#: requests one connection may have in progress; more get a ``busy`` answer at once
+MAX_REQUESTS_PER_CONNECTION = 256
 
 
 class ControlServer:
@@ -131,12 +144,14 @@ class ControlServer:
         scheduler: TurnCore,
         hub: Any,
         max_frame_bytes: int = 1_048_576,
+        max_requests_per_connection: int = MAX_REQUESTS_PER_CONNECTION,
         on_drain: Callable[[], None] | None = None,
         info: Mapping[str, object] | None = None,
     ) -> None:
         self._scheduler = scheduler
         self._hub = hub
         self._max_frame_bytes = max_frame_bytes
+        self._max_requests = max_requests_per_connection
         self._on_drain = on_drain
         self._info = dict(info or {})
         self._log = get_logger("supervisor.control.server")
@@ -182,6 +197,7 @@ class ControlServer:
         # Corked writer: answers completed in the same event-loop pass (a group commit ends
         # many turns at once) leave in one send; a lone answer is written at once.
         writer = FrameWriter(stream)
+        in_progress = [0]  # requests of this connection being served
         async with stream, anyio.create_task_group() as tg:
             tg.start_soon(writer.run)
             while True:
@@ -212,11 +228,49 @@ class ControlServer:
                         )
                         await writer.flush()
                     break
-                tg.start_soon(self._serve_request, writer, request)
+                if in_progress[0] >= self._max_requests:
+                    await self._refuse_busy(writer, request)
+                    continue
+                in_progress[0] += 1
+                tg.start_soon(self._serve_counted, writer, request, in_progress)
             # The client went away: nobody will read the answers. Waits and reads in progress
             # are cancelled; requests that change state run to the end (they are shielded).
             tg.cancel_scope.cancel()
         self._connections -= 1
+
+    async def _serve_counted(
+        self,
+        writer: FrameWriter,
+        request: ControlRequest | RequestDecodeError,
+        in_progress: list[int],
+    ) -> None:
+        try:
+            await self._serve_request(writer, request)
+        finally:
+            in_progress[0] -= 1
+
+    async def _refuse_busy(
+        self, writer: FrameWriter, request: ControlRequest | RequestDecodeError
+    ) -> None:
+        request_id = request.request_id if isinstance(request, RequestDecodeError) else request.id
+        self._log.warning("control_connection_busy", limit=self._max_requests)
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await writer.send(
+                encode_frame(
+                    {
+                        "id": request_id,
+                        "ok": False,
+                        "error": {
+                            "code": "busy",
+                            "message": (
+                                f"this connection already has {self._max_requests} requests in"
+                                " progress; wait for answers or open another connection"
+                            ),
+                            "retry_after_ms": 100,
+                        },
+                    }
+                )
+            )
 
     async def _serve_request(
         self, writer: FrameWriter, request: ControlRequest | RequestDecodeError
@@ -364,6 +418,7 @@ class ControlServer:
         }
 
     async def _status(self, params: NoParams) -> object:
+        executors = sorted(self._hub.list_executors(), key=lambda i: i.executor_id)
         stats = self._scheduler.statistics()
         hub_stats = self._hub.statistics()
         counts = await self._scheduler.counts()
@@ -377,11 +432,21 @@ class ControlServer:
             "in_flight": self._scheduler.in_flight(limit=_IN_FLIGHT_SHOWN),
             "in_flight_total": turns["turns_active"],
             "hub": _plain(asdict(hub_stats)),
-            "executors": [_executor(i) for i in self._hub.list_executors()],
+            "executors": [_executor(i) for i in executors[:_EXECUTORS_SHOWN]],
+            "executors_total": len(executors),
         }
 
-    async def _executors_list(self, params: NoParams) -> object:
-        return {"executors": [_executor(i) for i in self._hub.list_executors()]}
+    async def _executors_list(self, params: ExecutorsListParams) -> object:
+        known = sorted(
+            (i for i in self._hub.list_executors() if i.executor_id > params.after_executor_id),
+            key=lambda i: i.executor_id,
+        )
+        page = known[: params.limit]
+        return {
+            "executors": [_executor(i) for i in page],
+            # pass as after_executor_id for the next page; null on the last page
+            "next_after": page[-1].executor_id if len(known) > params.limit else None,
+        }
 
     async def _executors_wait(self, params: ExecutorsWaitParams) -> object:
         """Wait until an executor is known with a status (default READY); for tools and tests."""

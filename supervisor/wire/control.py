@@ -39,6 +39,7 @@ __all__ = [
     "EscalationsList",
     "EscalationsResolve",
     "ExecutorsList",
+    "ExecutorsListParams",
     "ExecutorsWait",
     "ExecutorsWaitParams",
     "LedgerVerify",
@@ -300,8 +301,15 @@ class Status(_Request, frozen=True, tag="status"):
     params: NoParams = NoParams()
 
 
+class ExecutorsListParams(Struct, frozen=True):
+    """A page of executors by id: those after ``after_executor_id`` ("" from the start)."""
+
+    after_executor_id: Annotated[str, Meta(max_length=256)] = ""
+    limit: Annotated[int, Meta(ge=1, le=1000)] = 500
+
+
 class ExecutorsList(_Request, frozen=True, tag="executors.list"):
-    params: NoParams = NoParams()
+    params: ExecutorsListParams = ExecutorsListParams()
 
 
 class ExecutorsWait(_Request, frozen=True, tag="executors.wait"):

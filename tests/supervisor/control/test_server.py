@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -14,7 +16,7 @@ import pytest
 
 from supervisor.config import load_config
 from supervisor.control.client import ControlClient, ControlClientError, DaemonNotRunning, call_once
-from supervisor.control.server import ERROR_CODES
+from supervisor.control.server import ERROR_CODES, MAX_REQUESTS_PER_CONNECTION
 from supervisor.demo.stack import prepare_root
 from supervisor.server import Daemon
 from supervisor.wire.frames import FrameReader, encode_frame
@@ -171,7 +173,7 @@ async def test_executors_wait_times_out(root: Path) -> None:
     async with daemon_client(root) as client:
         err = await _error(client, "executors.wait", executor_id="ghost", timeout_s=0.05)
         assert err.code == "timeout"
-        assert (await client.call("executors.list")) == {"executors": []}
+        assert (await client.call("executors.list")) == {"executors": [], "next_after": None}
 
 
 async def test_oversized_frame_closes_only_that_connection(root: Path) -> None:
@@ -222,6 +224,83 @@ async def test_an_answer_over_the_frame_limit_is_an_error_not_a_hangup(root: Pat
             after = page["next_after"]
         assert len(seen) == 300
         assert seen == sorted(set(seen))
+
+
+async def test_executors_are_listed_by_page_and_summarised_in_status(root: Path) -> None:
+    """`executors.list` pages by id; `status` shows a bounded list and the total."""
+    async with daemon_client(root) as client:
+        socket = str(root / "run" / "executors.sock")
+        ids = ["ex-a", "ex-b", "ex-c"]
+        procs = [
+            await anyio.open_process(
+                [
+                    sys.executable,
+                    "-m",
+                    "supervisor.examples.chaos_executor",
+                    "--socket",
+                    socket,
+                    "--id",
+                    executor_id,
+                    "--commands",
+                    "READ",
+                    "--behaviour",
+                    "ok",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for executor_id in ids
+        ]
+        try:
+            for executor_id in ids:
+                await client.call("executors.wait", executor_id=executor_id, timeout_s=20)
+            seen: list[str] = []
+            after = ""
+            while True:
+                page = await client.call("executors.list", after_executor_id=after, limit=2)
+                assert len(page["executors"]) <= 2
+                seen += [e["executor_id"] for e in page["executors"]]
+                if page["next_after"] is None:
+                    break
+                after = page["next_after"]
+            assert seen == ids
+            status = await client.call("status")
+            assert status["executors_total"] == 3
+            assert [e["executor_id"] for e in status["executors"]] == ids
+        finally:
+            for proc in procs:
+                proc.kill()
+                await proc.wait()
+                await proc.aclose()
+
+
+async def test_too_many_requests_on_one_connection_get_busy(root: Path) -> None:
+    """More than 256 requests in progress on one connection: the excess is answered `busy`
+    with a retry hint at once; the connection and the daemon carry on."""
+    async with daemon_client(root) as client:
+        socket_path = client.socket_path
+        total = MAX_REQUESTS_PER_CONNECTION + 20
+        async with await anyio.connect_unix(socket_path) as raw:
+            frames = b"".join(
+                encode_frame(
+                    {
+                        "id": i,
+                        "op": "executors.wait",
+                        "params": {"executor_id": "nobody", "timeout_s": 1.0},
+                    }
+                )
+                for i in range(total)
+            )
+            await raw.send(frames)
+            reader = FrameReader(raw)
+            answers = [await reader.read() for _ in range(total)]
+        busy = [a for a in answers if not a["ok"] and a["error"]["code"] == "busy"]
+        timed_out = [a for a in answers if not a["ok"] and a["error"]["code"] == "timeout"]
+        assert len(busy) == 20
+        assert all(a["error"]["retry_after_ms"] > 0 for a in busy)
+        assert len(timed_out) == MAX_REQUESTS_PER_CONNECTION
+        assert "busy" in ERROR_CODES
+        assert (await client.call("ping"))["pong"] is True
 
 
 async def test_no_daemon_is_reported_clearly(tmp_path: Path) -> None:
