@@ -38,12 +38,14 @@ import stat
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import anyio
 import anyio.abc
 import anyio.to_thread
 
+from ledger import GroupSyncer
+from sandbox.policy.attempts import RetryOptions
 from supervisor.config import Config, ConfigError, diff_reloadable, load_config
 from supervisor.control.server import ControlServer
 from supervisor.errors import DaemonAlreadyRunning
@@ -92,10 +94,8 @@ def _root_lock(root: Path) -> Iterator[Path]:
         os.close(fd)  # releases the lock
 
 
-def retry_options(config: Config) -> Any:
+def retry_options(config: Config) -> RetryOptions:
     """The `RetryOptions` of the ``[retry]`` section."""
-    from sandbox.policy.retry_protocol import RetryOptions
-
     r = config.retry
     return RetryOptions(
         max_attempts=r.max_attempts,
@@ -126,7 +126,7 @@ def _default_process_slots() -> int:
 
 
 def make_runtime(
-    config: Config, *, syncer: Any, forbidden_sockets: tuple[Path, ...]
+    config: Config, *, syncer: GroupSyncer, forbidden_sockets: tuple[Path, ...]
 ) -> RuntimeLike:
     """The sandbox runtime for *config* (its ``[sandbox]`` section)."""
     from sandbox.runtime.session import Runtime, RuntimeConfig
@@ -239,7 +239,6 @@ class Daemon:
             return await self._run_locked(config, task_status)
 
     async def _run_locked(self, config: Config, task_status: anyio.abc.TaskStatus[None]) -> int:
-        from ledger import GroupSyncer
 
         config.runtime_dir.mkdir(parents=True, exist_ok=True)
         async with open_sqlite_store(config.intake_path) as store:

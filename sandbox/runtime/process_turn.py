@@ -15,18 +15,19 @@ aborted) and the ledger entries it writes stay next to each other, so none is mi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import anyio
 import orjson
 import structlog
 
-from ledger import LedgerEntry
+from ledger import LedgerEntry, SealedLine
 from sandbox.capabilities import resolve_command
 from sandbox.enumerate import RealizedWrite
 from sandbox.errors import CapabilityViolation, DeclarationError, SandboxUnavailableError
@@ -117,6 +118,9 @@ class TurnResult:
     enforcement: Mapping[str, str] = field(default_factory=dict)
     stdout: str = ""
     stderr: str = ""
+    #: the turn's exec and evidence lines when the caller commits them (``ledger_commit=
+    #: "caller"``): sealed into the chains and queued, not yet durable
+    sealed_lines: tuple[SealedLine, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form (``hunter turn --json``)."""
@@ -257,9 +261,14 @@ class ProcessTurn:
     """One process turn of a session: checks, THE attempt loop over confined runs, promotion,
     and both ledger entries, written in every case (a rejection, an abort included)."""
 
-    def __init__(self, session: Session, turn: int, argv: Sequence[str]) -> None:
+    def __init__(
+        self, session: Session, turn: int, argv: Sequence[str], *, caller_commits: bool = False
+    ) -> None:
         self.session = session
         self.turn = turn
+        #: the normal ending's two lines are sealed, not synced: the caller's store commits them
+        #: with the turn's ending (a rejection or an abort is still recorded durably here)
+        self.caller_commits = caller_commits
         self.progress = _TurnProgress(request={"argv": list(argv)})
 
     async def execute(
@@ -423,7 +432,10 @@ class ProcessTurn:
         *,
         declared: Sequence[DeclaredOutput],
         header: PromptHeader | None,
-    ) -> tuple[LedgerEntry, LedgerEntry]:
+        seal_only: bool = False,
+    ) -> tuple[SealedLine, ...]:
+        """Write the turn's two entries (durable on return), or with *seal_only* seal and queue
+        them and return their lines for the caller's store to commit."""
         summary = {
             "status": result.status,
             "exit_code": result.exit_code,
@@ -438,15 +450,15 @@ class ProcessTurn:
         }
         if header is not None:
             evidence_extra["prompt_header"] = header.to_dict()
-        entries = await self.session.ledgers.arecord_turn(
-            turn_number=turn,
-            query_hash=digest(request),
-            result_hash=digest(summary),
-            status=result.status,
-            declared_reads=list(request.get("declared_inputs", [])),  # type: ignore[call-overload]
-            declared_writes=[d.to_dict() for d in declared],
-            capability_violations=list(violations),
-            exec_extra={
+        fields: dict[str, Any] = {
+            "turn_number": turn,
+            "query_hash": digest(request),
+            "result_hash": digest(summary),
+            "status": result.status,
+            "declared_reads": list(request.get("declared_inputs", [])),  # type: ignore[call-overload]
+            "declared_writes": [d.to_dict() for d in declared],
+            "capability_violations": list(violations),
+            "exec_extra": {
                 "argv": request["argv"],
                 "exit_code": result.exit_code,
                 "fault_type": result.fault_type,
@@ -456,10 +468,15 @@ class ProcessTurn:
                 "duration_ms": result.duration_ms,
                 "attempts": [a.ledger_summary() for a in result.attempts],
             },
-            evidence_extra=evidence_extra,
-        )
+            "evidence_extra": evidence_extra,
+        }
+        if seal_only:
+            lines: tuple[SealedLine, ...] = self.session.ledgers.seal_turn(**fields)
+        else:
+            await self.session.ledgers.arecord_turn(**fields)
+            lines = ()
         self.progress.written = True
-        return entries
+        return lines
 
     async def _run(
         self,
@@ -653,7 +670,17 @@ class ProcessTurn:
             stdout=last.stdout,
             stderr=last.stderr,
         )
-        await self._record(turn, request, result, recorded, declared=declared, header=header)
+        sealed = await self._record(
+            turn,
+            request,
+            result,
+            recorded,
+            declared=declared,
+            header=header,
+            seal_only=self.caller_commits,
+        )
+        if sealed:
+            result = dataclasses.replace(result, sealed_lines=sealed)
         _log.info(
             "turn_finished",
             session_id=self.session.session_id,

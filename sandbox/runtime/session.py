@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Literal
 
 import anyio
 
@@ -200,8 +201,14 @@ class Session:
         options: RetryOptions | None = None,
         delay: Callable[[float], Awaitable[None]] = anyio.sleep,
         entropy_detector: EntropyDetector | None = None,
+        ledger_commit: Literal["sync", "caller"] = "sync",
     ) -> TurnResult:
         """Run one process turn (all attempts); both ledgers get their entries in every case.
+
+        ``ledger_commit="caller"``: the normal ending's two entries are sealed and queued but
+        not synced; they are in ``TurnResult.sealed_lines`` for the caller's store to commit with
+        the turn's ending (the daemon's one durable step). A rejection or an aborted turn is
+        still recorded durably here.
 
         A request that is malformed or not allowed is *rejected* before it runs (status
         ``rejected``; ``violations`` holds the recorded ``CapabilityViolation``).
@@ -211,7 +218,9 @@ class Session:
         async with self._lock:
             turn = turn_number if turn_number is not None else self.next_turn_number
             self.next_turn_number = max(self.next_turn_number, turn + 1)
-            return await ProcessTurn(self, turn, argv).execute(
+            return await ProcessTurn(
+                self, turn, argv, caller_commits=ledger_commit == "caller"
+            ).execute(
                 argv,
                 declared_outputs=declared_outputs,
                 declared_inputs=declared_inputs,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import anyio
 
+from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.attempts import AttemptDecision, RetryOptions
 from sandbox.policy.lifecycle import TurnState
@@ -221,12 +222,12 @@ async def end_turn(
     ending: TurnEnding,
     attempts: Sequence[AttemptRecord] = (),
     *,
-    write_ledgers: bool = True,
+    sealed: Sequence[SealedLine] | None = None,
     started: AttemptRecord | None = None,
 ) -> TurnRecord:
     """End (or park) *turn* under its claim in one durable step: the turn's exec and evidence
-    lines are sealed (unless the sandbox runtime already wrote them) and commit with the ending
-    in one store transaction; then the tracker and the log.
+    lines are sealed here, or come *sealed* from the sandbox runtime (empty: it already wrote
+    them), and commit with the ending in one store transaction; then the tracker and the log.
 
     The files get the lines from their writers and are synced later in rounds
     (`DaemonSessions.sync_ledgers`); after a crash the store gives back what they lost.
@@ -235,7 +236,10 @@ async def end_turn(
     if claim is None:
         msg = f"turn {turn.turn_id} has no claim to end it with"
         raise RuntimeError(msg)
-    lines = deps.sessions.record_end(with_ending(turn, ending, attempts)) if write_ledgers else ()
+    if sealed is None:
+        lines: Sequence[SealedLine] = deps.sessions.record_end(with_ending(turn, ending, attempts))
+    else:  # the sandbox runtime sealed them (or, for a rejection, already wrote them)
+        lines = sealed
     try:
         finished = await deps.store.finish(
             claim, ending, attempts, ledger_lines=lines, started=started

@@ -160,6 +160,7 @@ async def run_process_turn(
                 timeout_ms=process.timeout_ms,
                 turn_number=turn.turn_number,
                 options=options,
+                ledger_commit="caller",
             )
             records = _records(result, first, started_us)
             ending = TurnEnding(
@@ -172,7 +173,10 @@ async def run_process_turn(
             )
             for record in records:
                 hooks.log_fault(record)
-            # The runtime wrote both ledger entries of this ending itself.
-            return await end_turn(deps, turn, active, ending, records, write_ledgers=False)
+            # The runtime sealed both ledger lines of this ending (or, for a rejection, wrote
+            # them): they commit with the ending, one durable step.
+            return await end_turn(
+                deps, turn, active, ending, records, sealed=tuple(result.sealed_lines)
+            )
         finally:
             hooks.stop_counting()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import anyio
 import anyio.to_thread
@@ -57,6 +57,10 @@ class ProcessResultLike(Protocol):
     def fault_type(self) -> object: ...
     @property
     def attempts(self) -> Sequence[ProcessAttemptLike]: ...
+    @property
+    def sealed_lines(self) -> Sequence[SealedLine]:
+        """The ending's two lines, when the caller commits them (else empty)."""
+        ...
 
     def to_dict(self) -> Mapping[str, object]: ...
 
@@ -81,6 +85,7 @@ class SessionLike(Protocol):
         timeout_ms: int | None = None,
         turn_number: int | None = None,
         options: RetryOptions | None = None,
+        ledger_commit: Literal["sync", "caller"] = "sync",
     ) -> ProcessResultLike: ...
 
     def seal_instruction_turn(

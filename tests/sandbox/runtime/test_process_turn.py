@@ -134,3 +134,34 @@ async def test_a_failure_to_empty_is_logged_and_the_result_stands(
     )
     assert again.stdout == ""
     assert_empty_sandbox(session)
+
+
+async def test_caller_commits_the_ledger_lines(session: Session) -> None:
+    """``ledger_commit="caller"``: the ending's two lines come back sealed (not yet synced) for
+    the caller's store; once written they are the file's bytes and the chains verify. A
+    rejection is still written durably by the runtime itself."""
+    from ledger import verify_session_dir
+
+    durable_before = session.ledgers.exec.durable_seq
+    result = await session.run_process_turn(
+        ["/bin/sh", "-c", "echo done > report.txt"],
+        declared_outputs=["report.txt"],
+        timeout_ms=30_000,
+        ledger_commit="caller",
+    )
+    assert result.status == "succeeded", result.stderr
+    exec_line, evidence_line = result.sealed_lines
+    assert (exec_line.ledger_id, evidence_line.ledger_id) == session.ledger_ids
+    assert session.ledgers.exec.durable_seq == durable_before  # nothing synced for the turn
+    assert json.loads(exec_line.line)["status"] == "succeeded"
+    assert "sealed_lines" not in result.to_dict()
+    session.flush_ledgers()
+    assert session.exec_ledger_path.read_bytes().endswith(exec_line.line)
+    session.sync_ledgers()
+    assert [r.entries for r in verify_session_dir(session.exec_ledger_path.parent.parent)] == [2, 2]
+    rejected = await session.run_process_turn(
+        ["/no/such/program"], declared_outputs=[], ledger_commit="caller"
+    )
+    assert rejected.status == "rejected"
+    assert rejected.sealed_lines == ()
+    assert session.ledgers.exec.durable_seq == session.ledgers.exec.head[0]

@@ -107,6 +107,7 @@ class FakeTurnResult:
     reason_code: str = "SUCCESS"
     reason: str = "the process exited 0"
     fault_type: str | None = None
+    sealed_lines: tuple[SealedLine, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         return {"status": self.status, "exit_code": self.exit_code}
@@ -141,15 +142,21 @@ class FakeSession:
         if argv[0] == "block":
             self.blocked.set()
             await anyio.sleep_forever()
-        await self.ledgers.arecord_turn(
-            turn_number=kwargs["turn_number"],
-            query_hash=_h(argv),
-            result_hash=_h(self.process_status),
-            status=self.process_status,
-        )
+        entry = {
+            "turn_number": kwargs["turn_number"],
+            "query_hash": _h(argv),
+            "result_hash": _h(self.process_status),
+            "status": self.process_status,
+        }
+        sealed: tuple[SealedLine, ...] = ()
+        if kwargs.get("ledger_commit") == "caller":  # the daemon commits them with the ending
+            sealed = self.ledgers.seal_turn(**entry)
+        else:
+            await self.ledgers.arecord_turn(**entry)
         return FakeTurnResult(
             status=self.process_status,
             attempts=(FakeAttempt({"outcome": "SUCCESS", "exit_code": 0, "verdict": "SUCCEED"}),),
+            sealed_lines=sealed,
         )
 
     def seal_instruction_turn(self, **kw: Any) -> tuple[SealedLine, SealedLine]:
