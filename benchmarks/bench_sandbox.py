@@ -62,6 +62,48 @@ async def time_turns(session: Session, n: int) -> list[float]:
     return out
 
 
+async def time_turns_store(session: Session, store_path: Path, n: int) -> list[float]:
+    """The daemon's path: each turn's two ledger lines are sealed by the runtime and commit
+    with the turn's ending in the turn store (SQLite WAL, synchronous=FULL): one sync per turn
+    for the ending and both entries. Turns are accepted before the clock starts (acceptance is
+    the daemon's other durable step, not part of a sandboxed turn)."""
+    from sandbox.policy.attempt_record import AttemptRecord
+    from sandbox.policy.lifecycle import TurnKind, TurnState
+    from supervisor.store.protocol import NewSession, NewTurn, TurnEnding
+    from supervisor.store.sqlite import open_sqlite_store
+
+    out: list[float] = []
+    async with open_sqlite_store(store_path) as store:
+        await store.open_session(NewSession(session_id=session.session_id, package_id="bench"))
+        claims = []
+        for _ in range(n):
+            new = NewTurn(session_id=session.session_id, kind=TurnKind.PROCESS, spec={})
+            accepted = await store.accept(new, claim_for="bench")
+            assert accepted.claim is not None
+            claims.append(accepted.claim)
+        for claim in claims:
+            t0 = time.perf_counter()
+            result = await session.run_process_turn(
+                ["/bin/true"],
+                declared_outputs=[],
+                timeout_ms=5000,
+                turn_number=claim.turn.turn_number,
+                ledger_commit="caller",
+            )
+            await store.finish(
+                claim,
+                TurnEnding(state=TurnState.SUCCEEDED),
+                [AttemptRecord(attempt=1, started_us=0, decision="SUCCEED")],
+                ledger_lines=result.sealed_lines,
+                started=AttemptRecord(attempt=1, started_us=0),
+            )
+            session.flush_ledgers()
+            out.append(time.perf_counter() - t0)
+            if result.status != "succeeded":
+                raise RuntimeError(f"turn failed: {result.to_dict()}")
+    return out
+
+
 def confined_spawn_timer(session: Session) -> Callable[[], None]:
     """The launcher alone: /bin/true with the session's full confinement, spawned and reaped.
 
@@ -141,7 +183,7 @@ def main() -> int:
         manifest = {"capabilities": {"read": [], "write": ["**"], "execute": ["/bin/true"]}}
         (pkg / "manifest.json").write_text(json.dumps(manifest))
 
-        async def sandboxed(*, group_commit: bool) -> list[float]:
+        async def sandboxed(*, group_commit: bool, store: bool = False) -> list[float]:
             syncer = GroupSyncer() if group_commit else None
             try:
                 with Runtime(root, syncer=syncer) as runtime:
@@ -154,6 +196,10 @@ def main() -> int:
                         results["confined_spawn_ms"] = round(
                             median_ms(time_sync(launcher, args.turns)), 3
                         )
+                        if store:
+                            return await time_turns_store(
+                                session, work / "turns.sqlite3", args.turns
+                            )
                         return await time_turns(session, args.turns)
             finally:
                 if syncer is not None:
@@ -163,6 +209,11 @@ def main() -> int:
         bare = median_ms(time_sync(bare_spawn, args.turns))
         turn = median_ms(anyio.run(functools.partial(sandboxed, group_commit=False)))
         turn_group = median_ms(anyio.run(functools.partial(sandboxed, group_commit=True)))
+        turn_store = median_ms(
+            anyio.run(functools.partial(sandboxed, group_commit=True, store=True))
+        )
+        results["sandboxed_turn_store_ms"] = round(turn_store, 3)
+        results["turn_store_ratio"] = round(turn_store / bare, 2)
         results["bare_posix_spawn_ms"] = round(bare, 3)
         results["confined_spawn_ratio"] = round(float(results["confined_spawn_ms"]) / bare, 2)
         results["sandboxed_turn_ms"] = round(turn, 3)
@@ -204,6 +255,12 @@ def main() -> int:
             f"  same, ledgers with GroupSyncer     median "
             f"{results['sandboxed_turn_group_commit_ms']:.3f} ms"
             f"  ratio {results['turn_group_commit_ratio']}x"
+        )
+        store_ms = results["sandboxed_turn_store_ms"]
+        print(
+            "  same, daemon's path (both lines commit with the ending in the turn store)\n"
+            f"                                     median {store_ms:.3f} ms"
+            f"  ratio {results['turn_store_ratio']}x"
         )
         print(
             f"raw walk+read+sha256, {args.files} files  {results['raw_walk_ms']:.2f} ms "
