@@ -110,9 +110,10 @@ def confined_spawn_timer(session: Session) -> Callable[[], None]:
     Same uid drop, network namespace, cgroup leaf, rlimits and Landlock ruleset as a turn,
     without the turn's bookkeeping (checks, enumeration, ledgers).
     """
-    session._prepare_dirs()
-    session._ensure_confinement()
-    cg = session._turn_cgroup()
+    area = session.area
+    area.prepare()
+    area.ensure_confinement()
+    cg = area.turn_cgroup()
     stdin = session.runtime.stdin_fd()
 
     def run() -> None:
@@ -122,17 +123,17 @@ def confined_spawn_timer(session: Session) -> Callable[[], None]:
                 SpawnRequest(
                     path="/usr/bin/true",
                     argv=("/bin/true",),
-                    env=session._env(1),
+                    env=area.env(1),
                     cwd=str(session.output_dir),
                     stdin_fd=stdin,
                     stdout_fd=stdin,
                     stderr_fd=stdin,
                     uid=session.uid,
                     gid=session.gid,
-                    netns_fd=session._netns_fd,
-                    landlock_fd=session._ruleset_fd,
+                    netns_fd=area.netns_fd,
+                    landlock_fd=area.ruleset_fd,
                     cgroup_fds=tuple(fds),
-                    rlimits=session._rlimits(),
+                    rlimits=area.rlimits(),
                 )
             )
         finally:

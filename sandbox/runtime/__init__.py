@@ -6,7 +6,6 @@
 """The sandbox runtime (sessions, confined process turns, realized writes, promotion)."""
 
 from sandbox.policy.declarations import DeclaredOutput as DeclaredOutput
-from sandbox.runtime.attempt import AttemptRecord as AttemptRecord
 from sandbox.runtime.attempt import ProcessAttempt as ProcessAttempt
 from sandbox.runtime.process_turn import TurnResult as TurnResult
 from sandbox.runtime.process_turn import TurnStatus as TurnStatus
@@ -19,7 +18,6 @@ from sandbox.runtime.session import Session as Session
 __all__ = [
     "DEFAULT_LOADER_PATHS",
     "DEFAULT_SYSTEM_READ_PATHS",
-    "AttemptRecord",
     "DeclaredOutput",
     "ProcessAttempt",
     "Runtime",

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SPAWN_FAILED",
-    "AttemptRecord",
     "ConfinedRun",
     "ProcessAttempt",
     "capability_violation",
@@ -49,8 +48,7 @@ class ProcessAttempt:
     """One attempt of a process turn: how the confined run ended and what the policy decided.
 
     The runtime's detailed view (output text, realized writes, resource events); the daemon
-    stores the one `sandbox.policy.attempt_record.AttemptRecord` made from it. ``AttemptRecord``
-    is kept as an alias of this class for existing importers.
+    stores the one `sandbox.policy.attempt_record.AttemptRecord` made from it.
     """
 
     attempt_number: int
@@ -112,10 +110,6 @@ class ProcessAttempt:
             data[f"{key}_sha256"] = hashlib.sha256(text.encode()).hexdigest()
         data.pop("realized_writes")
         return data
-
-
-#: The runtime's attempt record under its former name (kept for existing importers).
-AttemptRecord = ProcessAttempt
 
 
 @dataclass(frozen=True, slots=True)

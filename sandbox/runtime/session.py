@@ -7,7 +7,7 @@ ledger entries) and the ledger entries of instruction turns the daemon records f
 docs/sandbox.md describes the threat model and what each mechanism does and does not stop.
 
 The names importers know from the former single module (``Runtime``, ``RuntimeConfig``,
-``TurnResult``, ``AttemptRecord``, ``DeclaredOutput`` ...) are re-exported here.
+``TurnResult``, ``ProcessAttempt``, ``DeclaredOutput`` ...) are re-exported here.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typing import Literal
 import anyio
 
 from ledger import LedgerEntry, SealedLine, SessionLedgers
-from sandbox.confine.cgroups import TurnCgroup
 from sandbox.errors import CapabilityViolation
 from sandbox.packages import Package
 from sandbox.policy.attempts import AgentPhase, RetryOptions
@@ -28,7 +27,7 @@ from sandbox.policy.declarations import DeclaredOutput
 from sandbox.policy.retry_protocol import EntropyDetector
 from sandbox.prompt_header import PromptHeader, build_prompt_header
 from sandbox.runtime.area import SessionArea, session_capabilities
-from sandbox.runtime.attempt import AttemptRecord, ProcessAttempt
+from sandbox.runtime.attempt import ProcessAttempt
 from sandbox.runtime.process_turn import (
     ProcessTurn,
     TurnResult,
@@ -47,7 +46,6 @@ from sandbox.runtime.runtime import (
 __all__ = [
     "DEFAULT_LOADER_PATHS",
     "DEFAULT_SYSTEM_READ_PATHS",
-    "AttemptRecord",
     "DeclaredOutput",
     "ProcessAttempt",
     "Runtime",
@@ -125,31 +123,6 @@ class Session:
     def network_granted(self) -> bool:
         """Whether the manifest grants network access."""
         return self.package.capabilities.network
-
-    # The area's internals under their former names (benchmarks/bench_sandbox.py times the
-    # launcher alone with them).
-    @property
-    def _netns_fd(self) -> int:
-        return self.area.netns_fd
-
-    @property
-    def _ruleset_fd(self) -> int:
-        return self.area.ruleset_fd
-
-    def _prepare_dirs(self) -> None:
-        self.area.prepare()
-
-    def _ensure_confinement(self) -> dict[str, str]:
-        return self.area.ensure_confinement()
-
-    def _turn_cgroup(self) -> TurnCgroup:
-        return self.area.turn_cgroup()
-
-    def _env(self, turn: int) -> tuple[tuple[str, str], ...]:
-        return self.area.env(turn)
-
-    def _rlimits(self) -> tuple[tuple[int, int, int], ...]:
-        return self.area.rlimits()
 
     # -- checks before a turn -----------------------------------------------------------------
 
