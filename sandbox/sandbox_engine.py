@@ -8,6 +8,7 @@ from sandbox.policy.engine import (
     decide_sandbox_outcome,
     enforce_retry_limit,
     is_retry_allowed,
+    retry_limit_overrun,
 )
 
 __all__ = [
@@ -16,4 +17,5 @@ __all__ = [
     "decide_sandbox_outcome",
     "enforce_retry_limit",
     "is_retry_allowed",
+    "retry_limit_overrun",
 ]

@@ -15,10 +15,13 @@ The combination, in order:
 * FAULT -> ``decide_sandbox_outcome``; its RETRY is then gated by the phase: automatic retry only
   in GREEN and VERIFY (or with no phase, where Phase-21 alone decides); in RED/REFACTOR the turn
   ends with TERMINATE ``PHASE_NOT_RETRYABLE``;
-* a persistent FAILURE is retried in GREEN/VERIFY while ``attempt_number < max_attempts``; on the
-  last attempt the verdict is EXHAUSTED with ``record_entropy=True``; in RED/REFACTOR it is
-  TERMINATE ``PHASE_NOT_RETRYABLE``; with no phase Phase-21 has no rule for it, so it is
-  TERMINATE ``FAILURE_NOT_RETRIED``.
+* a SUCCESS, REFUSED or persistent FAILURE on an attempt beyond the budget (``attempt_number >
+  max_attempts``: it should never have run) is TERMINATE ``DENY_ATTEMPT_LIMIT_EXCEEDED``; a fault
+  there is decided by the table (RESOURCE_EXHAUSTED still escalates, seed 000 "Any");
+* a persistent FAILURE is retried in GREEN/VERIFY while ``enforce_retry_limit`` holds
+  (``attempt_number < max_attempts``); on the last attempt the verdict is EXHAUSTED with
+  ``record_entropy=True``; in RED/REFACTOR it is TERMINATE ``PHASE_NOT_RETRYABLE``; with no
+  phase Phase-21 has no rule for it, so it is TERMINATE ``FAILURE_NOT_RETRIED``.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from sandbox.policy.engine import (
     context_problem,
     decide_sandbox_outcome,
     enforce_retry_limit,
-    is_retry_allowed,
+    retry_limit_overrun,
 )
 from sandbox.policy.envelopes import ExecutionSafetyResult, ExecutorResponseType
 from sandbox.policy.faults import ExecutionFaultType, RetryPolicy, SandboxDecision
@@ -380,7 +383,7 @@ def decide_attempt(
     problem = context_problem(context)
     if problem is not None:
         return _deny(*problem)
-    if not enforce_retry_limit(context):
+    if retry_limit_overrun(context):
         return _deny(
             rc.DENY_ATTEMPT_LIMIT_EXCEEDED,
             f"attempt {attempt_number} exceeds max_attempts {options.max_attempts}",
@@ -405,7 +408,7 @@ def decide_attempt(
             f"{failed}; {_phase_name(phase)} is not retried automatically",
             retry_policy=RetryPolicy.NO_RETRY,
         )
-    if is_retry_allowed(context):
+    if enforce_retry_limit(context):
         return AttemptDecision(
             Verdict.RETRY,
             rc.PERSISTENT_FAILURE_RETRY,
@@ -430,7 +433,7 @@ def outcome_from_response(result: ExecutionSafetyResult) -> AttemptOutcome:
     exit code, TIMEOUT -> TIMEOUT, ERROR -> CRASH, REFUSED -> refused.
     """
     response = result.response
-    if not result.allowed or response is None:
+    if not result.is_safe or response is None:
         fault_type = (
             ExecutionFaultType.SECURITY_VIOLATION
             if result.reason_code == rc.RESPONSE_CLAIMS_AUTHORITY

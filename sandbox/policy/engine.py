@@ -12,8 +12,11 @@ Order of checks in ``decide_sandbox_outcome`` (documented in docs/policy.md):
 3. the context is well formed (ids, attempt >= 1, max_retries >= 1, timeout > 0, timestamp);
 4. the fault's other fields are well formed and the fault belongs to this context (same
    execution id, same attempt number);
-5. the attempt is within the budget (attempt_number <= max_retries);
-6. the table.
+5. the table. Its "Any" rows (PARTIAL, INVALID_RESPONSE, RESOURCE_EXHAUSTED) hold at any attempt
+   number, also beyond the budget: RESOURCE_EXHAUSTED escalates at attempt 4 of 3. The CRASH and
+   TIMEOUT rows depend on the attempt: RETRY while ``enforce_retry_limit`` (attempt_number <
+   max_retries), TERMINATE at or over the limit; over it (attempt_number > max_retries, an
+   attempt that should never have run) the reason code is ``DENY_ATTEMPT_LIMIT_EXCEEDED``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ __all__ = [
     "decide_sandbox_outcome",
     "enforce_retry_limit",
     "is_retry_allowed",
+    "retry_limit_overrun",
 ]
 
 _POLICY_BY_FAULT: dict[ExecutionFaultType, RetryPolicy] = {
@@ -103,24 +107,39 @@ def classify_fault(fault_type: object, context: object) -> RetryPolicy:
     return _POLICY_BY_FAULT[fault_type]
 
 
-def is_retry_allowed(context: object) -> bool:
-    """True when ``context`` is well formed and ``attempt_number < max_retries``."""
+def enforce_retry_limit(context: object) -> bool:
+    """True only while the context is well formed and ``attempt_number < max_retries``.
+
+    The seed authors' test: within the limit -> True, at or over it -> False (with the seed
+    budget of 3: attempts 1 and 2 -> True, 3 and beyond -> False). ``max_retries`` is the attempt
+    budget (attempts are numbered from 1), so True means another attempt may follow this one;
+    False means the limit is enforced: no further attempt (or the context cannot be trusted).
+    """
     checked = _checked_context(context)
     if isinstance(checked, tuple):
         return False
     return checked.attempt_number < checked.max_retries
 
 
-def enforce_retry_limit(context: object) -> bool:
-    """True when ``context`` is well formed and respects the limit (``attempt <= max_retries``).
+def is_retry_allowed(context: object) -> bool:
+    """True when ``context`` is well formed and ``attempt_number < max_retries``.
 
-    False means the attempt must not run (or its result must not be retried): the budget has
-    already been overrun, or the context cannot be trusted.
+    The same predicate as ``enforce_retry_limit`` (seed 000 section 7 names both; the seed
+    authors' tests give them the same answers).
+    """
+    return enforce_retry_limit(context)
+
+
+def retry_limit_overrun(context: object) -> bool:
+    """True when ``context`` is well formed and ``attempt_number > max_retries``.
+
+    Such an attempt should never have run: something bypassed the limit. The attempt-dependent
+    rows (CRASH, TIMEOUT) and the non-fault outcomes are denied for it; the "Any" rows are not.
     """
     checked = _checked_context(context)
     if isinstance(checked, tuple):
         return False
-    return checked.attempt_number <= checked.max_retries
+    return checked.attempt_number > checked.max_retries
 
 
 def _terminate(policy: RetryPolicy, code: str, description: str) -> SandboxDecisionResult:
@@ -180,16 +199,10 @@ def decide_sandbox_outcome(fault: object, context: object) -> SandboxDecisionRes
     problem = _fault_problem(fault, context)
     if problem is not None:
         return _terminate(RetryPolicy.NO_RETRY, *problem)
-    if not enforce_retry_limit(context):
-        return _terminate(
-            RetryPolicy.NO_RETRY,
-            rc.DENY_ATTEMPT_LIMIT_EXCEEDED,
-            f"attempt {context.attempt_number} exceeds max_retries {context.max_retries}",
-        )
     policy = _POLICY_BY_FAULT[fault_type]
     if fault_type in _RETRYABLE_CODES:
         retry_code, limit_code = _RETRYABLE_CODES[fault_type]
-        if is_retry_allowed(context):
+        if enforce_retry_limit(context):
             return SandboxDecisionResult(
                 decision=SandboxDecision.RETRY,
                 retry_policy=policy,
@@ -198,6 +211,13 @@ def decide_sandbox_outcome(fault: object, context: object) -> SandboxDecisionRes
                     f"{fault_type.value} on attempt {context.attempt_number} of "
                     f"{context.max_retries}: retry"
                 ),
+            )
+        if retry_limit_overrun(context):
+            return _terminate(
+                RetryPolicy.NO_RETRY,
+                rc.DENY_ATTEMPT_LIMIT_EXCEEDED,
+                f"{fault_type.value} on attempt {context.attempt_number}, which exceeds "
+                f"max_retries {context.max_retries}: terminate",
             )
         return _terminate(
             policy,

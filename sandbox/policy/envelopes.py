@@ -126,9 +126,18 @@ class ExecutorResponseEnvelope:
 
 @dataclass(frozen=True, slots=True)
 class ExecutionSafetyResult:
-    """Verdict of the Phase-20 safety rules; ``response`` is set only when ``allowed``."""
+    """Verdict of the Phase-20 safety rules (seed 001: ``validate_executor_response`` returns it).
 
-    allowed: bool
+    ``is_safe``, ``reason_code`` and ``reason_description`` are the seed authors' field names;
+    ``response`` (the validated, frozen envelope) is set only when ``is_safe``.
+    """
+
+    is_safe: bool
     reason_code: str
     reason_description: str
-    response: ExecutorResponseEnvelope | None
+    response: ExecutorResponseEnvelope | None = None
+
+    @property
+    def allowed(self) -> bool:
+        """The former name of ``is_safe``, kept for supervisor/executors/judge.py; read-only."""
+        return self.is_safe

@@ -320,7 +320,7 @@ def _normalise_key(key: str) -> str:
 
 def _deny(code: str, description: str) -> ExecutionSafetyResult:
     return ExecutionSafetyResult(
-        allowed=False, reason_code=code, reason_description=description, response=None
+        is_safe=False, reason_code=code, reason_description=description, response=None
     )
 
 
@@ -450,7 +450,7 @@ def _validate(instruction: object, response: object) -> ExecutionSafetyResult:
     )
     code = rc.RESPONSE_ACCEPTED_PARTIAL if partial else rc.RESPONSE_ACCEPTED
     return ExecutionSafetyResult(
-        allowed=True,
+        is_safe=True,
         reason_code=code,
         reason_description=f"{response_type.value} response accepted"
         + (" (partial output)" if partial else ""),
@@ -459,5 +459,5 @@ def _validate(instruction: object, response: object) -> ExecutionSafetyResult:
 
 
 def enforce_executor_safety(instruction: object, response: object) -> bool:
-    """True only when ``validate_executor_response`` allows the response."""
-    return validate_executor_response(instruction, response).allowed
+    """True only when ``validate_executor_response`` finds the response safe (``is_safe``)."""
+    return validate_executor_response(instruction, response).is_safe

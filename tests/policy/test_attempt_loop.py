@@ -252,6 +252,41 @@ async def test_resource_exhausted_escalates_at_any_attempt(before: int) -> None:
     assert len(runner.seen) == before + 1
 
 
+@pytest.mark.parametrize("max_attempts", [1, 2, 3, 5])
+@pytest.mark.parametrize("failing", [FAIL, CRASH], ids=["failure", "crash"])
+async def test_a_turn_gets_exactly_max_attempts_attempts(
+    max_attempts: int, failing: AttemptOutcome
+) -> None:
+    """max_retries is the attempt budget: max_attempts attempts in all (max_attempts - 1
+    retries), the last one decided by the table (EXHAUSTED / CRASH_RETRY_LIMIT_REACHED)."""
+    options = RetryOptions(max_attempts=max_attempts, base_delay_ms=0)
+    end, runner, _, _ = await _loop([failing] * 10, options=options)
+    assert end is not None
+    assert [a.attempt for a in runner.seen] == list(range(1, max_attempts + 1))
+    decisions = [a.decision for a in end.attempts]
+    last = "EXHAUSTED" if failing is FAIL else "TERMINATE"
+    assert decisions == ["RETRY"] * (max_attempts - 1) + [last]
+    assert end.decision.reason_code in {rc.RETRY_BUDGET_EXHAUSTED, rc.CRASH_RETRY_LIMIT_REACHED}
+
+
+async def test_resource_exhausted_beyond_the_budget_escalates() -> None:
+    """A turn resumed beyond its budget (max_attempts lowered across a restart): attempt 4 of 3
+    hitting RESOURCE_EXHAUSTED escalates (seed 000 "Any"); a success there is still an overrun."""
+    end, runner, _, _ = await _loop([EXHAUSTED], first_attempt=4)
+    assert end is not None
+    assert [a.attempt for a in runner.seen] == [4]
+    assert (end.state, end.decision.reason_code) == (
+        TurnState.ESCALATED,
+        rc.RESOURCE_EXHAUSTED_ESCALATE,
+    )
+    end, _, _, _ = await _loop([OK], first_attempt=4)
+    assert end is not None
+    assert (end.state, end.decision.reason_code) == (
+        TurnState.TERMINATED,
+        rc.DENY_ATTEMPT_LIMIT_EXCEEDED,
+    )
+
+
 async def test_records_carry_decisions_delays_and_reports() -> None:
     end, _, _, hooks = await _loop(
         [FAIL, OK], execution_id="sess", instruction_id=lambda n: f"sess#4.{n}"

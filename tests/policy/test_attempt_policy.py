@@ -258,13 +258,59 @@ def test_options_must_be_retry_options() -> None:
         (AttemptOutcome.fault(F.CRASH), -1, rc.DENY_ATTEMPT_NUMBER_INVALID),
         (AttemptOutcome.refused(), 4, rc.DENY_ATTEMPT_LIMIT_EXCEEDED),
         (AttemptOutcome.failure(1), 4, rc.DENY_ATTEMPT_LIMIT_EXCEEDED),
-        (AttemptOutcome.fault(F.RESOURCE_EXHAUSTED), 4, rc.DENY_ATTEMPT_LIMIT_EXCEEDED),
+        (AttemptOutcome.success(), 4, rc.DENY_ATTEMPT_LIMIT_EXCEEDED),
+        (AttemptOutcome.fault(F.CRASH), 4, rc.DENY_ATTEMPT_LIMIT_EXCEEDED),
+        (AttemptOutcome.fault(F.TIMEOUT), 4, rc.DENY_ATTEMPT_LIMIT_EXCEEDED),
     ],
 )
 def test_bad_attempt_number_is_denied(outcome: AttemptOutcome, attempt: object, code: str) -> None:
-    """Attempt numbers below 1, mistyped or beyond the budget are denied for every kind."""
+    """Attempt numbers below 1, mistyped or beyond the budget are denied (but see below)."""
     decision = _decide(outcome, P.GREEN, attempt)
     assert (decision.verdict, decision.reason_code) == (Verdict.TERMINATE, code)
+
+
+@pytest.mark.parametrize("phase", [None, *AgentPhase])
+def test_resource_exhausted_at_attempt_4_of_3_escalates(phase: AgentPhase | None) -> None:
+    """Seed 000 "Any": RESOURCE_EXHAUSTED on attempt 4 of 3 escalates, in every phase."""
+    decision = _decide(AttemptOutcome.fault(F.RESOURCE_EXHAUSTED), phase, 4)
+    assert (decision.verdict, decision.reason_code) == (
+        Verdict.ESCALATE,
+        rc.RESOURCE_EXHAUSTED_ESCALATE,
+    )
+    assert decision.sandbox_decision is SandboxDecision.ESCALATE
+    assert decision.retry_policy is RetryPolicy.HUMAN_DECISION
+
+
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [
+        (F.PARTIAL, rc.PARTIAL_NOT_RETRYABLE),
+        (F.INVALID_RESPONSE, rc.INVALID_RESPONSE_NOT_RETRYABLE),
+        (F.SECURITY_VIOLATION, rc.SECURITY_VIOLATION_TERMINATE),
+    ],
+)
+def test_any_attempt_terminations_keep_their_code_beyond_the_budget(
+    fault: ExecutionFaultType, code: str
+) -> None:
+    """The other "Any" rows terminate beyond the budget with their own reason code."""
+    decision = _decide(AttemptOutcome.fault(fault), P.GREEN, 4)
+    assert (decision.verdict, decision.reason_code) == (Verdict.TERMINATE, code)
+
+
+@pytest.mark.parametrize("max_attempts", [1, 2, 3, 5])
+def test_last_attempt_is_decided_not_denied(max_attempts: int) -> None:
+    """attempt_number == max_attempts is the last attempt, not an overrun: it may succeed, and
+    a failure there is EXHAUSTED (GREEN) or the fault's limit code, never an overrun denial."""
+    options = RetryOptions(max_attempts=max_attempts)
+
+    def last(outcome: AttemptOutcome) -> AttemptDecision:
+        return decide_attempt(outcome, phase=P.GREEN, attempt_number=max_attempts, options=options)
+
+    assert last(AttemptOutcome.success()).verdict is Verdict.SUCCEED
+    assert last(AttemptOutcome.failure(1)).reason_code == rc.RETRY_BUDGET_EXHAUSTED
+    assert last(AttemptOutcome.fault(F.CRASH)).reason_code == rc.CRASH_RETRY_LIMIT_REACHED
+    assert last(AttemptOutcome.fault(F.TIMEOUT)).reason_code == rc.TIMEOUT_RETRY_LIMIT_REACHED
+    assert last(AttemptOutcome.refused()).reason_code == rc.EXECUTOR_REFUSED
 
 
 @pytest.mark.parametrize("fault", [None, "CRASH", 3])
@@ -306,7 +352,7 @@ def test_decision_is_frozen_and_serialisable() -> None:
 
 
 # ----------------------------------------------------------------- executor responses
-def _allowed(kind: ExecutorResponseType, *, partial: bool = False) -> ExecutionSafetyResult:
+def _safe(kind: ExecutorResponseType, *, partial: bool = False) -> ExecutionSafetyResult:
     envelope = ExecutorResponseEnvelope(
         instruction_id="I",
         response_type=kind,
@@ -315,18 +361,20 @@ def _allowed(kind: ExecutorResponseType, *, partial: bool = False) -> ExecutionS
         timestamp="t",
         partial=partial,
     )
-    return ExecutionSafetyResult(True, rc.RESPONSE_ACCEPTED, "ok", envelope)
+    return ExecutionSafetyResult(
+        is_safe=True, reason_code=rc.RESPONSE_ACCEPTED, reason_description="ok", response=envelope
+    )
 
 
 @pytest.mark.parametrize(
     ("result", "kind", "fault"),
     [
-        (_allowed(ExecutorResponseType.SUCCESS), OutcomeKind.SUCCESS, None),
-        (_allowed(ExecutorResponseType.SUCCESS, partial=True), OutcomeKind.FAULT, F.PARTIAL),
-        (_allowed(ExecutorResponseType.FAILURE), OutcomeKind.FAILURE, None),
-        (_allowed(ExecutorResponseType.TIMEOUT), OutcomeKind.FAULT, F.TIMEOUT),
-        (_allowed(ExecutorResponseType.ERROR), OutcomeKind.FAULT, F.CRASH),
-        (_allowed(ExecutorResponseType.REFUSED), OutcomeKind.REFUSED, None),
+        (_safe(ExecutorResponseType.SUCCESS), OutcomeKind.SUCCESS, None),
+        (_safe(ExecutorResponseType.SUCCESS, partial=True), OutcomeKind.FAULT, F.PARTIAL),
+        (_safe(ExecutorResponseType.FAILURE), OutcomeKind.FAILURE, None),
+        (_safe(ExecutorResponseType.TIMEOUT), OutcomeKind.FAULT, F.TIMEOUT),
+        (_safe(ExecutorResponseType.ERROR), OutcomeKind.FAULT, F.CRASH),
+        (_safe(ExecutorResponseType.REFUSED), OutcomeKind.REFUSED, None),
         (
             ExecutionSafetyResult(False, rc.RESPONSE_CLAIMS_AUTHORITY, "x", None),
             OutcomeKind.FAULT,
@@ -354,7 +402,7 @@ def test_outcome_from_response(
 
 def test_executor_failure_is_retried_in_green() -> None:
     """An executor FAILURE in GREEN is a persistent failure, retried with backoff."""
-    outcome = outcome_from_response(_allowed(ExecutorResponseType.FAILURE))
+    outcome = outcome_from_response(_safe(ExecutorResponseType.FAILURE))
     assert _decide(outcome, P.GREEN).verdict is Verdict.RETRY
 
 

@@ -116,11 +116,22 @@ def test_fault_with_mistyped_field_is_denied(changes: dict[str, object]) -> None
     _assert_denied(_fault(**changes), _ctx(), rc.DENY_FAULT_MALFORMED)
 
 
-@pytest.mark.parametrize("fault_type", [F.CRASH, F.RESOURCE_EXHAUSTED, F.PARTIAL])
+@pytest.mark.parametrize("fault_type", [F.CRASH, F.TIMEOUT])
 def test_attempt_beyond_budget_is_denied(fault_type: ExecutionFaultType) -> None:
-    """attempt_number > max_retries means the limit was already overrun: denied, even ESCALATE."""
+    """attempt_number > max_retries for a retryable fault: the limit was overrun, denied."""
     context = _ctx(attempt_number=4)
     _assert_denied(_fault(fault_type, attempt_number=4), context, rc.DENY_ATTEMPT_LIMIT_EXCEEDED)
+
+
+def test_resource_exhausted_beyond_budget_still_escalates() -> None:
+    """Seed 000 says "Any" attempt for RESOURCE_EXHAUSTED: an overrun budget still escalates."""
+    result = decide_sandbox_outcome(
+        _fault(F.RESOURCE_EXHAUSTED, attempt_number=4), _ctx(attempt_number=4)
+    )
+    assert (result.decision, result.reason_code) == (
+        SandboxDecision.ESCALATE,
+        rc.RESOURCE_EXHAUSTED_ESCALATE,
+    )
 
 
 def test_security_violation_wins_over_malformed_context() -> None:

@@ -49,7 +49,7 @@ def _response(**changes: object) -> dict[str, Any]:
 
 def _denied(response: object, code: str) -> ExecutionSafetyResult:
     result = validate_executor_response(INSTRUCTION, response)
-    assert (result.allowed, result.reason_code) == (False, code), result.reason_description
+    assert (result.is_safe, result.reason_code) == (False, code), result.reason_description
     assert result.response is None
     assert not enforce_executor_safety(INSTRUCTION, response)
     return result
@@ -58,7 +58,7 @@ def _denied(response: object, code: str) -> ExecutionSafetyResult:
 def test_valid_success_is_accepted() -> None:
     """A SUCCESS with evidence and the right id is allowed and becomes a frozen envelope."""
     result = validate_executor_response(INSTRUCTION, _response())
-    assert (result.allowed, result.reason_code) == (True, rc.RESPONSE_ACCEPTED)
+    assert (result.is_safe, result.reason_code) == (True, rc.RESPONSE_ACCEPTED)
     assert result.response is not None
     assert result.response.response_type is ExecutorResponseType.SUCCESS
     assert result.response.output == {"text": "42 EUR"}
@@ -67,13 +67,43 @@ def test_valid_success_is_accepted() -> None:
     assert enforce_executor_safety(INSTRUCTION, _response())
 
 
+def test_safety_result_has_the_seed_authors_field_names() -> None:
+    """ExecutionSafetyResult carries is_safe, reason_code and reason_description (seed names)."""
+    names = [f.name for f in dataclasses.fields(ExecutionSafetyResult)]
+    assert names[:3] == ["is_safe", "reason_code", "reason_description"]
+    denied = validate_executor_response(INSTRUCTION, _response(instruction_id="INS-2"))
+    assert denied.is_safe is False
+    assert denied.reason_code == rc.RESPONSE_INSTRUCTION_ID_MISMATCH
+    assert "INS-2" in denied.reason_description
+    accepted = validate_executor_response(INSTRUCTION, _response())
+    assert accepted.is_safe is True
+    assert accepted.reason_code == rc.RESPONSE_ACCEPTED
+    assert accepted.reason_description == "SUCCESS response accepted"
+
+
+def test_safety_result_built_from_the_three_seed_fields() -> None:
+    """The seed's three fields are enough to build one; the frozen result cannot change."""
+    result = ExecutionSafetyResult(
+        is_safe=False, reason_code=rc.RESPONSE_MALFORMED, reason_description="bad"
+    )
+    assert (result.is_safe, result.reason_code, result.reason_description) == (
+        False,
+        rc.RESPONSE_MALFORMED,
+        "bad",
+    )
+    assert result.response is None
+    assert result.allowed is False  # the former name, read-only, for the hub's judge
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.is_safe = True  # type: ignore[misc]
+
+
 @pytest.mark.parametrize("kind", ["FAILURE", "TIMEOUT", "ERROR", "REFUSED"])
 def test_other_response_types_need_no_evidence(kind: str) -> None:
     """FAILURE/TIMEOUT/ERROR/REFUSED are accepted without evidence (they claim no success)."""
     result = validate_executor_response(
         INSTRUCTION, _response(response_type=kind, evidence_hash="", error_message="no")
     )
-    assert result.allowed
+    assert result.is_safe
     assert result.response is not None
     assert result.response.response_type.value == kind
 
@@ -93,13 +123,13 @@ def test_null_optional_strings_are_empty() -> None:
     result = validate_executor_response(
         INSTRUCTION, _response(response_type="ERROR", evidence_hash=None, error_message=None)
     )
-    assert result.allowed
+    assert result.is_safe
 
 
 def test_partial_success_is_flagged() -> None:
     """partial=true is accepted with RESPONSE_ACCEPTED_PARTIAL (the hub maps it to PARTIAL)."""
     result = validate_executor_response(INSTRUCTION, _response(partial=True))
-    assert (result.allowed, result.reason_code) == (True, rc.RESPONSE_ACCEPTED_PARTIAL)
+    assert (result.is_safe, result.reason_code) == (True, rc.RESPONSE_ACCEPTED_PARTIAL)
     assert "partial" in result.reason_description
 
 
@@ -209,7 +239,7 @@ def test_rule_claims_authority_nested_in_output(output: dict[str, object]) -> No
 def test_own_ids_nested_in_output_are_not_a_claim() -> None:
     """Echoing this instruction's own ids inside output is not an authority claim."""
     output = {"instruction_id": "INS-1", "meta": {"execution_id": "EXE-1"}}
-    assert validate_executor_response(INSTRUCTION, _response(output=output)).allowed
+    assert validate_executor_response(INSTRUCTION, _response(output=output)).is_safe
 
 
 def test_authority_claim_is_checked_before_every_other_rule() -> None:
@@ -222,7 +252,7 @@ def test_authority_claim_is_checked_before_every_other_rule() -> None:
 def test_values_are_data_not_claims() -> None:
     """Words like RETRY inside output values are data, not claims."""
     output = {"text": "decision: RETRY with max_retries 100", "list": ["ESCALATE"]}
-    assert validate_executor_response(INSTRUCTION, _response(output=output)).allowed
+    assert validate_executor_response(INSTRUCTION, _response(output=output)).is_safe
 
 
 # ----------------------------------------------------------------- malformed responses
@@ -292,7 +322,7 @@ def test_deeply_buried_authority_is_still_denied() -> None:
     for _ in range(40):
         deep = {"k": deep}
     result = validate_executor_response(INSTRUCTION, _response(output=deep))
-    assert not result.allowed
+    assert not result.is_safe
 
 
 class HostileMapping(dict[str, object]):
@@ -312,7 +342,7 @@ def test_hostile_mapping_is_denied_not_raised() -> None:
 def test_instruction_must_be_an_envelope(instruction: object) -> None:
     """A caller passing no real instruction envelope gets INSTRUCTION_INVALID, not an exception."""
     result = validate_executor_response(instruction, _response())
-    assert (result.allowed, result.reason_code) == (False, rc.INSTRUCTION_INVALID)
+    assert (result.is_safe, result.reason_code) == (False, rc.INSTRUCTION_INVALID)
 
 
 def test_mutating_the_input_after_validation_changes_nothing() -> None:

@@ -17,7 +17,13 @@ from sandbox.policy.attempts import (
     outcome_from_response,
 )
 from sandbox.policy.context import FaultReport, SandboxContext
-from sandbox.policy.engine import context_problem, decide_sandbox_outcome
+from sandbox.policy.engine import (
+    context_problem,
+    decide_sandbox_outcome,
+    enforce_retry_limit,
+    is_retry_allowed,
+    retry_limit_overrun,
+)
 from sandbox.policy.faults import ExecutionFaultType, RetryPolicy, SandboxDecision
 from sandbox.policy.safety import (
     AUTHORITY_KEYS,
@@ -218,7 +224,7 @@ def test_invariant_4_an_executor_cannot_claim_authority(
         "output": output,
     }
     result = validate_executor_response(instruction, response)
-    assert not result.allowed
+    assert not result.is_safe
     assert outcome_from_response(result).fault_type is F.SECURITY_VIOLATION
 
 
@@ -261,3 +267,32 @@ def test_invariant_5_engine_never_retries_at_or_beyond_the_budget(
     if result.decision is SandboxDecision.RETRY:
         assert isinstance(context, SandboxContext)
         assert context.attempt_number < context.max_retries
+
+
+@PROPERTY
+@given(attempt=st.integers(1, 10_000), max_retries=st.integers(1, 10_000))
+def test_resource_exhausted_escalates_at_any_attempt(attempt: int, max_retries: int) -> None:
+    """Seed 000 "RESOURCE_EXHAUSTED | Any | Any | ESCALATE": whatever the attempt and budget."""
+    context = SandboxContext("EXE-1", "INS-1", attempt, max_retries, 1000, "t")
+    fault = FaultReport("F-1", "EXE-1", F.RESOURCE_EXHAUSTED, "oom", "t", attempt)
+    assert decide_sandbox_outcome(fault, context).decision is SandboxDecision.ESCALATE
+    decision = decide_attempt(
+        AttemptOutcome.fault(F.RESOURCE_EXHAUSTED),
+        phase=None,
+        attempt_number=attempt,
+        options=RetryOptions(max_attempts=max_retries),
+    )
+    assert decision.verdict is Verdict.ESCALATE
+
+
+@PROPERTY
+@given(context=contexts())
+def test_enforce_retry_limit_is_attempt_below_budget(context: object) -> None:
+    """enforce_retry_limit (and is_retry_allowed) is True exactly when the context is well formed
+    and attempt_number < max_retries; retry_limit_overrun exactly when attempt > max_retries."""
+    well_formed = context_problem(context) is None
+    below = well_formed and context.attempt_number < context.max_retries  # type: ignore[attr-defined]
+    over = well_formed and context.attempt_number > context.max_retries  # type: ignore[attr-defined]
+    assert enforce_retry_limit(context) is below
+    assert is_retry_allowed(context) is below
+    assert retry_limit_overrun(context) is over

@@ -1,4 +1,10 @@
-"""Phase-21 is_retry_allowed / enforce_retry_limit: max_retries is the attempt budget."""
+"""Phase-21 is_retry_allowed / enforce_retry_limit: max_retries is the attempt budget.
+
+Both predicates are True only while ``attempt_number < max_retries`` (the seed authors' test):
+attempts are numbered from 1, so with the seed budget of 3 attempts 1 and 2 may be retried and
+attempt 3 is the last. ``retry_limit_overrun`` is the separate guard for an attempt beyond the
+budget (one that should never have run).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ import pytest
 
 from sandbox.policy.attempts import RetryOptions
 from sandbox.policy.context import SandboxContext
-from sandbox.policy.engine import enforce_retry_limit, is_retry_allowed
+from sandbox.policy.engine import enforce_retry_limit, is_retry_allowed, retry_limit_overrun
 
 
 def _ctx(attempt: object = 1, max_retries: object = 3, **changes: object) -> SandboxContext:
@@ -31,26 +37,51 @@ def test_retry_allowed_while_attempt_below_budget(attempt: int, allowed: bool) -
 
 
 @pytest.mark.parametrize(
-    ("attempt", "respected"), [(1, True), (2, True), (3, True), (4, False), (1000, False)]
+    ("attempt", "within"), [(1, True), (2, True), (3, False), (4, False), (1000, False)]
 )
-def test_enforce_retry_limit_true_within_budget(attempt: int, respected: bool) -> None:
-    """enforce_retry_limit is True while attempt_number <= max_retries (the limit holds)."""
-    assert enforce_retry_limit(_ctx(attempt)) is respected
+def test_enforce_retry_limit_true_only_below_budget(attempt: int, within: bool) -> None:
+    """enforce_retry_limit is True only while attempt_number < max_retries (3)."""
+    assert enforce_retry_limit(_ctx(attempt)) is within
+
+
+def test_enforce_retry_limit_seed_authors_case() -> None:
+    """The seed authors' own case, literally: attempt_number == max_retries -> False."""
+    assert enforce_retry_limit(_ctx(attempt=3, max_retries=3)) is False
+    assert enforce_retry_limit(_ctx(attempt=2, max_retries=3)) is True
+    assert enforce_retry_limit(_ctx(attempt=4, max_retries=3)) is False
+
+
+@pytest.mark.parametrize("max_retries", [1, 2, 3, 5, 10])
+def test_the_two_predicates_agree(max_retries: int) -> None:
+    """is_retry_allowed and enforce_retry_limit give the same answer for every attempt."""
+    for attempt in range(1, max_retries + 3):
+        context = _ctx(attempt, max_retries)
+        assert enforce_retry_limit(context) is is_retry_allowed(context)
+        assert enforce_retry_limit(context) is (attempt < max_retries)
+
+
+@pytest.mark.parametrize(
+    ("attempt", "overrun"), [(1, False), (2, False), (3, False), (4, True), (1000, True)]
+)
+def test_retry_limit_overrun_only_beyond_budget(attempt: int, overrun: bool) -> None:
+    """retry_limit_overrun is True only for attempt_number > max_retries (never for the last)."""
+    assert retry_limit_overrun(_ctx(attempt)) is overrun
 
 
 def test_at_most_three_attempts_with_the_seed_budget() -> None:
     """With max_retries = 3 exactly three attempts run: two retries after the first."""
     attempts = 1
-    while is_retry_allowed(_ctx(attempts)):
+    while enforce_retry_limit(_ctx(attempts)):
         attempts += 1
     assert attempts == 3
-    assert enforce_retry_limit(_ctx(attempts))
+    assert not retry_limit_overrun(_ctx(attempts))
 
 
 def test_single_attempt_budget_never_retries() -> None:
     """max_retries = 1 means one attempt and no retry."""
     assert not is_retry_allowed(_ctx(1, 1))
-    assert enforce_retry_limit(_ctx(1, 1))
+    assert not enforce_retry_limit(_ctx(1, 1))
+    assert not retry_limit_overrun(_ctx(1, 1))
 
 
 @pytest.mark.parametrize(
@@ -70,9 +101,10 @@ def test_single_attempt_budget_never_retries() -> None:
     ],
 )
 def test_malformed_context_allows_nothing(context: object) -> None:
-    """A malformed context neither allows a retry nor counts as respecting the limit."""
+    """A malformed context allows no retry (and is not judged an overrun: it is denied)."""
     assert is_retry_allowed(context) is False
     assert enforce_retry_limit(context) is False
+    assert retry_limit_overrun(context) is False
 
 
 # ----------------------------------------------------------------- backoff (RetryOptions)

@@ -65,6 +65,49 @@ def test_decision_table_row(
     assert result.reason_description != ""
 
 
+@pytest.mark.parametrize(
+    ("fault_type", "decision", "code"),
+    [
+        (F.RESOURCE_EXHAUSTED, D.ESCALATE, rc.RESOURCE_EXHAUSTED_ESCALATE),
+        (F.PARTIAL, D.TERMINATE, rc.PARTIAL_NOT_RETRYABLE),
+        (F.INVALID_RESPONSE, D.TERMINATE, rc.INVALID_RESPONSE_NOT_RETRYABLE),
+        (F.SECURITY_VIOLATION, D.TERMINATE, rc.SECURITY_VIOLATION_TERMINATE),
+    ],
+)
+@pytest.mark.parametrize("attempt", [4, 10, 1000])
+def test_any_attempt_rows_hold_beyond_the_budget(
+    fault_type: ExecutionFaultType, decision: SandboxDecision, code: str, attempt: int
+) -> None:
+    """Seed 000's "Any | Any" rows hold at any attempt number, also beyond max_retries."""
+    result = decide_sandbox_outcome(_fault(fault_type, attempt), _ctx(attempt))
+    assert (result.decision, result.reason_code) == (decision, code)
+
+
+def test_resource_exhausted_at_attempt_4_of_3_escalates() -> None:
+    """The seed authors' case, literally: RESOURCE_EXHAUSTED, attempt 4 of 3 -> ESCALATE."""
+    context = SandboxContext(
+        execution_id="EXE-1",
+        instruction_id="INS-1",
+        attempt_number=4,
+        max_retries=3,
+        timeout_ms=1000,
+        timestamp="2026-01-25T16:00:00Z",
+    )
+    result = decide_sandbox_outcome(_fault(F.RESOURCE_EXHAUSTED, 4), context)
+    assert result.decision is D.ESCALATE
+    assert result.retry_policy is RetryPolicy.HUMAN_DECISION
+
+
+@pytest.mark.parametrize("fault_type", [F.CRASH, F.TIMEOUT])
+def test_retryable_fault_beyond_the_budget_terminates_as_an_overrun(
+    fault_type: ExecutionFaultType,
+) -> None:
+    """CRASH/TIMEOUT ">= max" is TERMINATE; beyond the budget the code says it was overrun."""
+    result = decide_sandbox_outcome(_fault(fault_type, 4), _ctx(4))
+    assert (result.decision, result.reason_code) == (D.TERMINATE, rc.DENY_ATTEMPT_LIMIT_EXCEEDED)
+    assert result.retry_policy is RetryPolicy.NO_RETRY
+
+
 def test_retry_result_carries_the_limited_policy() -> None:
     """A retried CRASH reports RETRY_LIMITED; the description names the attempt and budget."""
     result = decide_sandbox_outcome(_fault(F.CRASH, 2), _ctx(2))
