@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.store.postgres import open_postgres_store
 from supervisor.store.sqlite import open_sqlite_store
 from tests.supervisor.store.conformance import StoreFactory, TurnStoreConformance
+from tests.supervisor.store.pg_cluster import database_for
 
 
 def _sqlite(tmp_path: Path) -> StoreFactory:
@@ -24,9 +26,16 @@ def _sqlite_threaded(tmp_path: Path) -> StoreFactory:
     return lambda: open_sqlite_store(tmp_path / "state" / "turns.sqlite3", inline_limit_s=0)
 
 
+def _postgres(tmp_path: Path) -> StoreFactory:
+    """PostgreSQL: a database of the test's own on the session's private cluster."""
+    dsn = database_for(tmp_path)
+    return lambda: open_postgres_store(dsn)
+
+
 ENGINES: dict[str, Callable[[Path], StoreFactory]] = {
     "sqlite": _sqlite,
     "sqlite-threaded": _sqlite_threaded,
+    "postgres": _postgres,
 }
 
 

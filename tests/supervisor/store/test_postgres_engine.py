@@ -3,10 +3,31 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+import anyio
 import asyncpg
+import pytest
 
-from tests.supervisor.store.pg_cluster import PgCluster
+from sandbox.policy.lifecycle import TurnState
+from supervisor.errors import SchemaVersionError, StaleClaimError
+from supervisor.store.postgres import (
+    SCHEMA_VERSION,
+    SchemaNotMigratedError,
+    migrate_database,
+    open_postgres_store,
+)
+from supervisor.store.protocol import TurnEnding, TurnStore
+from tests.supervisor.store.conformance import (
+    LEASE_MS,
+    SHORT_LEASE_MS,
+    attempt,
+    claimed,
+    expire,
+    instruction,
+    session,
+)
+from tests.supervisor.store.pg_cluster import PgCluster, database_for
 
 
 async def test_private_cluster_is_durable_and_unprivileged(
@@ -29,3 +50,119 @@ async def test_private_cluster_is_durable_and_unprivileged(
     }
     pid = int((pg_cluster.data / "postmaster.pid").read_text().split()[0])
     assert os.stat(f"/proc/{pid}").st_uid != 0
+
+
+async def test_two_daemons_never_claim_the_same_turn(pg_dsn: str) -> None:
+    """Two stores on one database (two daemons): a turn one claimed is not claimed by the
+    other, and concurrent claims split the runnable turns without overlap."""
+    async with open_postgres_store(pg_dsn) as a, open_postgres_store(pg_dsn) as b:
+        await session(a)
+        held = await claimed(a, owner="A")
+        assert await b.claim("B", limit=10, lease_ms=LEASE_MS) == []
+        ids = {(await b.accept(instruction())).turn.turn_id for _ in range(40)}
+        got: dict[str, list[int]] = {"A": [], "B": []}
+
+        async def take(store: TurnStore, owner: str) -> None:
+            while claims := await store.claim(owner, limit=3, lease_ms=LEASE_MS):
+                got[owner].extend(c.turn_id for c in claims)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(take, a, "A")
+            tg.start_soon(take, b, "B")
+        assert not set(got["A"]) & set(got["B"])
+        assert set(got["A"]) | set(got["B"]) == ids
+        assert held.turn_id not in ids
+        assert (await b.get_turn(held.turn_id)).owner == "A"
+
+
+async def test_claim_skips_rows_locked_by_another_daemon(pg_dsn: str) -> None:
+    """A claim passes over a turn whose row another transaction holds locked (SKIP LOCKED)
+    instead of waiting for it, and takes it once the lock is gone."""
+    async with open_postgres_store(pg_dsn) as store:
+        await session(store)
+        first, second = (
+            (await store.accept(instruction())).turn,
+            (await store.accept(instruction())).turn,
+        )
+        other = await asyncpg.connect(pg_dsn)
+        try:
+            locked = other.transaction()
+            await locked.start()
+            await other.execute("SELECT 1 FROM turns WHERE turn_id = $1 FOR UPDATE", first.turn_id)
+            with anyio.fail_after(5):
+                taken = await store.claim("A", limit=10, lease_ms=LEASE_MS)
+            assert [c.turn_id for c in taken] == [second.turn_id]
+            await locked.rollback()
+        finally:
+            await other.close()
+        (late,) = await store.claim("B", limit=10, lease_ms=LEASE_MS)
+        assert late.turn_id == first.turn_id
+
+
+async def test_stale_daemon_result_refused(pg_dsn: str) -> None:
+    """A daemon paused past its lease cannot record a result once another daemon took the
+    turn over; the new owner's ending stands."""
+    async with open_postgres_store(pg_dsn) as a, open_postgres_store(pg_dsn) as b:
+        await session(a)
+        accepted = await a.accept(instruction(), claim_for="A", lease_ms=SHORT_LEASE_MS)
+        assert accepted.claim is not None
+        old = await a.start_attempt(accepted.claim, attempt(1))
+        await expire()
+        (new,) = await b.claim("B", limit=1, lease_ms=LEASE_MS)
+        assert new.token == old.token + 1
+        with pytest.raises(StaleClaimError, match=r"claim of A \(token 1\) is stale"):
+            await a.finish(old, TurnEnding(state=TurnState.SUCCEEDED))
+        done = await b.finish(new, TurnEnding(state=TurnState.FAILED))
+        assert (await a.get_turn(done.turn_id)).state is TurnState.FAILED
+        assert a.statistics().stale_writes_refused == 1
+        assert a.statistics().engine == "postgres"
+
+
+async def test_recover_leaves_live_claims_of_other_daemons(pg_dsn: str) -> None:
+    """recover takes back the owner's own turns, turns nobody holds and expired leases, never
+    another daemon's live claim."""
+    async with open_postgres_store(pg_dsn) as store:
+        await session(store)
+        mine = await claimed(store, owner="A")
+        theirs = await claimed(store, owner="B")
+        free = (await store.accept(instruction())).turn
+        lapsed = await store.accept(instruction(), claim_for="C", lease_ms=SHORT_LEASE_MS)
+        assert lapsed.claim is not None
+        await expire()
+        got = await store.recover("A", lease_ms=LEASE_MS)
+        assert [c.turn_id for c in got] == [mine.turn_id, free.turn_id, lapsed.turn.turn_id]
+        assert all(c.owner == "A" for c in got)
+        assert (await store.get_turn(theirs.turn_id)).owner == "B"
+
+
+async def test_schema_version_checks(pg_dsn: str) -> None:
+    """A database not yet migrated, one of a newer hunter and one holding foreign tables are
+    each refused with a message saying what to do; migrating makes it usable."""
+    with pytest.raises(SchemaNotMigratedError, match=r"Run `hunter store migrate`"):
+        async with open_postgres_store(pg_dsn, migrate=False):
+            pass
+    assert await migrate_database(pg_dsn) == (None, SCHEMA_VERSION)
+    assert await migrate_database(pg_dsn) == (SCHEMA_VERSION, SCHEMA_VERSION)
+    async with open_postgres_store(pg_dsn, migrate=False) as store:
+        await session(store)
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute("UPDATE hunter_meta SET value = '99' WHERE key = 'turn_store_schema'")
+    finally:
+        await conn.close()
+    for migrate in (False, True):
+        with pytest.raises(SchemaVersionError, match=r"schema version 99, newer than the") as err:
+            async with open_postgres_store(pg_dsn, migrate=migrate):
+                pass
+        assert (err.value.found, err.value.supported) == (99, SCHEMA_VERSION)
+
+
+async def test_foreign_tables_refused(pg_cluster: PgCluster, tmp_path: Path) -> None:
+    """A database whose tables are not a turn store is refused, never written into."""
+    dsn = database_for(tmp_path)
+    pg_cluster.psql("CREATE TABLE invoices(id INT)", database=dsn.split("/")[3].split("?")[0])
+    with pytest.raises(SchemaVersionError, match="no turn store schema version") as err:
+        async with open_postgres_store(dsn):
+            pass
+    assert err.value.found is None
+    assert "as postgres" in str(err.value.path)

@@ -1,0 +1,590 @@
+"""The PostgreSQL engine of the `TurnStore` seam: several daemons (hosts) on one database.
+
+Lifetime
+--------
+As the SQLite engine's: a context manager that runs the committer in its own task group::
+
+    async with open_postgres_store("postgresql://hunter@db/hunter") as store:
+        ...
+
+or ``await task_group.start(store.run)`` (connects, checks or migrates the schema, then
+reports started) and ``await store.aclose()`` (lets the queued writes commit, then closes the
+connections; every later call raises `IntakeClosedError`). Cancelling `run` fails the writes
+still queued with `IntakeClosedError`; a batch already sent finishes first (it is shielded).
+asyncpg runs on asyncio only, so the store does too.
+
+Design notes
+------------
+* **A method returns only after its transaction committed** (the server's ``fsync`` and
+  ``synchronous_commit`` decide what that survives; keep both on).
+* **One writer connection, group commit.** Callers put an `_Op` on a memory object stream and
+  wait on its `anyio.Event`; one committer task takes everything queued (up to ``max_batch``) and
+  runs it in one transaction on the one writer connection, in the order issued. So the writes
+  of one daemon commit in order (`start_attempt_soon` relies on it), and a batch costs one
+  commit (one WAL flush) however many turns it carries. Ops run back to back first; when one
+  fails, the transaction is rolled back and the batch runs again with a SAVEPOINT per op, so
+  the failing op rolls back alone and raises to its own caller only.
+* **Other daemons** write the same rows through their own committers. Fenced writes lock the
+  turn's row, claims skip locked rows; a deadlock or serialization failure between two
+  daemons' batches (PostgreSQL aborts one transaction) makes this committer run the whole
+  batch again, a few times, before failing its ops.
+* **Reads** use a few other connections (idle ones wait in a memory object stream), each
+  read in one read-only ``REPEATABLE READ`` transaction (one snapshot), so they never wait
+  behind a commit.
+* A caller cancelled while its op is still queued marks it abandoned and the committer skips
+  it; once the op is in a batch the write happens or not as a whole, as ever.
+* The SQL and its checks are in `operations`; the tables and versions in `schema`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Generic, TypeVar
+from urllib.parse import parse_qs, urlsplit
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import asyncpg
+
+import supervisor.store.postgres.operations as ops
+from ledger.entries import SealedLine
+from sandbox.policy.attempt_record import AttemptRecord
+from sandbox.policy.lifecycle import FINAL_STATES, TurnState
+from supervisor.errors import IntakeClosedError, StaleClaimError
+from supervisor.logging import get_logger
+from supervisor.store.postgres.schema import check_schema, migrate
+from supervisor.store.protocol import (
+    Accepted,
+    Claim,
+    ClaimFilter,
+    NewSession,
+    NewTurn,
+    PendingWrite,
+    Resolution,
+    SessionRecord,
+    SessionState,
+    StoreStatistics,
+    TurnEnding,
+    TurnPage,
+    TurnRecord,
+)
+
+__all__ = ["PostgresTurnStore", "describe_dsn", "migrate_database", "open_postgres_store"]
+
+T_co = TypeVar("T_co", covariant=True)
+T = TypeVar("T")
+
+_log = get_logger("supervisor.store")
+#: how often a batch aborted by a deadlock or serialization failure runs again
+_BATCH_RETRIES = 5
+
+
+def describe_dsn(dsn: str) -> str:
+    """Which server, database and user a DSN names, for messages (never the password)."""
+    parts = urlsplit(dsn)
+    query = parse_qs(parts.query)
+    host = parts.hostname or (query.get("host") or ["(default host)"])[0]
+    port = parts.port or (query.get("port") or ["5432"])[0]
+    database = parts.path.lstrip("/") or "(default database)"
+    user = parts.username or (query.get("user") or ["(default user)"])[0]
+    return f"postgresql database {database} on {host}:{port} as {user}"
+
+
+class _Op(Generic[T_co]):
+    """One queued write: run in a batch by the committer, its outcome read by its caller."""
+
+    __slots__ = ("_fn", "_result", "abandoned", "done", "error", "on_commit")
+
+    def __init__(
+        self,
+        fn: Callable[[asyncpg.Connection], Awaitable[T_co]],
+        on_commit: Callable[[T_co], None] | None = None,
+    ) -> None:
+        self._fn = fn
+        self.on_commit = on_commit
+        self._result: tuple[T_co] | None = None
+        self.error: BaseException | None = None
+        self.done = anyio.Event()
+        self.abandoned = False
+
+    async def execute(self, conn: asyncpg.Connection) -> bool:
+        """Run the op; False when it raised (its error is kept). A deadlock or serialization
+        failure is the batch's, not the op's: it propagates (the batch runs again)."""
+        try:
+            self._result = (await self._fn(conn),)
+        except asyncpg.TransactionRollbackError:
+            raise
+        except Exception as exc:  # handed to this op's caller, never to its neighbours
+            self.error = exc
+            return False
+        return True
+
+    def reset(self) -> None:
+        self._result = None
+        self.error = None
+
+    def committed(self) -> None:
+        if self.on_commit is not None and self.error is None and self._result is not None:
+            try:
+                self.on_commit(self._result[0])
+            except Exception:  # the caller's hook must not stop the committer
+                _log.exception("store_commit_hook_failed")
+
+    def fail(self, error: BaseException) -> None:
+        self._result = None
+        self.error = error
+
+    def result(self) -> T_co:
+        if self.error is not None:
+            raise self.error
+        if self._result is None:
+            raise IntakeClosedError("turn store stopped before this write committed")
+        return self._result[0]
+
+
+class _PendingOp(Generic[T_co]):
+    """`PendingWrite` over a queued op."""
+
+    __slots__ = ("_op",)
+
+    def __init__(self, op: _Op[T_co]) -> None:
+        self._op = op
+
+    async def result(self) -> T_co:
+        op = self._op
+        try:
+            await op.done.wait()
+        except BaseException:  # cancelled: the op is skipped if its batch has not started
+            op.abandoned = True
+            raise
+        return op.result()
+
+
+class PostgresTurnStore:
+    """`TurnStore` on one PostgreSQL database, shared by several daemons.
+
+    *migrate*: create or upgrade the schema when opening (the tests, an embedded setup); when
+    False (a daemon in production) a database not yet migrated, or migrated by a newer hunter,
+    raises `SchemaVersionError` from `run`, saying what to do.
+    Construct it inside the event loop; it does no I/O until `run`.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        migrate: bool = True,
+        max_batch: int = 256,
+        read_connections: int = 2,
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        self._dsn = dsn
+        self.where = describe_dsn(dsn)
+        self._migrate = migrate
+        self._max_batch = max_batch
+        self._read_connections = read_connections
+        self._connect_timeout_s = connect_timeout_s
+        self._send, self._receive = anyio.create_memory_object_stream[_Op[object]](math.inf)
+        self._writer: asyncpg.Connection | None = None
+        #: idle read connections (a connection runs one query at a time: taken, used, put back)
+        self._readers: list[asyncpg.Connection] = []
+        self._idle_send, self._idle_receive = anyio.create_memory_object_stream[asyncpg.Connection](
+            math.inf
+        )
+        self._state = "new"  # new -> starting -> open -> closing -> closed
+        self._stopped = anyio.Event()
+        self._commits = 0
+        self._operations = 0
+        self._largest = 0
+        self._stale = 0
+        self._retried_batches = 0
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Connect, check (or migrate) the schema, report started, then commit batches until
+        `aclose` or cancellation."""
+        if self._state != "new":
+            raise RuntimeError(f"turn store {self.where}: run() was already called")
+        self._state = "starting"
+        try:
+            self._writer = await asyncpg.connect(self._dsn, timeout=self._connect_timeout_s)
+            if self._migrate:
+                await migrate(self._writer, self.where)
+            else:
+                await check_schema(self._writer, self.where)
+            for _ in range(self._read_connections):
+                reader = await asyncpg.connect(self._dsn, timeout=self._connect_timeout_s)
+                self._readers.append(reader)
+                self._idle_send.send_nowait(reader)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._close_connections()
+            self._shut()
+            raise
+        if self._state == "starting":
+            self._state = "open"
+        try:
+            task_status.started()
+            await self._commit_loop()
+        finally:
+            self._state = "closed"
+            self._send.close()
+            for op in self._drain():
+                op.fail(IntakeClosedError(f"turn store {self.where} stopped"))
+                op.done.set()
+            with anyio.CancelScope(shield=True):
+                await self._close_connections()
+            self._shut()
+
+    async def aclose(self) -> None:
+        """Commit what is queued, close the connections; later calls raise
+        `IntakeClosedError`."""
+        if self._state in {"new", "closed"}:
+            self._shut()
+            return
+        self._state = "closing"
+        self._send.close()
+        await self._stopped.wait()
+
+    async def _close_connections(self) -> None:
+        conns = [self._writer, *self._readers]
+        self._writer = None
+        self._readers = []
+        self._idle_send.close()
+        for conn in conns:
+            if conn is None:
+                continue
+            try:
+                await conn.close(timeout=5)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+                conn.terminate()
+
+    def _shut(self) -> None:
+        self._state = "closed"
+        self._send.close()
+        self._receive.close()
+        self._idle_send.close()
+        self._idle_receive.close()
+        self._stopped.set()
+
+    def _drain(self) -> list[_Op[object]]:
+        left: list[_Op[object]] = []
+        while True:
+            try:
+                left.append(self._receive.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                return left
+
+    def _check_open(self) -> None:
+        if self._state == "open":
+            return
+        if self._state in {"new", "starting"}:
+            raise RuntimeError(
+                f"turn store {self.where} is not running: start its run() in a task group or"
+                " use open_postgres_store()"
+            )
+        raise IntakeClosedError(f"turn store {self.where} is closed")
+
+    def statistics(self) -> StoreStatistics:
+        return StoreStatistics(
+            engine="postgres",
+            commits=self._commits,
+            operations=self._operations,
+            largest_batch=self._largest,
+            stale_writes_refused=self._stale,
+        )
+
+    # -- the committer --------------------------------------------------------------------
+
+    def _enqueue(
+        self,
+        fn: Callable[[asyncpg.Connection], Awaitable[T]],
+        on_commit: Callable[[T], None] | None = None,
+    ) -> _Op[T]:
+        self._check_open()
+        op = _Op(fn, on_commit)
+        try:
+            self._send.send_nowait(op)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise IntakeClosedError(f"turn store {self.where} is closed") from None
+        return op
+
+    async def _write(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        return await _PendingOp(self._enqueue(fn)).result()
+
+    async def _commit_loop(self) -> None:
+        async for first in self._receive:
+            batch = [first]
+            while len(batch) < self._max_batch:
+                try:
+                    batch.append(self._receive.receive_nowait())
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    break
+            live = [op for op in batch if not op.abandoned]
+            if live:
+                with anyio.CancelScope(shield=True):
+                    await self._commit(live)
+
+    async def _commit(self, batch: list[_Op[object]]) -> None:
+        try:
+            await self._run_batch(batch)
+        except Exception as exc:  # the transaction failed: nothing of the batch was written
+            _log.warning("store_batch_failed", error=str(exc), operations=len(batch))
+            for op in batch:
+                op.fail(exc)
+        else:
+            self._commits += 1
+            self._operations += len(batch)
+            self._largest = max(self._largest, len(batch))
+            self._stale += sum(isinstance(op.error, StaleClaimError) for op in batch)
+        finally:
+            for op in batch:
+                op.done.set()
+                op.committed()
+        await anyio.lowlevel.checkpoint()
+
+    async def _run_batch(self, batch: list[_Op[object]]) -> None:
+        """Run *batch* in one transaction, each op all-or-nothing; again, whole, after a
+        deadlock or serialization failure."""
+        conn = self._writer
+        if conn is None:
+            raise IntakeClosedError(f"turn store {self.where} is closed")
+        for retry in range(_BATCH_RETRIES):
+            try:
+                await self._try_batch(conn, batch)
+            except asyncpg.TransactionRollbackError as exc:
+                if retry == _BATCH_RETRIES - 1:
+                    raise
+                self._retried_batches += 1
+                _log.info("store_batch_retried", error=str(exc), operations=len(batch))
+                for op in batch:
+                    op.reset()
+                await anyio.sleep(0.001 * 2**retry)
+            else:
+                return
+
+    @staticmethod
+    async def _try_batch(conn: asyncpg.Connection, batch: list[_Op[object]]) -> None:
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            failed = False
+            for op in batch:
+                if not await op.execute(conn):
+                    failed = True
+                    break
+            if failed:
+                await tx.rollback()
+                if len(batch) == 1:
+                    return
+                tx = conn.transaction()
+                await tx.start()
+                for op in batch:
+                    op.reset()
+                    savepoint = conn.transaction()
+                    await savepoint.start()
+                    if await op.execute(conn):
+                        await savepoint.commit()
+                    else:
+                        await savepoint.rollback()
+            await tx.commit()
+        except BaseException:
+            if conn.is_in_transaction():
+                await tx.rollback()
+            raise
+
+    async def _read(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        self._check_open()
+        try:
+            conn = await self._idle_receive.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise IntakeClosedError(f"turn store {self.where} is closed") from None
+        try:
+            async with conn.transaction(isolation="repeatable_read", readonly=True):
+                return await fn(conn)
+        finally:
+            # when closing, the connection is being closed instead
+            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                self._idle_send.send_nowait(conn)
+
+    # -- sessions -------------------------------------------------------------------------
+
+    async def open_session(self, new: NewSession) -> SessionRecord:
+        return await self._write(lambda c: ops.open_session(c, new))
+
+    async def close_session(self, session_id: str) -> SessionRecord:
+        return await self._write(lambda c: ops.close_session(c, session_id))
+
+    async def get_session(self, session_id: str) -> SessionRecord:
+        return await self._read(lambda c: ops.get_session(c, session_id))
+
+    async def list_sessions(self, *, state: SessionState | None = None) -> list[SessionRecord]:
+        return await self._read(lambda c: ops.list_sessions(c, state))
+
+    # -- acceptance and claims ------------------------------------------------------------
+
+    async def accept(
+        self, new: NewTurn, *, claim_for: str | None = None, lease_ms: int = 30_000
+    ) -> Accepted:
+        _check_lease(lease_ms)
+        return await self._write(lambda c: ops.accept(c, new, claim_for, lease_ms))
+
+    async def find_turn(self, session_id: str, idempotency_key: str) -> TurnRecord | None:
+        return await self._read(lambda c: ops.find_turn(c, session_id, idempotency_key))
+
+    async def claim(
+        self, owner: str, *, limit: int, lease_ms: int, only: ClaimFilter | None = None
+    ) -> list[Claim]:
+        _check_lease(lease_ms)
+        if limit <= 0:
+            return []
+        return await self._write(lambda c: ops.claim_turns(c, owner, limit, lease_ms, only))
+
+    async def renew(self, claims: Sequence[Claim], *, lease_ms: int) -> list[Claim]:
+        _check_lease(lease_ms)
+        if not claims:
+            return []
+        held = tuple(claims)
+        return await self._write(lambda c: ops.renew(c, held, lease_ms))
+
+    async def release(self, claim: Claim) -> None:
+        """Give the turn up; a claim already lost is left alone (nothing to give up)."""
+        await self._write(lambda c: ops.release(c, claim))
+
+    async def recover(self, owner: str, *, lease_ms: int) -> list[Claim]:
+        _check_lease(lease_ms)
+        return await self._write(lambda c: ops.recover(c, owner, lease_ms))
+
+    # -- fenced writes --------------------------------------------------------------------
+
+    async def start_attempt(self, claim: Claim, attempt: AttemptRecord) -> Claim:
+        return await self._write(lambda c: ops.start_attempt(c, claim, attempt))
+
+    def start_attempt_soon(
+        self,
+        claim: Claim,
+        attempt: AttemptRecord,
+        *,
+        on_commit: Callable[[Claim], None] | None = None,
+    ) -> PendingWrite[Claim]:
+        return _PendingOp(self._enqueue(lambda c: ops.start_attempt(c, claim, attempt), on_commit))
+
+    async def record_attempt(
+        self,
+        claim: Claim,
+        attempt: AttemptRecord,
+        *,
+        next_attempt_us: int,
+        started: AttemptRecord | None = None,
+    ) -> Claim:
+        return await self._write(
+            lambda c: ops.record_attempt(c, claim, attempt, next_attempt_us, started)
+        )
+
+    async def finish(
+        self,
+        claim: Claim,
+        ending: TurnEnding,
+        attempts: Sequence[AttemptRecord] = (),
+        *,
+        ledger_lines: Sequence[SealedLine] = (),
+        started: AttemptRecord | None = None,
+    ) -> TurnRecord:
+        if ending.state not in FINAL_STATES and ending.state is not TurnState.ESCALATED:
+            msg = f"finish needs a final state or escalated, not {ending.state.value}"
+            raise ValueError(msg)
+        records = tuple(attempts)
+        lines = tuple(ledger_lines)
+        return await self._write(
+            lambda c: ops.finish(c, claim, ending, records, ledger_lines=lines, started=started)
+        )
+
+    # -- ledger lines ---------------------------------------------------------------------
+
+    async def ledger_lines(self, ledger_ids: Sequence[str]) -> list[SealedLine]:
+        ids = tuple(ledger_ids)
+        return await self._read(lambda c: ops.ledger_lines(c, ids))
+
+    async def trim_ledger_lines(self, synced: Mapping[str, int]) -> int:
+        marks = dict(synced)
+        if not marks:
+            return 0
+        return await self._write(lambda c: ops.trim_ledger_lines(c, marks))
+
+    # -- escalations ----------------------------------------------------------------------
+
+    async def resolve_escalation(
+        self, turn_id: int, resolution: Resolution, *, ledger_lines: Sequence[SealedLine] = ()
+    ) -> TurnRecord:
+        lines = tuple(ledger_lines)
+        return await self._write(lambda c: ops.resolve(c, turn_id, resolution, lines))
+
+    # -- reads ----------------------------------------------------------------------------
+
+    async def get_turn(self, turn_id: int) -> TurnRecord:
+        return await self._read(lambda c: ops.get_turn(c, turn_id))
+
+    async def list_turns(
+        self,
+        *,
+        session_id: str | None = None,
+        states: frozenset[TurnState] | None = None,
+        after_turn_id: int = 0,
+        limit: int = 500,
+    ) -> TurnPage:
+        if limit <= 0:
+            raise ValueError(f"limit must be positive, got {limit}")
+        return await self._read(
+            lambda c: ops.list_turns(c, session_id, states, after_turn_id, limit)
+        )
+
+    async def counts(self) -> dict[str, int]:
+        return await self._read(ops.counts)
+
+
+@asynccontextmanager
+async def open_postgres_store(
+    dsn: str, *, migrate: bool = True, max_batch: int = 256, read_connections: int = 2
+) -> AsyncIterator[PostgresTurnStore]:
+    """The store on *dsn*, its committer running until the block ends."""
+    store = PostgresTurnStore(
+        dsn, migrate=migrate, max_batch=max_batch, read_connections=read_connections
+    )
+    failed: Exception | None = None
+    async with anyio.create_task_group() as tg:
+        try:
+            await tg.start(store.run)
+        except Exception as exc:
+            failed = exc
+        else:
+            try:
+                yield store
+            except Exception as exc:
+                failed = exc
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await store.aclose()
+    if failed is not None:
+        raise failed
+
+
+async def migrate_database(dsn: str, *, timeout_s: float = 10.0) -> tuple[int | None, int]:
+    """Apply the schema migrations to *dsn* (what ``hunter store migrate`` will run):
+    ``(version found, version now)``."""
+    conn = await asyncpg.connect(dsn, timeout=timeout_s)
+    try:
+        return await migrate(conn, describe_dsn(dsn))
+    finally:
+        await conn.close()
+
+
+def _check_lease(lease_ms: int) -> None:
+    if lease_ms < 0:
+        raise ValueError(f"lease_ms must not be negative, got {lease_ms}")

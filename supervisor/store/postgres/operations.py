@@ -1,0 +1,629 @@
+"""The turn store's operations on PostgreSQL: each an async function of a connection, run by the
+engine inside a transaction (writes in the committer's batch transaction, reads in a read-only
+one).
+
+Design notes
+------------
+* The rules are the SQLite engine's, checked the same way before anything is written: a fenced
+  write locks the turn's row (``SELECT ... FOR UPDATE``) and compares the claim's owner and
+  token (`StaleClaimError`); a state change goes through `check_move` (`IllegalTransition`).
+  The row lock matters here: another daemon's claim of the same turn waits (or, with
+  ``SKIP LOCKED``, passes it by) until this write commits, so a check and its write see the
+  same row.
+* **Claims** pick the oldest claimable rows with ``FOR UPDATE SKIP LOCKED`` inside the
+  ``UPDATE``: two daemons claiming at once take different turns and never wait for each other.
+  Every claim adds one to the row's token.
+* ``now`` is the daemon's clock, read in each operation (as the SQLite engine does). Leases
+  compared across hosts therefore assume clocks in sync to well under a lease.
+* Every SQL text is a constant, or one of a few shapes (filters pass arrays, never spliced
+  values), so asyncpg's per-connection statement cache keeps each prepared.
+* Rows come back as `asyncpg.Record`; they are handed to the shared converters
+  (`supervisor.store.sqlite.rows`) as tuples, whose asserts check the column types.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Final
+
+import asyncpg
+
+from ledger.entries import SealedLine
+from sandbox.policy.attempt_record import AttemptRecord
+from sandbox.policy.lifecycle import FINAL_STATES, TurnKind, TurnState, check_move
+from supervisor.errors import (
+    NotEscalatedError,
+    SessionClosedError,
+    StaleClaimError,
+    UnknownSessionError,
+    UnknownTurnError,
+)
+from supervisor.store.postgres.schema import (
+    ATTEMPT_COLUMNS,
+    SESSION_COLUMNS,
+    TURN_COLUMNS,
+    UNFINISHED,
+)
+from supervisor.store.protocol import (
+    RESOLUTION_REASONS,
+    Accepted,
+    Claim,
+    ClaimFilter,
+    NewSession,
+    NewTurn,
+    Resolution,
+    SessionRecord,
+    SessionState,
+    TurnEnding,
+    TurnPage,
+    TurnRecord,
+)
+from supervisor.store.sqlite.rows import (
+    attempt_from_row,
+    dumps,
+    loads,
+    session_from_row,
+    turn_from_row,
+)
+
+__all__ = [
+    "accept",
+    "claim_turns",
+    "close_session",
+    "counts",
+    "find_turn",
+    "finish",
+    "get_session",
+    "get_turn",
+    "ledger_lines",
+    "list_sessions",
+    "list_turns",
+    "open_session",
+    "record_attempt",
+    "recover",
+    "release",
+    "renew",
+    "resolve",
+    "start_attempt",
+    "trim_ledger_lines",
+]
+
+Conn = asyncpg.Connection
+
+_UNFINISHED_SQL: Final = f"state IN ({', '.join(repr(s) for s in UNFINISHED)})"
+_RESOLVED: Final = {
+    Resolution.RETRY: TurnState.ACCEPTED,
+    Resolution.TERMINATE: TurnState.TERMINATED,
+    Resolution.CANCEL: TurnState.CANCELLED,
+}
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def _row(record: asyncpg.Record) -> tuple[object, ...]:
+    return tuple(record.values())
+
+
+# -- sessions -------------------------------------------------------------------------------------
+
+
+async def open_session(conn: Conn, new: NewSession) -> SessionRecord:
+    row = await conn.fetchrow(
+        f"INSERT INTO sessions({SESSION_COLUMNS})"
+        " VALUES ($1, $2, $3, $4, $5, 'open', $6, NULL, 0)"
+        f" ON CONFLICT (session_id) DO NOTHING RETURNING {SESSION_COLUMNS}",
+        new.session_id,
+        new.package_id,
+        new.tier,
+        new.work_order_id,
+        new.workspace,
+        _now_us(),
+    )
+    if row is None:
+        raise ValueError(f"session {new.session_id!r} already exists")
+    return session_from_row(_row(row))
+
+
+async def close_session(conn: Conn, session_id: str) -> SessionRecord:
+    row = await conn.fetchrow(
+        "UPDATE sessions SET state = 'closed', closed_us = $1 WHERE session_id = $2"
+        f" AND state = 'open' RETURNING {SESSION_COLUMNS}",
+        _now_us(),
+        session_id,
+    )
+    return session_from_row(_row(row)) if row is not None else await get_session(conn, session_id)
+
+
+async def get_session(conn: Conn, session_id: str) -> SessionRecord:
+    row = await conn.fetchrow(
+        f"SELECT {SESSION_COLUMNS} FROM sessions WHERE session_id = $1", session_id
+    )
+    if row is None:
+        raise UnknownSessionError(session_id)
+    return session_from_row(_row(row))
+
+
+async def list_sessions(conn: Conn, state: SessionState | None) -> list[SessionRecord]:
+    rows = await conn.fetch(
+        f"SELECT {SESSION_COLUMNS} FROM sessions WHERE $1::text IS NULL OR state = $1"
+        " ORDER BY opened_us, session_id",
+        None if state is None else state.value,
+    )
+    return [session_from_row(_row(r)) for r in rows]
+
+
+# -- reads of turns -------------------------------------------------------------------------------
+
+
+async def _attempts_of(conn: Conn, turn_id: int) -> tuple[AttemptRecord, ...]:
+    rows = await conn.fetch(
+        f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE turn_id = $1 ORDER BY round, attempt",
+        turn_id,
+    )
+    return tuple(attempt_from_row(_row(r)) for r in rows)
+
+
+async def _turns_from_rows(conn: Conn, rows: Sequence[asyncpg.Record]) -> list[TurnRecord]:
+    """Turn rows (`TURN_COLUMNS`) as records, their attempts read in one query."""
+    if not rows:
+        return []
+    ids = [int(r[0]) for r in rows]
+    found: dict[int, list[AttemptRecord]] = {}
+    for a in await conn.fetch(
+        f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE turn_id = ANY($1::bigint[])"
+        " ORDER BY turn_id, round, attempt",
+        ids,
+    ):
+        found.setdefault(int(a[0]), []).append(attempt_from_row(_row(a)))
+    return [turn_from_row(_row(r), tuple(found.get(int(r[0]), ()))) for r in rows]
+
+
+async def get_turn(conn: Conn, turn_id: int) -> TurnRecord:
+    row = await conn.fetchrow(f"SELECT {TURN_COLUMNS} FROM turns WHERE turn_id = $1", turn_id)
+    if row is None:
+        raise UnknownTurnError(turn_id)
+    return turn_from_row(_row(row), await _attempts_of(conn, turn_id))
+
+
+async def find_turn(conn: Conn, session_id: str, key: str) -> TurnRecord | None:
+    row = await conn.fetchrow(
+        f"SELECT {TURN_COLUMNS} FROM turns WHERE session_id = $1 AND idempotency_key = $2",
+        session_id,
+        key,
+    )
+    if row is None:
+        return None
+    return turn_from_row(_row(row), await _attempts_of(conn, int(row[0])))
+
+
+# -- acceptance and claims ------------------------------------------------------------------------
+
+
+async def accept(conn: Conn, new: NewTurn, claim_for: str | None, lease_ms: int) -> Accepted:
+    if new.idempotency_key is not None:
+        first = await find_turn(conn, new.session_id, new.idempotency_key)
+        if first is not None:
+            return Accepted(turn=first, created=False)
+    # The session's row lock (taken here) serialises acceptance per session across daemons; a
+    # duplicate key accepted meanwhile by another daemon fails the insert below (unique), and
+    # the engine's rerun of this op then finds that first turn.
+    number = await conn.fetchval(
+        "UPDATE sessions SET turns = turns + 1 WHERE session_id = $1 AND state = 'open'"
+        " RETURNING turns",
+        new.session_id,
+    )
+    if number is None:
+        await get_session(conn, new.session_id)  # raises UnknownSessionError
+        raise SessionClosedError(new.session_id)
+    now = _now_us()
+    blob = dumps(new.spec)
+    command = new.spec.get("command_type") if new.kind is TurnKind.INSTRUCTION else None
+    token, lease = (1, now + lease_ms * 1000) if claim_for is not None else (0, None)
+    turn_id = await conn.fetchval(
+        "INSERT INTO turns(session_id, turn_number, kind, command_type, spec, idempotency_key,"
+        " state, accepted_us, updated_us, owner, token, lease_until_us)"
+        " VALUES ($1, $2, $3, $4, $5, $6, 'accepted', $7, $7, $8, $9, $10) RETURNING turn_id",
+        new.session_id,
+        int(number),
+        new.kind.value,
+        command if isinstance(command, str) else None,
+        blob,
+        new.idempotency_key,
+        now,
+        claim_for,
+        token,
+        lease,
+    )
+    turn = TurnRecord(
+        turn_id=int(turn_id),
+        session_id=new.session_id,
+        turn_number=int(number),
+        kind=new.kind,
+        spec=loads(blob),
+        idempotency_key=new.idempotency_key,
+        state=TurnState.ACCEPTED,
+        attempt=0,
+        accepted_us=now,
+        updated_us=now,
+        owner=claim_for,
+        token=token,
+    )
+    if claim_for is None or lease is None:
+        return Accepted(turn=turn, created=True)
+    claim = Claim(turn=turn, owner=claim_for, token=token, lease_until_us=lease)
+    return Accepted(turn=turn, created=True, claim=claim)
+
+
+async def _claims(conn: Conn, rows: Sequence[asyncpg.Record]) -> list[Claim]:
+    ordered = sorted(rows, key=lambda r: int(r[0]))  # RETURNING promises no order
+    return [
+        Claim(turn=t, owner=str(r[17]), token=t.token, lease_until_us=int(r[19]))
+        for t, r in zip(await _turns_from_rows(conn, ordered), ordered, strict=True)
+    ]
+
+
+async def claim_turns(
+    conn: Conn, owner: str, limit: int, lease_ms: int, only: ClaimFilter | None
+) -> list[Claim]:
+    now = _now_us()
+    where = [
+        _UNFINISHED_SQL,
+        "((owner IS NULL AND (state <> 'waiting_retry' OR coalesce(next_attempt_us, 0) <= $3))"
+        " OR (owner IS NOT NULL AND lease_until_us < $3))",
+    ]
+    args: list[object] = [owner, now + lease_ms * 1000, now, limit]
+    if only is not None:
+        args.append(sorted(k.value for k in only.kinds))
+        where.append(f"kind = ANY(${len(args)}::text[])")
+        if only.command_types is not None:
+            args.append(sorted(only.command_types))
+            where.append(f"(kind <> 'instruction' OR command_type = ANY(${len(args)}::text[]))")
+        if only.process_sessions is not None:
+            args.append(sorted(only.process_sessions))
+            where.append(f"(kind <> 'process' OR session_id = ANY(${len(args)}::text[]))")
+    rows = await conn.fetch(
+        "UPDATE turns SET owner = $1, token = token + 1, lease_until_us = $2 WHERE turn_id IN"
+        f" (SELECT turn_id FROM turns WHERE {' AND '.join(where)} ORDER BY turn_id LIMIT $4"
+        f" FOR UPDATE SKIP LOCKED) RETURNING {TURN_COLUMNS}",
+        *args,
+    )
+    return await _claims(conn, rows)
+
+
+async def recover(conn: Conn, owner: str, lease_ms: int) -> list[Claim]:
+    """Every unfinished turn this owner held, nobody holds, or whose lease expired (the shared
+    engine's reading of a restart: another daemon's live claims are left alone)."""
+    now = _now_us()
+    rows = await conn.fetch(
+        "UPDATE turns SET owner = $1, token = token + 1, lease_until_us = $2 WHERE turn_id IN"
+        f" (SELECT turn_id FROM turns WHERE {_UNFINISHED_SQL} AND (owner IS NULL OR owner = $1"
+        " OR lease_until_us < $3) ORDER BY turn_id FOR UPDATE SKIP LOCKED)"
+        f" RETURNING {TURN_COLUMNS}",
+        owner,
+        now + lease_ms * 1000,
+        now,
+    )
+    return await _claims(conn, rows)
+
+
+async def renew(conn: Conn, claims: tuple[Claim, ...], lease_ms: int) -> list[Claim]:
+    until = _now_us() + lease_ms * 1000
+    rows = await conn.fetch(
+        "UPDATE turns SET lease_until_us = $1 FROM unnest($2::bigint[], $3::text[], $4::bigint[])"
+        " AS held(turn_id, owner, token) WHERE turns.turn_id = held.turn_id"
+        " AND turns.owner = held.owner AND turns.token = held.token RETURNING turns.turn_id",
+        until,
+        [c.turn_id for c in claims],
+        [c.owner for c in claims],
+        [c.token for c in claims],
+    )
+    kept = {int(r[0]) for r in rows}
+    return [replace(c, lease_until_us=until) for c in claims if c.turn_id in kept]
+
+
+async def release(conn: Conn, claim: Claim) -> None:
+    await conn.execute(
+        "UPDATE turns SET owner = NULL, lease_until_us = NULL"
+        " WHERE turn_id = $1 AND owner = $2 AND token = $3",
+        claim.turn_id,
+        claim.owner,
+        claim.token,
+    )
+
+
+# -- fenced writes --------------------------------------------------------------------------------
+
+
+async def _fence(conn: Conn, claim: Claim) -> tuple[TurnState, int]:
+    """The turn's state and round, if *claim* still holds it (the row stays locked until the
+    transaction ends); else `StaleClaimError`."""
+    row = await conn.fetchrow(
+        "SELECT state, owner, token, round FROM turns WHERE turn_id = $1 FOR UPDATE",
+        claim.turn_id,
+    )
+    if row is None:
+        raise UnknownTurnError(claim.turn_id)
+    state, owner, token, round_ = row[0], row[1], row[2], row[3]
+    if owner is None or owner != claim.owner or token != claim.token:
+        raise StaleClaimError(
+            claim.turn_id, token=claim.token, current_token=int(token), owner=claim.owner
+        )
+    return TurnState(state), int(round_)
+
+
+def _stored(attempt: AttemptRecord) -> AttemptRecord:
+    """*attempt* as it reads back (``extra`` through the JSON round trip)."""
+    return replace(attempt, extra=loads(dumps(attempt.extra))) if attempt.extra else attempt
+
+
+_PUT_ATTEMPT: Final = (
+    f"INSERT INTO attempts({ATTEMPT_COLUMNS})"
+    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)"
+    " ON CONFLICT (turn_id, round, attempt) DO UPDATE SET started_us = excluded.started_us,"
+    " executor_id = excluded.executor_id, instruction_id = excluded.instruction_id,"
+    " finished_us = excluded.finished_us, outcome = excluded.outcome,"
+    " fault_type = excluded.fault_type, exit_code = excluded.exit_code,"
+    " decision = excluded.decision, reason_code = excluded.reason_code,"
+    " reason = excluded.reason, detail = excluded.detail, duration_ms = excluded.duration_ms,"
+    " delay_ms = excluded.delay_ms, extra = excluded.extra"
+)
+
+
+async def _put_attempts(
+    conn: Conn, turn_id: int, round_: int, attempts: Sequence[AttemptRecord]
+) -> None:
+    rows = [
+        (
+            turn_id,
+            round_,
+            a.attempt,
+            a.started_us,
+            a.executor_id,
+            a.instruction_id,
+            a.finished_us,
+            a.outcome,
+            a.fault_type,
+            a.exit_code,
+            a.decision,
+            a.reason_code,
+            a.reason,
+            a.detail,
+            a.duration_ms,
+            a.delay_ms,
+            dumps(a.extra) if a.extra else None,
+        )
+        for a in attempts
+    ]
+    if len(rows) == 1:
+        await conn.execute(_PUT_ATTEMPT, *rows[0])
+    elif rows:
+        await conn.executemany(_PUT_ATTEMPT, rows)
+
+
+def _claim_after(claim: Claim, row: asyncpg.Record, attempts: tuple[AttemptRecord, ...]) -> Claim:
+    turn = turn_from_row(_row(row), attempts, spec=claim.turn.spec)
+    return Claim(turn=turn, owner=claim.owner, token=claim.token, lease_until_us=int(row[19]))
+
+
+async def start_attempt(conn: Conn, claim: Claim, attempt: AttemptRecord) -> Claim:
+    state, round_ = await _fence(conn, claim)
+    check_move(state, TurnState.RUNNING, turn_id=claim.turn_id)
+    row = await conn.fetchrow(
+        "UPDATE turns SET state = 'running', attempt = $1, updated_us = $2,"
+        f" next_attempt_us = NULL WHERE turn_id = $3 RETURNING {TURN_COLUMNS}",
+        attempt.attempt,
+        _now_us(),
+        claim.turn_id,
+    )
+    assert row is not None
+    await _put_attempts(conn, claim.turn_id, round_, (attempt,))
+    first = state is TurnState.ACCEPTED and round_ == 0
+    attempts = (_stored(attempt),) if first else await _attempts_of(conn, claim.turn_id)
+    return _claim_after(claim, row, attempts)
+
+
+def _started_move(state: TurnState, started: AttemptRecord | None, turn_id: int) -> TurnState:
+    """The state once an attempt start not written before (*started*) is applied."""
+    if started is None:
+        return state
+    check_move(state, TurnState.RUNNING, turn_id=turn_id)
+    return TurnState.RUNNING
+
+
+def _with_start(
+    attempts: tuple[AttemptRecord, ...], started: AttemptRecord | None
+) -> tuple[AttemptRecord, ...]:
+    """*attempts* plus the row of *started* unless its outcome (same number) is among them."""
+    if started is None or any(a.attempt == started.attempt for a in attempts):
+        return attempts
+    return (started, *attempts)
+
+
+async def record_attempt(
+    conn: Conn,
+    claim: Claim,
+    attempt: AttemptRecord,
+    next_attempt_us: int,
+    started: AttemptRecord | None = None,
+) -> Claim:
+    state, round_ = await _fence(conn, claim)
+    state = _started_move(state, started, claim.turn_id)
+    check_move(state, TurnState.WAITING_RETRY, turn_id=claim.turn_id)
+    await _put_attempts(conn, claim.turn_id, round_, _with_start((attempt,), started))
+    row = await conn.fetchrow(
+        "UPDATE turns SET state = 'waiting_retry', attempt = greatest(attempt, $1),"
+        f" updated_us = $2, next_attempt_us = $3 WHERE turn_id = $4 RETURNING {TURN_COLUMNS}",
+        attempt.attempt,
+        _now_us(),
+        next_attempt_us,
+        claim.turn_id,
+    )
+    assert row is not None
+    return _claim_after(claim, row, await _attempts_of(conn, claim.turn_id))
+
+
+async def finish(
+    conn: Conn,
+    claim: Claim,
+    ending: TurnEnding,
+    attempts: tuple[AttemptRecord, ...],
+    *,
+    ledger_lines: tuple[SealedLine, ...] = (),
+    started: AttemptRecord | None = None,
+) -> TurnRecord:
+    state, round_ = await _fence(conn, claim)
+    state = _started_move(state, started, claim.turn_id)
+    check_move(state, ending.state, turn_id=claim.turn_id)
+    await _put_attempts(conn, claim.turn_id, round_, _with_start(attempts, started))
+    if ledger_lines:
+        await put_ledger_lines(conn, ledger_lines)
+    now = _now_us()
+    row = await conn.fetchrow(
+        "UPDATE turns SET state = $1, attempt = greatest(attempt, $2), updated_us = $3,"
+        " finished_us = $4, next_attempt_us = NULL, verdict = $5, reason_code = $6,"
+        " reason = $7, fault_type = $8, result = $9, owner = NULL, lease_until_us = NULL"
+        f" WHERE turn_id = $10 RETURNING {TURN_COLUMNS}",
+        ending.state.value,
+        max((a.attempt for a in attempts), default=0),
+        now,
+        now if ending.state in FINAL_STATES else None,
+        ending.verdict,
+        ending.reason_code,
+        ending.reason,
+        ending.fault_type,
+        dumps(ending.result),
+        claim.turn_id,
+    )
+    assert row is not None
+    return turn_from_row(_row(row), await _attempts_of(conn, claim.turn_id), spec=claim.turn.spec)
+
+
+# -- ledger lines ---------------------------------------------------------------------------------
+
+
+async def put_ledger_lines(conn: Conn, lines: Sequence[SealedLine]) -> None:
+    """Keep sealed ledger lines in one statement; a line already kept under the same seq must
+    be the same line (two different lines for one seq would fork the chain)."""
+    kept = await conn.fetch(
+        "INSERT INTO ledger_lines(ledger_id, seq, entry_hash, line)"
+        " SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bytea[])"
+        " ON CONFLICT (ledger_id, seq) DO NOTHING RETURNING ledger_id, seq",
+        [x.ledger_id for x in lines],
+        [x.seq for x in lines],
+        [x.entry_hash for x in lines],
+        [x.line for x in lines],
+    )
+    if len(kept) == len(lines):
+        return
+    written = {(str(r[0]), int(r[1])) for r in kept}
+    for x in lines:
+        if (x.ledger_id, x.seq) in written:
+            continue
+        digest = await conn.fetchval(
+            "SELECT entry_hash FROM ledger_lines WHERE ledger_id = $1 AND seq = $2",
+            x.ledger_id,
+            x.seq,
+        )
+        if digest is not None and digest != x.entry_hash:
+            msg = f"ledger {x.ledger_id} already has a different line at seq {x.seq}"
+            raise ValueError(msg)
+
+
+async def ledger_lines(conn: Conn, ledger_ids: Sequence[str]) -> list[SealedLine]:
+    rows = await conn.fetch(
+        "SELECT l.ledger_id, l.seq, l.entry_hash, l.line FROM ledger_lines l"
+        " JOIN unnest($1::text[]) WITH ORDINALITY AS wanted(ledger_id, n)"
+        " ON l.ledger_id = wanted.ledger_id ORDER BY wanted.n, l.seq",
+        list(ledger_ids),
+    )
+    return [SealedLine(str(r[0]), int(r[1]), str(r[2]), bytes(r[3])) for r in rows]
+
+
+async def trim_ledger_lines(conn: Conn, synced: Mapping[str, int]) -> int:
+    status = await conn.execute(
+        "DELETE FROM ledger_lines l USING unnest($1::text[], $2::bigint[]) AS s(ledger_id, seq)"
+        " WHERE l.ledger_id = s.ledger_id AND l.seq <= s.seq",
+        list(synced),
+        list(synced.values()),
+    )
+    return int(status.rsplit(" ", 1)[-1])
+
+
+# -- escalations ----------------------------------------------------------------------------------
+
+
+async def resolve(
+    conn: Conn, turn_id: int, resolution: Resolution, ledger_lines: tuple[SealedLine, ...] = ()
+) -> TurnRecord:
+    """Carry out a decision on an escalated turn (the reasons recorded: `RESOLUTION_REASONS`)."""
+    state_value = await conn.fetchval(
+        "SELECT state FROM turns WHERE turn_id = $1 FOR UPDATE", turn_id
+    )
+    if state_value is None:
+        raise UnknownTurnError(turn_id)
+    state = TurnState(state_value)
+    if state is not TurnState.ESCALATED:
+        raise NotEscalatedError(turn_id, state.value)
+    target = _RESOLVED[resolution]
+    check_move(state, target, turn_id=turn_id)
+    now = _now_us()
+    if target is TurnState.ACCEPTED:
+        # A fresh attempt budget: a new round whose attempts count from 1 again.
+        row = await conn.fetchrow(
+            "UPDATE turns SET state = 'accepted', round = round + 1, attempt = 0,"
+            " updated_us = $1, next_attempt_us = NULL, finished_us = NULL, verdict = NULL,"
+            " reason_code = NULL, reason = NULL, fault_type = NULL, result = NULL"
+            f" WHERE turn_id = $2 RETURNING {TURN_COLUMNS}",
+            now,
+            turn_id,
+        )
+    else:
+        code, why = RESOLUTION_REASONS[resolution]
+        row = await conn.fetchrow(
+            "UPDATE turns SET state = $1, updated_us = $2, finished_us = $2,"
+            " verdict = 'TERMINATE', reason_code = $3, reason = $4 WHERE turn_id = $5"
+            f" RETURNING {TURN_COLUMNS}",
+            target.value,
+            now,
+            code,
+            why,
+            turn_id,
+        )
+    assert row is not None
+    if ledger_lines:
+        await put_ledger_lines(conn, ledger_lines)
+    return turn_from_row(_row(row), await _attempts_of(conn, turn_id))
+
+
+# -- listings -------------------------------------------------------------------------------------
+
+
+async def list_turns(
+    conn: Conn,
+    session_id: str | None,
+    states: frozenset[TurnState] | None,
+    after: int,
+    limit: int,
+) -> TurnPage:
+    rows = await conn.fetch(
+        f"SELECT {TURN_COLUMNS} FROM turns WHERE turn_id > $1"
+        " AND ($2::text IS NULL OR session_id = $2)"
+        " AND ($3::text[] IS NULL OR state = ANY($3::text[]))"
+        " ORDER BY turn_id LIMIT $4",
+        after,
+        session_id,
+        None if states is None else sorted(s.value for s in states),
+        limit + 1,
+    )
+    more = len(rows) > limit
+    turns = await _turns_from_rows(conn, rows[:limit])
+    return TurnPage(turns=tuple(turns), next_after=turns[-1].turn_id if more else None)
+
+
+async def counts(conn: Conn) -> dict[str, int]:
+    rows = await conn.fetch("SELECT state, count(*) FROM turns GROUP BY state")
+    return {str(r[0]): int(r[1]) for r in rows}
