@@ -336,7 +336,6 @@ class PostgresTurnStore:
         try:
             await self._run_batch(batch)
         except Exception as exc:  # the transaction failed: nothing of the batch was written
-            _log.warning("store_batch_failed", error=str(exc), operations=len(batch))
             for op in batch:
                 op.fail(exc)
         else:
@@ -359,11 +358,10 @@ class PostgresTurnStore:
         for retry in range(_BATCH_RETRIES):
             try:
                 await self._try_batch(conn, batch)
-            except asyncpg.TransactionRollbackError as exc:
+            except asyncpg.TransactionRollbackError:
                 if retry == _BATCH_RETRIES - 1:
                     raise
                 self._retried_batches += 1
-                _log.info("store_batch_retried", error=str(exc), operations=len(batch))
                 for op in batch:
                     op.reset()
                 await anyio.sleep(0.001 * 2**retry)
