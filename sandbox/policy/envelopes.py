@@ -136,8 +136,3 @@ class ExecutionSafetyResult:
     reason_code: str
     reason_description: str
     response: ExecutorResponseEnvelope | None = None
-
-    @property
-    def allowed(self) -> bool:
-        """The former name of ``is_safe``, kept for supervisor/executors/judge.py; read-only."""
-        return self.is_safe

@@ -77,7 +77,7 @@ def judge_response(envelope: ExecutorInstructionEnvelope, body: object) -> Verdi
     result = validate_executor_response(envelope, body)
     outcome = outcome_from_response(result)
     return Verdict(
-        outcome, result.reason_code, result.reason_description, result.response, result.allowed
+        outcome, result.reason_code, result.reason_description, result.response, result.is_safe
     )
 
 

@@ -92,7 +92,6 @@ def test_safety_result_built_from_the_three_seed_fields() -> None:
         "bad",
     )
     assert result.response is None
-    assert result.allowed is False  # the former name, read-only, for the hub's judge
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.is_safe = True  # type: ignore[misc]
 
