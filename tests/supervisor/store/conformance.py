@@ -498,7 +498,8 @@ class TurnStoreConformance:
     # -- recovery ---------------------------------------------------------------------------
 
     async def test_recover_claims_unfinished(self, open_store: StoreFactory) -> None:
-        """recover claims every unfinished, non-escalated turn with a larger token."""
+        """recover takes back every unfinished, non-escalated turn its owner held, and those
+        nobody holds, each with a larger token: the old claims are stale."""
         async with open_store() as store:
             await session(store)
             fresh = (await store.accept(instruction())).turn
@@ -510,10 +511,10 @@ class TurnStoreConformance:
             )
             await escalated(store)
             await store.finish(await claimed(store), TurnEnding(state=TurnState.REJECTED))
-            got = await store.recover("A2", lease_ms=LEASE_MS)
+            got = await store.recover("A", lease_ms=LEASE_MS)
             assert [c.turn_id for c in got] == [fresh.turn_id, running.turn_id, waiting.turn_id]
             assert [c.token for c in got] == [1, 2, 2]
-            assert {c.owner for c in got} == {"A2"}
+            assert {c.owner for c in got} == {"A"}
             assert got[1].turn.state is TurnState.RUNNING
             assert got[1].turn.attempts == (attempt(1),)
             with pytest.raises(StaleClaimError):

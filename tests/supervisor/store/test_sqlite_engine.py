@@ -293,3 +293,19 @@ async def test_sigkill_keeps_acknowledged_turns(tmp_path: Path) -> None:
         recovered = await store.recover("B", lease_ms=1_000)
         assert {c.turn_id for c in recovered} >= acknowledged
         assert all(c.token == 2 for c in recovered)
+
+
+async def test_recover_takes_every_unfinished_turn_whoever_held_it(tmp_path: Path) -> None:
+    """The embedded engine has one daemon: a restarted daemon (a new owner id) takes back every
+    unfinished, non-escalated turn, live leases of its former self included."""
+    async with open_sqlite_store(tmp_path / "turns.sqlite3") as store:
+        await store.open_session(NewSession(session_id="S1", package_id="demo"))
+        held = await store.accept(_turn(1), claim_for="old-daemon", lease_ms=60_000)
+        assert held.claim is not None
+        running = await store.start_attempt(held.claim, AttemptRecord(attempt=1, started_us=1))
+        free = (await store.accept(_turn(2))).turn
+        got = await store.recover("new-daemon", lease_ms=60_000)
+        assert [(c.turn_id, c.owner, c.token) for c in got] == [
+            (running.turn_id, "new-daemon", 2),
+            (free.turn_id, "new-daemon", 1),
+        ]
