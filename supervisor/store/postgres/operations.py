@@ -21,7 +21,7 @@ Design notes
   with the SQLite engine's `operations` so the two read alike; splitting it would scatter the
   fencing and lifecycle checks the operations share.
 * Rows come back as `asyncpg.Record`; they are handed to the shared converters
-  (`supervisor.store.sqlite.rows`) as tuples, whose asserts check the column types.
+  (`supervisor.store.rows`) as tuples, whose asserts check the column types.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ from supervisor.store.protocol import (
     TurnPage,
     TurnRecord,
 )
-from supervisor.store.sqlite.rows import (
+from supervisor.store.rows import (
     attempt_from_row,
     dumps,
     loads,

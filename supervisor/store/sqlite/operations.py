@@ -48,7 +48,7 @@ from supervisor.store.protocol import (
     TurnPage,
     TurnRecord,
 )
-from supervisor.store.sqlite.rows import (
+from supervisor.store.rows import (
     attempt_from_row,
     dumps,
     loads,

@@ -1,8 +1,9 @@
 """Rows of the turn store's tables as records, and the JSON of the stored mappings.
 
-The column order is the one of the column lists in `schema` (``TURN_COLUMNS``,
-``ATTEMPT_COLUMNS``, ``SESSION_COLUMNS``). A row that does not have the types its columns
-promise is a bug or a hostile file: the asserts stop it before it becomes a record.
+Both engines select their columns in the order of the SQLite engine's column lists
+(`supervisor.store.sqlite.schema`: ``TURN_COLUMNS``, ``ATTEMPT_COLUMNS``,
+``SESSION_COLUMNS``). A row that does not have the types its columns promise is a bug or a
+hostile file: the asserts stop it before it becomes a record.
 """
 
 from __future__ import annotations
