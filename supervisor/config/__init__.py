@@ -22,7 +22,8 @@ when loaded. The package does file I/O only in `load_config` (reading the one TO
 
 The package's modules: `schema` (the settings dataclasses and the key table), `loader` (sources,
 parsing, validation), `diff` (what a SIGHUP reload can apply), `show` (`hunter config
-show|check`). Import from `supervisor.config`: `__all__` below is the package's interface.
+show|check`), `dsn` (PostgreSQL connection strings: refused with a password, described for
+messages). Import from `supervisor.config`: `__all__` below is the package's interface.
 """
 
 from __future__ import annotations
@@ -37,12 +38,14 @@ from supervisor.config.schema import (
     LogSettings,
     RetrySettings,
     SandboxSettings,
+    StoreSettings,
     env_var_name,
     iter_keys,
 )
 from supervisor.config.schema import Enforcement as Enforcement
 from supervisor.config.schema import LogFormat as LogFormat
 from supervisor.config.schema import LogLevel as LogLevel
+from supervisor.config.schema import StoreEngine as StoreEngine
 from supervisor.config.show import add_parser, to_toml
 from supervisor.errors import ConfigError
 
@@ -57,6 +60,7 @@ __all__ = [
     "LogSettings",
     "RetrySettings",
     "SandboxSettings",
+    "StoreSettings",
     "add_parser",
     "changed_keys",
     "diff_reloadable",

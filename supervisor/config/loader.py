@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final, cast
 
+from supervisor.config.dsn import dsn_problem
 from supervisor.config.schema import ENV_PREFIX, FIELDS, SECTIONS, Config, env_var_name
 from supervisor.errors import ConfigError
 
@@ -184,6 +185,18 @@ def _parse_str(key: str, raw: object, source: str, from_env: bool) -> object:
     return raw.strip().lower() if from_env else raw
 
 
+def _parse_dsn(key: str, raw: object, source: str, from_env: bool) -> object:
+    if not isinstance(raw, str):
+        raise _wrong(key, "a connection string", raw, source)
+    text = raw.strip()
+    if not text:
+        return ""
+    problem = dsn_problem(text)
+    if problem is not None:  # the value is not repeated: it may hold a password
+        raise ConfigError(key, problem, source=source)
+    return text
+
+
 def _parse_mode(key: str, raw: object, source: str, from_env: bool) -> object:
     if isinstance(raw, str):
         text = raw.strip().lower().removeprefix("0o")
@@ -221,6 +234,7 @@ _PARSERS: Final[dict[str, Callable[[str, object, str, bool], object]]] = {
     "str": _parse_str,
     "mode": _parse_mode,
     "uids": _parse_uids,
+    "dsn": _parse_dsn,
 }
 
 
@@ -276,6 +290,8 @@ def _build(parsed: Mapping[str, object], env: Mapping[str, str]) -> Config:
             top[key] = parsed[key]
     for section, cls in SECTIONS.items():
         kwargs = {k.partition(".")[2]: v for k, v in parsed.items() if k.startswith(f"{section}.")}
+        if section == "store" and kwargs.get("password_file") is not None:
+            kwargs["password_file"] = absolute(kwargs["password_file"])
         top[section] = cls(**kwargs)
     config = Config(**top)  # type: ignore[arg-type]  # keys were validated against the fields
     _check_consistency(config)
@@ -293,6 +309,8 @@ def _check_consistency(config: Config) -> None:
             "retry.max_delay_ms",
             f"must be >= retry.base_delay_ms ({r.base_delay_ms}), got {r.max_delay_ms}",
         )
+    if config.store.engine == "postgres" and not config.store.dsn:
+        raise ConfigError("store.dsn", "must be set when store.engine is 'postgres'")
     s = config.sandbox
     if s.uid_range_start + s.uid_range_size - 1 > 4_294_967_294:
         raise ConfigError(

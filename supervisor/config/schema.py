@@ -28,6 +28,8 @@ __all__ = [
     "LogSettings",
     "RetrySettings",
     "SandboxSettings",
+    "StoreEngine",
+    "StoreSettings",
     "env_var_name",
     "iter_keys",
 ]
@@ -37,6 +39,7 @@ ENV_PREFIX: Final = "HUNTER_"
 Enforcement = Literal["strict", "best-effort"]
 LogFormat = Literal["auto", "json", "console"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+StoreEngine = Literal["sqlite", "postgres"]
 
 
 # --- the key table ------------------------------------------------------------------------------
@@ -44,7 +47,7 @@ LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 # `max`, `choices`, `reload` (True when a SIGHUP reload applies it without a restart), and
 # `default_doc` (how a computed default is described).
 
-_Kind = Literal["path", "int", "float", "str", "mode", "uids"]
+_Kind = Literal["path", "int", "float", "str", "mode", "uids", "dsn"]
 
 
 def _meta(
@@ -317,12 +320,55 @@ class LogSettings:
     )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreSettings:
+    """`[store]`: which turn store engine the daemon opens (see docs/operations.md)."""
+
+    engine: StoreEngine = field(
+        default="sqlite",
+        metadata=_meta(
+            doc="'sqlite': the embedded store in `intake_path` (one daemon); 'postgres': a "
+            "PostgreSQL database named by `store.dsn`, migrated with `hunter store migrate`.",
+            kind="str",
+            choices=("sqlite", "postgres"),
+        ),
+    )
+    dsn: str = field(
+        default="",
+        metadata=_meta(
+            doc="The PostgreSQL connection string (libpq URI or keyword string) without a "
+            "password; required when engine is 'postgres'.",
+            kind="dsn",
+            default_doc="unset",
+        ),
+    )
+    password_file: Path | None = field(
+        default=None,
+        metadata=_meta(
+            doc="A file whose first line is the PostgreSQL password, read at start; unset means "
+            "libpq's own mechanisms (PGPASSFILE, ~/.pgpass, PGPASSWORD).",
+            kind="path",
+            default_doc="unset",
+        ),
+    )
+    pool_size: int = field(
+        default=2,
+        metadata=_meta(
+            doc="PostgreSQL connections kept for reads (the writes use one more).",
+            kind="int",
+            minimum=1,
+            maximum=64,
+        ),
+    )
+
+
 #: The `[section]` tables: section name -> its settings dataclass.
 SECTIONS: Final[dict[str, type]] = {
     "executors": ExecutorSettings,
     "retry": RetrySettings,
     "sandbox": SandboxSettings,
     "log": LogSettings,
+    "store": StoreSettings,
 }
 
 
@@ -403,19 +449,23 @@ class Config:
     retry: RetrySettings = field(default_factory=RetrySettings)
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)
     log: LogSettings = field(default_factory=LogSettings)
+    store: StoreSettings = field(default_factory=StoreSettings)
 
     def to_dict(self) -> dict[str, object]:
         """A plain, JSON- and TOML-friendly dict (for `hunter config show`).
 
         Paths become strings, `socket_mode` an octal string ("0660"), `allowed_uids` a sorted
-        list (omitted when unset). Feeding it back as `overrides` gives an equal `Config`.
+        list (omitted when unset); unset optional keys are omitted. Feeding it back as
+        `overrides` gives an equal `Config`.
         """
         out: dict[str, object] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name in SECTIONS:
                 out[f.name] = {
-                    g.name: _plain(g, getattr(value, g.name)) for g in dataclasses.fields(value)
+                    g.name: _plain(g, getattr(value, g.name))
+                    for g in dataclasses.fields(value)
+                    if getattr(value, g.name) is not None
                 }
             elif value is not None:
                 out[f.name] = _plain(f, value)
