@@ -267,7 +267,9 @@ class ProcessTurn:
         self.session = session
         self.turn = turn
         #: the normal ending's two lines are sealed, not synced: the caller's store commits them
-        #: with the turn's ending (a rejection or an abort is still recorded durably here)
+        #: with the turn's ending. A rejection is still recorded here (durably; its result
+        #: is returned, never raised); a turn cut short (cancelled, an error) is not: the
+        #: caller records how it ended.
         self.caller_commits = caller_commits
         self.progress = _TurnProgress(request={"argv": list(argv)})
 
@@ -300,7 +302,9 @@ class ProcessTurn:
                 entropy_detector=entropy_detector,
             )
         except BaseException as exc:
-            if not progress.written:
+            # A caller that commits the entries also writes them for a turn cut short (it
+            # decides how the turn ends: cancelled, or run again after a restart).
+            if not progress.written and not self.caller_commits:
                 with anyio.CancelScope(shield=True):
                     await self._record_aborted(self.turn, progress, exc, start_ns)
             raise
@@ -505,7 +509,7 @@ class ProcessTurn:
         try:
             self.session.runtime.require_enforcement()
         except SandboxUnavailableError as exc:
-            await self._reject(
+            rejected = await self._reject(
                 turn,
                 request,
                 start_ns,
@@ -514,6 +518,8 @@ class ProcessTurn:
                 violation=None,
                 levels=levels,
             )
+            if self.caller_commits:  # recorded: the caller ends the turn from the result
+                return rejected
             raise
         try:
             exe, declared = check_request(self.session, argv, declared_outputs, turn)

@@ -180,8 +180,9 @@ class Session:
 
         ``ledger_commit="caller"``: the normal ending's two entries are sealed and queued but
         not synced; they are in ``TurnResult.sealed_lines`` for the caller's store to commit with
-        the turn's ending (the daemon's one durable step). A rejection or an aborted turn is
-        still recorded durably here.
+        the turn's ending (the daemon's one durable step). A rejection is still recorded durably
+        here and returned (``SandboxUnavailableError`` too becomes a rejected result); a turn
+        cut short (cancelled, an error) is not recorded here: the caller records its ending.
 
         A request that is malformed or not allowed is *rejected* before it runs (status
         ``rejected``; ``violations`` holds the recorded ``CapabilityViolation``).

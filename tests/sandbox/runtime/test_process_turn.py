@@ -165,3 +165,19 @@ async def test_caller_commits_the_ledger_lines(session: Session) -> None:
     assert rejected.status == "rejected"
     assert rejected.sealed_lines == ()
     assert session.ledgers.exec.durable_seq == session.ledgers.exec.head[0]
+
+
+async def test_caller_records_a_turn_cut_short(session: Session) -> None:
+    """With ``ledger_commit="caller"`` a cancelled turn writes nothing here (the daemon records
+    how it ended, cancelled or run again after a restart: one final pair either way); its
+    process tree is still killed and its sandbox emptied."""
+    heads = (session.ledgers.exec.head, session.ledgers.evidence.head)
+    with anyio.move_on_after(1.0):
+        await session.run_process_turn(
+            ["/bin/sh", "-c", "echo x > $TMPDIR/t; sleep 30"],
+            declared_outputs=[],
+            timeout_ms=60_000,
+            ledger_commit="caller",
+        )
+    assert (session.ledgers.exec.head, session.ledgers.evidence.head) == heads
+    assert_empty_sandbox(session)

@@ -141,7 +141,21 @@ class FakeSession:
             raise RuntimeError("the sandbox broke")
         if argv[0] == "block":
             self.blocked.set()
-            await anyio.sleep_forever()
+            try:
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                # as the real runtime does: a turn cut short gets its entries here unless the
+                # caller commits them (then the daemon records how it ended)
+                if kwargs.get("ledger_commit") == "caller":
+                    raise
+                with anyio.CancelScope(shield=True):
+                    await self.ledgers.arecord_turn(
+                        turn_number=kwargs["turn_number"],
+                        query_hash=_h(argv),
+                        result_hash=_h("cancelled"),
+                        status="terminated",
+                    )
+                raise
         entry = {
             "turn_number": kwargs["turn_number"],
             "query_hash": _h(argv),
