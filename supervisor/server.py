@@ -4,7 +4,10 @@ Lifecycle
 ---------
 1. Take ``<root>/state/daemon.lock`` (an exclusive ``flock`` holding our pid): a second daemon on
    the same root is refused with the first one's pid (`DaemonAlreadyRunning`).
-2. Open the turn store (embedded SQLite, WAL), the ledger group-commit syncer, the sandbox
+2. Open the turn store (`store.engine`: embedded SQLite, WAL, by default; or PostgreSQL,
+   opened without migrating: a database not migrated, or migrated by a newer hunter, or a
+   server that cannot be reached ends the start with exit 2 and a message saying which server
+   and what to do, `StoreStartError`), the ledger group-commit syncer, the sandbox
    runtime, the hub.
 3. Listen: the sockets systemd passed (``LISTEN_FDNAMES`` ``control`` / ``executors``), else
    create ``control.sock`` and ``executors.sock`` (a stale file is unlinked first: we hold the
@@ -23,7 +26,8 @@ Lifecycle
 
 Exit codes: 0 after a drain (clean or with parked attempts), 1 when a second signal forced the
 exit or the daemon failed (the message and the ``daemon_failed`` log event say why), 2 for a
-configuration/usage problem, 3 when another daemon already serves the root.
+configuration/usage problem (including a configured PostgreSQL store that cannot be reached or is
+not migrated), 3 when another daemon already serves the root.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import Callable, Iterator, Mapping
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -47,11 +52,13 @@ import anyio.to_thread
 from ledger import GroupSyncer
 from sandbox.policy.attempts import RetryOptions
 from supervisor.config import Config, ConfigError, diff_reloadable, load_config
+from supervisor.config.dsn import describe, to_uri, with_password
 from supervisor.control.server import ControlServer
-from supervisor.errors import DaemonAlreadyRunning
+from supervisor.errors import DaemonAlreadyRunning, SchemaVersionError
 from supervisor.executors.hub import ExecutorHub, HubSettings
 from supervisor.logging import configure_logging, get_logger
 from supervisor.sdnotify import listen_fds, notify, watchdog_interval, watchdog_loop
+from supervisor.store.protocol import TurnStore
 from supervisor.store.sqlite import open_sqlite_store
 from supervisor.turns.context import CoreSettings
 from supervisor.turns.core import TurnCore
@@ -64,7 +71,12 @@ __all__ = [
     "EXIT_USAGE",
     "Daemon",
     "DaemonAlreadyRunning",
+    "StoreStartError",
+    "connect_failure",
+    "open_store",
+    "postgres_target",
     "retry_options",
+    "store_start_errors",
 ]
 
 EXIT_OK: Final = 0
@@ -92,6 +104,97 @@ def _root_lock(root: Path) -> Iterator[Path]:
         yield path
     finally:
         os.close(fd)  # releases the lock
+
+
+class StoreStartError(RuntimeError):
+    """The configured PostgreSQL turn store cannot be used at start: the server cannot be
+    reached or refuses us, the password file cannot be read, or the schema is not the one this
+    hunter needs. The message names the server, port, database and user and says what failed;
+    `hunter serve` and `hunter store migrate` print it and exit 2."""
+
+
+def postgres_target(config: Config) -> tuple[str, str]:
+    """``(dsn for the driver, description for messages)`` of the configured PostgreSQL store;
+    the password, when `store.password_file` is set, is read from it now."""
+    where = describe(config.store.dsn)
+    uri = to_uri(config.store.dsn)
+    path = config.store.password_file
+    if path is None:
+        return uri, where
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise StoreStartError(
+            f"{where}: cannot read store.password_file {path}: {reason}"
+        ) from None
+    if not lines or not lines[0]:
+        raise StoreStartError(f"{where}: store.password_file {path} is empty")
+    return with_password(uri, lines[0]), where
+
+
+def connect_failure(where: str, exc: BaseException) -> StoreStartError:
+    """A `StoreStartError` saying what failed when connecting to *where*."""
+    if isinstance(exc, SchemaVersionError):
+        return StoreStartError(str(exc))
+    if isinstance(exc, TimeoutError):
+        what = "no answer within the connect timeout"
+    elif isinstance(exc, OSError):
+        what = exc.strerror or str(exc) or type(exc).__name__
+        if isinstance(exc, FileNotFoundError | ConnectionRefusedError):
+            what += " (is the server running, and are host/port right?)"
+    else:
+        what = str(exc).strip() or type(exc).__name__
+    return StoreStartError(f"cannot connect to {where}: {what}")
+
+
+def store_start_errors() -> tuple[type[BaseException], ...]:
+    """What connecting to PostgreSQL and checking its schema can raise (`connect_failure`
+    turns each into a message)."""
+    import asyncpg
+
+    return (
+        OSError,
+        TimeoutError,
+        SchemaVersionError,
+        asyncpg.PostgresError,
+        asyncpg.InterfaceError,
+    )
+
+
+@contextlib.asynccontextmanager
+async def open_store(config: Config) -> AsyncIterator[TurnStore]:
+    """The configured turn store, open until the block ends. SQLite (`intake_path`) by default,
+    exactly as before; PostgreSQL opened with ``migrate=False`` and `store.pool_size` read
+    connections. A PostgreSQL store that cannot be opened raises `StoreStartError`."""
+    if config.store.engine != "postgres":
+        async with open_sqlite_store(config.intake_path) as store:
+            yield store
+        return
+    from supervisor.store.postgres import open_postgres_store
+
+    dsn, where = postgres_target(config)
+    errors = store_start_errors()
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            pg = await stack.enter_async_context(
+                open_postgres_store(dsn, migrate=False, read_connections=config.store.pool_size)
+            )
+        except errors as exc:
+            raise connect_failure(where, exc) from None
+        except BaseExceptionGroup as group:
+            first = _first_leaf(group)
+            if isinstance(first, errors):
+                raise connect_failure(where, first) from None
+            raise
+        yield pg
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
 
 
 def retry_options(config: Config) -> RetryOptions:
@@ -241,7 +344,7 @@ class Daemon:
     async def _run_locked(self, config: Config, task_status: anyio.abc.TaskStatus[None]) -> int:
 
         config.runtime_dir.mkdir(parents=True, exist_ok=True)
-        async with open_sqlite_store(config.intake_path) as store:
+        async with open_store(config) as store:
             with GroupSyncer() as syncer:
                 runtime = await anyio.to_thread.run_sync(
                     lambda: self._runtime_factory(
@@ -391,8 +494,6 @@ def run_daemon(
     env: Mapping[str, str] | None = None,
 ) -> int:
     """Entry point of `hunter serve`: load config (exit 2 on error), configure logs, run."""
-    import sys
-
     overrides: dict[str, object] = {}
     if root is not None:
         overrides["root"] = root
@@ -412,6 +513,10 @@ def run_daemon(
     except DaemonAlreadyRunning as exc:
         sys.stderr.write(f"hunter serve: {exc}\n")
         return EXIT_ALREADY_RUNNING
+    except StoreStartError as exc:  # the configured PostgreSQL: unreachable, or not migrated
+        get_logger("supervisor.server").error("daemon_failed", error=str(exc))
+        sys.stderr.write(f"hunter serve: {exc}\n")
+        return EXIT_USAGE
     except KeyboardInterrupt:  # a signal before the receiver was installed
         return EXIT_FORCED
     except Exception as exc:  # start-up failed (socket path, sandbox, disk): say so, exit 1

@@ -47,6 +47,7 @@ from supervisor.cli.exit_codes import (
 )
 from supervisor.cli.output import table
 from supervisor.cli.session_commands import add_session_parser
+from supervisor.cli.store_commands import add_store_parser
 from supervisor.cli.turn_commands import (
     add_submit_parser,
     add_turn_parser,
@@ -84,4 +85,5 @@ def add_parser(subparsers: Any) -> None:
     add_escalations_parser(subparsers)
     add_check_ledgers_parser(subparsers)
     add_drain_parser(subparsers)
+    add_store_parser(subparsers)
     add_demo_parser(subparsers)
