@@ -144,6 +144,25 @@ def test_serve_refuses_an_unmigrated_database(pg_cluster: PgCluster, root: Path)
     assert tables.strip() == "0"
 
 
+def test_serve_refuses_a_newer_schema(pg_cluster: PgCluster, root: Path) -> None:
+    """A database migrated by a newer hunter: `hunter serve` exits 2 saying so; `hunter store
+    migrate` refuses to touch it too."""
+    dsn = database_for(root)
+    config = prepare_root(root, fresh=True, config_text=_store_config(dsn))
+    assert _hunter("store", "migrate", "--root", str(root), "--config", str(config)).returncode == 0
+    database = dsn.partition("?")[0].rpartition("/")[2]
+    pg_cluster.psql(
+        "UPDATE hunter_meta SET value = '99' WHERE key = 'turn_store_schema'", database=database
+    )
+    done = _hunter("serve", "--root", str(root), "--config", str(config), "--log-format", "json")
+    assert done.returncode == 2, done.stderr
+    assert "schema version 99, newer than the 1 this hunter supports" in done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    migrate = _hunter("store", "migrate", "--root", str(root), "--config", str(config))
+    assert migrate.returncode == 2
+    assert "newer than the 1" in migrate.stderr
+
+
 def test_serve_exits_2_when_the_server_is_not_there(root: Path, tmp_path: Path) -> None:
     """A DSN pointing at a socket directory with no server: exit 2 within seconds, naming the
     socket directory, port, user and what failed; no traceback, no READY."""

@@ -102,3 +102,20 @@ def test_migrate_refuses_a_password_in_the_dsn(
     err = capsys.readouterr().err
     assert "store.dsn" in err
     assert "hunter2" not in err
+
+
+def test_migrate_refused_by_the_server(
+    pg_cluster: PgCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The server answers but refuses (a database or a role that does not exist): exit 2 with
+    the server's reason after the server's name."""
+    base = pg_cluster.dsn("no_such_database")
+    assert main(["store", "migrate", "--config", str(_config(tmp_path, base))]) == 2
+    err = capsys.readouterr().err
+    assert "database no_such_database, user postgres: " in err
+    assert 'database "no_such_database" does not exist' in err
+    role = pg_cluster.dsn("postgres").replace("postgres@", "no_such_role@", 1)
+    assert main(["store", "migrate", "--config", str(_config(tmp_path, role))]) == 2
+    err = capsys.readouterr().err
+    assert "user no_such_role: " in err
+    assert 'role "no_such_role" does not exist' in err
