@@ -1,5 +1,5 @@
 """`hunter` subcommands of the daemon core: serve, session, submit, status, executors, turn,
-escalations, demo.
+escalations, store, demo.
 
 Every client command finds the daemon from ``--socket PATH`` (the control socket itself) or
 ``--root DIR`` (default ``./.hunter``; the socket is ``<root>/run/control.sock``).
@@ -13,11 +13,13 @@ Exit codes
   6 — escalated (parked for an operator); 7 — terminated or cancelled
   (these match `hunter turn` of the sandbox runtime)
 * 10 — no daemon answers on the socket (it says which socket and how to start one)
-* `hunter serve`: 0 after a drain, 1 forced by a second signal, 2 bad config, 3 root already
-  served by another daemon.
+* `hunter serve`: 0 after a drain, 1 forced by a second signal, 2 bad config or a store that
+  cannot be opened (unreachable or unmigrated PostgreSQL), 3 root already served by another
+  daemon. `hunter store migrate`: 0 done or already current, 2 the store cannot be reached.
 
 Modules: `session_commands`, `turn_commands` (submit, turn), `escalation_commands`,
-`daemon_commands` (serve, status, executors, check-ledgers, drain), `demo_commands`; what they
+`daemon_commands` (serve, status, executors, check-ledgers, drain), `store_commands`
+(migrate), `demo_commands`; what they
 share: `client` (reaching the daemon), `output` (printing, tables), `exit_codes`. This module
 registers them in `hunter --help` order and re-exports their public names.
 """
