@@ -216,12 +216,16 @@ class ExecutorHub:
         """How long an attempt waits for a free slot before it times out."""
         return self.settings.queue_wait_s
 
-    async def run_attempt(self, envelope: ExecutorInstructionEnvelope) -> AttemptReport:
+    async def run_attempt(
+        self, envelope: ExecutorInstructionEnvelope, *, queue_wait_s: float | None = None
+    ) -> AttemptReport:
         """Run one attempt of ``envelope`` on some executor and report its outcome.
 
         Never raises for executor misbehaviour: every such case is an outcome. Returns after the
         response, or after the deadline once the executor answered the ``cancel`` (or
         ``cancel_grace_s`` passed, in which case the executor is marked ERROR).
+        ``queue_wait_s``: how long it may wait for a slot (default ``settings.queue_wait_s``;
+        less for a turn that already waited parked in the turn core).
         """
         started = time.monotonic()
         self._attempts_started += 1
@@ -235,7 +239,8 @@ class ExecutorHub:
                     verdict, conn.executor_id, started=started, queued_s=0.0, ran=command
                 )
             else:
-                report = await self._queued_attempt(envelope, started)
+                wait_s = self.settings.queue_wait_s if queue_wait_s is None else queue_wait_s
+                report = await self._queued_attempt(envelope, started, max(0.0, wait_s))
         finally:
             self._active_attempts -= 1
             if self._active_attempts == 0:
@@ -313,7 +318,7 @@ class ExecutorHub:
 
     # ------------------------------------------------------------------ attempts
     async def _queued_attempt(
-        self, envelope: ExecutorInstructionEnvelope, started: float
+        self, envelope: ExecutorInstructionEnvelope, started: float, wait_s: float
     ) -> AttemptReport:
         """The attempt found no free slot: wait in its command's queue, then run it (or not)."""
         command = envelope.command_type
@@ -321,15 +326,16 @@ class ExecutorHub:
         conn: Connection | None = None
         queued_s = 0.0
         if not self._closing:
-            conn = await self._dispatcher.wait(command, iid, self.settings.queue_wait_s)
+            conn = await self._dispatcher.wait(command, iid, wait_s)
             queued_s = time.monotonic() - started
         if conn is None:
             if self._is_closing():
                 verdict = hub_closed()
                 event = "attempt_dropped"
-            else:
-                wait_s = self.settings.queue_wait_s
-                verdict = queue_wait_expired(self._dispatcher.timeout_detail(command, wait_s))
+            else:  # the wait as configured (a parked turn waited its first part in the core)
+                verdict = queue_wait_expired(
+                    self._dispatcher.timeout_detail(command, self.settings.queue_wait_s)
+                )
                 event = "attempt_timed_out"
             self._log.warning(
                 event,

@@ -574,19 +574,27 @@ class TurnCore:
         active: ActiveTurn,
         recovered: bool,
         command: ExecutorCommandType | None,
+        parked_s: float = 0.0,
     ) -> None:
         assert self._tg is not None
         if command is not None:
             self._launching[command] += 1
         self._tg.start_soon(
-            self._turn_task, turn, active, recovered, command, name=f"turn-{turn.turn_id}"
+            self._turn_task,
+            turn,
+            active,
+            recovered,
+            command,
+            parked_s,
+            name=f"turn-{turn.turn_id}",
         )
 
     def _unpark(self, parked: Parked) -> None:
         active = self._deps.tracker.get(parked.turn.turn_id)
         if active is None or active.claim is None:  # ended or lost while parked
             return
-        self._launch(parked.turn, active, False, self._command(parked.turn))
+        parked_s = time.monotonic() - parked.parked_at
+        self._launch(parked.turn, active, False, self._command(parked.turn), parked_s)
 
     def _kick_feeder(self) -> None:
         if self._feed is not None and len(self._parked):
@@ -622,6 +630,7 @@ class TurnCore:
         active: ActiveTurn,
         recovered: bool,
         command: ExecutorCommandType | None,
+        parked_s: float = 0.0,
     ) -> None:
         # Each task runs in its own copy of the context: the ids bound here label every event
         # of this turn (the hub's too) and vanish with the task.
@@ -650,6 +659,7 @@ class TurnCore:
                         request,
                         interrupted=interrupted,
                         dispatched=launched.done,
+                        queue_waited_s=parked_s,
                     )
                 else:
                     await run_process_turn(

@@ -67,7 +67,11 @@ class HubLike(Protocol):
         """How long an attempt waits in the hub for a slot before it times out."""
         ...
 
-    async def run_attempt(self, envelope: ExecutorInstructionEnvelope) -> HubAttemptLike: ...
+    async def run_attempt(
+        self, envelope: ExecutorInstructionEnvelope, *, queue_wait_s: float | None = None
+    ) -> HubAttemptLike:
+        """One attempt; *queue_wait_s* bounds its wait for a slot (None: the hub's own)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,10 +111,13 @@ async def run_instruction_turn(
     *,
     interrupted: AttemptRecord | None,
     dispatched: Callable[[], None] = lambda: None,
+    queue_waited_s: float = 0.0,
 ) -> TurnRecord | None:
     """Run the turn's attempts to its ending (final or escalated); None when a drain stopped
     it before an attempt (it stays accepted / waiting_retry for the restart). *dispatched* is
-    called just before an envelope goes to the hub (the core's launch count)."""
+    called just before an envelope goes to the hub (the core's launch count). *queue_waited_s*:
+    how long the turn already waited parked for a slot; its first attempt waits the rest of the
+    hub's queue wait, not all of it again."""
     spec = request.instruction
     if spec is None:
         msg = f"turn {turn.turn_id} is not an instruction turn"
@@ -121,7 +128,10 @@ async def run_instruction_turn(
     async def one_attempt(attempt: AttemptRecord) -> AttemptReport[_Sent]:
         envelope = _envelope(spec, attempt, execution_id)
         dispatched()
-        report = await _start_and_send(hooks, hub, envelope)
+        nonlocal queue_waited_s
+        wait = None if not queue_waited_s else max(0.0, hub.queue_wait_s - queue_waited_s)
+        queue_waited_s = 0.0  # a retry waits the hub's full queue wait again
+        report = await _start_and_send(hooks, hub, envelope, wait)
         active.executor_id = report.executor_id
         detail = ": ".join(p for p in (report.safety_reason_code, report.detail) if p)
         return AttemptReport(
@@ -155,13 +165,16 @@ async def run_instruction_turn(
 
 
 async def _start_and_send(
-    hooks: LoopHooks, hub: HubLike, envelope: ExecutorInstructionEnvelope
+    hooks: LoopHooks,
+    hub: HubLike,
+    envelope: ExecutorInstructionEnvelope,
+    queue_wait_s: float | None,
 ) -> HubAttemptLike:
     """Send the envelope while the attempt's queued start commits: the start is durable before
     the attempt's outcome is recorded (the store commits in order), with no sync between
     dispatch and the reply. A crash in between re-runs the attempt under the same number."""
     try:
-        report = await hub.run_attempt(envelope)
+        report = await hub.run_attempt(envelope, queue_wait_s=queue_wait_s)
     except Exception:
         await hooks.commit_start()  # a refused start (stale claim) is the error that counts
         raise

@@ -46,6 +46,17 @@ async def test_queue_wait_is_bounded_without_executors(socket_dir: Path) -> None
     assert report.queued_ms >= 200
 
 
+async def test_a_shorter_queue_wait_for_one_attempt(socket_dir: Path) -> None:
+    """A caller that already waited (a parked turn) asks for the rest of the queue wait only;
+    the report still names the configured wait."""
+    async with running_hub(socket_dir, queue_wait_s=5.0) as h:
+        with anyio.fail_after(2):
+            report = await h.hub.run_attempt(instruction("SCROLL"), queue_wait_s=0.05)
+    assert fault_type_of(report) is ExecutionFaultType.TIMEOUT
+    assert report.detail == "no executor supporting SCROLL was connected within queue_wait_s=5s"
+    assert 50 <= report.queued_ms < 2000
+
+
 async def test_queued_attempt_runs_when_an_executor_arrives(socket_dir: Path) -> None:
     """An attempt waiting in the queue is dispatched as soon as a capable executor connects."""
     async with running_hub(socket_dir) as h:

@@ -54,6 +54,7 @@ class FakeHub:
 
     script: list[AttemptOutcome] = field(default_factory=lambda: [AttemptOutcome.success()])
     envelopes: list[ExecutorInstructionEnvelope] = field(default_factory=list)
+    queue_waits: list[float | None] = field(default_factory=list)
     full: bool = False
     gate: anyio.Event | None = None
     started: anyio.Event = field(default_factory=anyio.Event)
@@ -77,8 +78,11 @@ class FakeHub:
 
             raise QueueFullError(command_type, 1, 250)
 
-    async def run_attempt(self, envelope: ExecutorInstructionEnvelope) -> FakeReport:
+    async def run_attempt(
+        self, envelope: ExecutorInstructionEnvelope, *, queue_wait_s: float | None = None
+    ) -> FakeReport:
         self.envelopes.append(envelope)
+        self.queue_waits.append(queue_wait_s)
         self.started.set()
         self._running += 1
         try:
@@ -730,7 +734,9 @@ async def test_a_failing_hub_ends_the_turn_with_its_cause(tmp_path: Path) -> Non
     and the core keeps serving."""
 
     class BrokenHub(FakeHub):
-        async def run_attempt(self, envelope: ExecutorInstructionEnvelope) -> FakeReport:
+        async def run_attempt(
+            self, envelope: ExecutorInstructionEnvelope, *, queue_wait_s: float | None = None
+        ) -> FakeReport:
             raise RuntimeError("the hub broke")
 
     async with rig(tmp_path, BrokenHub()) as r:

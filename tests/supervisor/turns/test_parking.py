@@ -97,6 +97,10 @@ async def test_a_turn_parked_too_long_meets_the_hub_timeout(tmp_path: Path) -> N
         done = await r.scheduler.wait_turn(turn.turn_id, timeout_s=10)
         assert done.state is TurnState.SUCCEEDED
         assert time.monotonic() - started < 5
+        # the hub is asked to wait only what is left of its queue wait, not all of it again
+        (wait,) = hub.queue_waits
+        assert wait is not None
+        assert 0.0 <= wait < 0.2
 
 
 async def test_parked_turns_run_after_a_restart(tmp_path: Path) -> None:
