@@ -316,7 +316,20 @@ async def test_bad_input_keeps_accepted_work(stack: DemoStack) -> None:
 async def test_sigkill_restart_loses_nothing(stack: DemoStack) -> None:
     """Daemon SIGKILLed with attempts in flight: after a restart each interrupted attempt is a
     CRASH, the policy retries it, and every accepted turn finishes."""
-    await chaos(stack, "hang", "READ", "hang")
+    # three slots: all three attempts are in flight (none parked) when the daemon dies
+    await stack.start_executor(
+        "hang",
+        [
+            "supervisor.examples.chaos_executor",
+            "--commands",
+            "READ",
+            "--behaviour",
+            "hang",
+            "--slots",
+            "3",
+            "--no-reconnect",
+        ],
+    )
     async with ControlClient(stack.control_socket) as client:
         sid = await session(client)
         ids = []
@@ -331,7 +344,6 @@ async def test_sigkill_restart_loses_nothing(stack: DemoStack) -> None:
                 declared_outputs=[],
             )
             ids.append(r["turn"]["turn_id"])
-        # the executor has one slot: one turn is running, the others wait in the hub's queue
         await client.call("turn.wait", turn_id=ids[0], until=["running"])
         for turn_id in ids[1:]:
             await client.call("turn.wait", turn_id=turn_id, until=["running"])
