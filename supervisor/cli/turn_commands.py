@@ -150,6 +150,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 
     async def body(client: ControlClient) -> int:
         result = await client.call("turn.submit", **params)
+        for warning in result.get("warnings", ()):
+            err(f"hunter submit: warning: {warning}")
         turn = result["turn"]
         if not args.wait:
             if args.json:

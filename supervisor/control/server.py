@@ -21,7 +21,8 @@ Operations (params -> result):
   for instructions), declared_inputs?, phase?, idempotency_key?, timeout_ms?, wait_s?} plus
   {command_type, target_url?, target_selector?, parameters?} or {argv} -> {turn, created}
   (``created`` false: the idempotency key was seen before, this is that turn; ``wait_s``:
-  answer only once the turn is final or parked, at most that long)
+  answer only once the turn is final or parked, at most that long; ``warnings``, when present:
+  what the client should know at once, e.g. no connected executor serves the command type)
 * ``turn.get`` {turn_id} -> {turn}; ``turn.wait`` {turn_id, timeout_s?, until?: [states]} ->
   {turn} once final, escalated, or in one of ``until``; ``turn.cancel`` {turn_id} -> {turn};
   ``turns.list`` {session_id?, after_turn_id?, limit? (1..500)} -> {turns, next_after} (a page,
@@ -52,10 +53,11 @@ import anyio.to_thread
 
 from sandbox.policy.lifecycle import TurnState
 from supervisor.errors import RequestError
+from supervisor.executors.hub import ExecutorHub
 from supervisor.logging import get_logger
 from supervisor.store.protocol import TurnRecord
 from supervisor.turns.core import TurnCore
-from supervisor.turns.requests import parse_turn_request
+from supervisor.turns.requests import TurnRequest, parse_turn_request
 from supervisor.wire.control import (
     ControlRequest,
     EscalationResolveParams,
@@ -136,13 +138,13 @@ MAX_REQUESTS_PER_CONNECTION = 256
 
 
 class ControlServer:
-    """Serves the control API for one `Scheduler` (plus hub and ledger views)."""
+    """Serves the control API for one `TurnCore` (plus hub and ledger views)."""
 
     def __init__(
         self,
         *,
         scheduler: TurnCore,
-        hub: Any,
+        hub: ExecutorHub,
         max_frame_bytes: int = 1_048_576,
         max_requests_per_connection: int = MAX_REQUESTS_PER_CONNECTION,
         on_drain: Callable[[], None] | None = None,
@@ -382,10 +384,25 @@ class ControlServer:
         wait = params.wait_s
         with anyio.CancelScope(shield=True):  # accepted means scheduled, client or not
             turn, created = await self._scheduler.submit(request)
+        warnings = self._submit_warnings(request)
         if wait is not None:
             # submit-and-wait in one round trip: answers once the turn is final or parked
             turn = await self._scheduler.wait_turn(turn.turn_id, timeout_s=float(wait))
-        return {"turn": _turn(turn), "created": created}
+        answer: dict[str, object] = {"turn": _turn(turn), "created": created}
+        if warnings:
+            answer["warnings"] = warnings
+        return answer
+
+    def _submit_warnings(self, request: TurnRequest) -> list[str]:
+        """What the client should know at once (the turn is accepted either way)."""
+        spec = request.instruction
+        if spec is None or self._hub.serving(spec.command_type):
+            return []
+        wait_s = self._hub.settings.queue_wait_s
+        return [
+            f"no connected executor serves {spec.command_type.value}: the turn waits up to"
+            f" executors.queue_wait_s={wait_s:g}s for one, then its attempt times out"
+        ]
 
     async def _turn_get(self, params: TurnRef) -> object:
         return {"turn": _turn(await self._scheduler.get_turn(params.id))}

@@ -81,6 +81,10 @@ class Dispatcher:
         return best
 
     # ------------------------------------------------------------------ queues
+    def connected(self, command: ExecutorCommandType) -> int:
+        """Connected executors that serve ``command`` (whatever their status)."""
+        return sum(not conn.closed for conn in self._members[command])
+
     def free_slots(self, command: ExecutorCommandType) -> int:
         """Free slots of READY executors serving ``command``, less the attempts waiting in its
         queue (negative when more wait than there are slots)."""

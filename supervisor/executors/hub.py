@@ -206,6 +206,10 @@ class ExecutorHub:
             waiting=waiting,
         )
 
+    def serving(self, command_type: ExecutorCommandType) -> int:
+        """Connected executors that serve ``command_type`` (whatever their status)."""
+        return self._dispatcher.connected(command_type)
+
     def free_slots(self, command_type: ExecutorCommandType) -> int:
         """Free slots of READY executors serving ``command_type``, less the attempts waiting
         for one: the turn core parks turns while this is not positive."""

@@ -303,6 +303,37 @@ async def test_too_many_requests_on_one_connection_get_busy(root: Path) -> None:
         assert (await client.call("ping"))["pong"] is True
 
 
+async def test_submit_warns_when_no_executor_serves_the_command(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A turn for a command type no connected executor serves is accepted with a warning that
+    says how long it will wait; `hunter submit` prints it on stderr."""
+    from supervisor.cli import main
+
+    async with daemon_client(root) as client:
+        sid = (await client.call("session.open", package_id="demo"))["session_id"]
+        answer = await client.call(
+            "turn.submit",
+            session_id=sid,
+            kind="instruction",
+            command_type="SCROLL",
+            target_selector="#x",
+            timeout_ms=1000,
+            declared_outputs=[],
+        )
+        assert answer["created"] is True
+        (warning,) = answer["warnings"]
+        assert "no connected executor serves SCROLL" in warning
+        assert "queue_wait_s=" in warning
+        argv = ["submit", "--root", str(root), "--session", sid, "--command", "click",
+                "--selector", "#y"]  # fmt: skip
+        code = await anyio.to_thread.run_sync(main, argv)
+        assert code == 0
+        captured = capsys.readouterr()
+        assert "warning: no connected executor serves CLICK" in captured.err
+        assert "accepted" in captured.out
+
+
 async def test_no_daemon_is_reported_clearly(tmp_path: Path) -> None:
     """Connecting where no daemon listens names the socket and how to start one."""
     with pytest.raises(DaemonNotRunning, match=r"^no daemon at .*control\.sock \(no such socket"):
