@@ -8,7 +8,8 @@ Design notes
   meanwhile cancels that turn here (its late writes would be refused by the store anyway).
 * **Kinds supply one attempt.** `instruction.run_instruction_turn` and
   `process.run_process_turn` run a turn to its ending; both go through the one attempt loop.
-  The front never runs a kind's work inline.
+  The front never runs a kind's work inline: `runner.TurnRunner` starts each turn in a task
+  (or parks it until an executor slot frees) and ends the ones that fail or are cancelled.
 * **Restart.** `run` first resumes the open sessions, then takes back every unfinished turn
   (`store.recover`): an attempt that was running is decided as a CRASH fault
   (`lifecycle.interrupted_outcome`), a turn waiting for a retry sleeps the rest of its backoff,
@@ -23,26 +24,20 @@ Design notes
 
 from __future__ import annotations
 
-import collections
 import os
 import socket
-import time
 import uuid
 from dataclasses import dataclass, replace
 
 import anyio
 import anyio.abc
 import anyio.to_thread
-import structlog.contextvars
 
-from sandbox.policy.attempt_record import AttemptRecord
-from sandbox.policy.envelopes import ExecutorCommandType
-from sandbox.policy.lifecycle import TurnKind, TurnState
+from sandbox.policy.lifecycle import TurnState
 from supervisor.errors import (
     QueueFullError,
     RequestError,
     SessionClosedError,
-    StaleClaimError,
     UnknownSessionError,
     UnknownTurnError,
 )
@@ -59,15 +54,14 @@ from supervisor.store.protocol import (
     TurnRecord,
     TurnStore,
 )
-from supervisor.turns.context import CoreSettings, TurnDeps, end_turn, now_us
+from supervisor.turns.context import CoreSettings, TurnDeps
 from supervisor.turns.escalations import Escalations
-from supervisor.turns.instruction import HubLike, run_instruction_turn
-from supervisor.turns.parking import Parked, ParkedTurns
-from supervisor.turns.process import run_process_turn
+from supervisor.turns.instruction import HubLike
 from supervisor.turns.recovery import catch_up_ledgers, roll_forward
-from supervisor.turns.requests import TurnRequest, parse_turn_request
+from supervisor.turns.requests import TurnRequest
+from supervisor.turns.runner import TurnRunner, error_code
 from supervisor.turns.sessions import DaemonSessions, RuntimeLike, SessionLike, verify_ledgers
-from supervisor.turns.tracker import ActiveTurn, Tracker, TrackerStatistics
+from supervisor.turns.tracker import Tracker, TrackerStatistics
 
 __all__ = ["CoreStatistics", "TurnCore", "error_code"]
 
@@ -89,38 +83,6 @@ class CoreStatistics:
             "owner": self.owner,
             **self.turns.to_dict(),
         }
-
-
-def error_code(exc: BaseException, *, default: str) -> str:
-    """The control API's code for an error raised by the sandbox runtime."""
-    table = {
-        "PackageNotFoundError": "unknown_package",
-        "ManifestError": "bad_manifest",
-        "DeclarationError": "declaration_error",
-        "CapabilityViolation": "capability_violation",
-        "SandboxUnavailableError": "sandbox_unavailable",
-    }
-    return table.get(type(exc).__name__, default)
-
-
-class _Launch:
-    """A started instruction turn counts as launching until its first envelope reaches the hub
-    (the hub then counts the slot itself)."""
-
-    __slots__ = ("_command", "_counter")
-
-    def __init__(
-        self,
-        counter: collections.Counter[ExecutorCommandType],
-        command: ExecutorCommandType | None,
-    ) -> None:
-        self._counter = counter
-        self._command = command
-
-    def done(self) -> None:
-        if self._command is not None:
-            self._counter[self._command] -= 1
-            self._command = None
 
 
 def _owner_id() -> str:
@@ -150,18 +112,12 @@ class TurnCore:
             process_limiter=anyio.CapacityLimiter(max(1, settings.process_slots)),
         )
         self._log = get_logger("supervisor.turns")
-        self._tg: anyio.abc.TaskGroup | None = None
-        self._requests: dict[int, TurnRequest] = {}
         # Submissions past their session check but not yet started, and sessions being closed:
         # each refuses while the other is under way, so no turn lands in a closed session.
         self._submitting: dict[str, int] = {}
         self._closing: set[str] = set()
-        self._escalations = Escalations(self._deps, start=self._start)
-        # Instruction turns waiting for an executor slot, without a task (see `parking`), and
-        # per command type the turns started whose envelope is not yet with the hub.
-        self._parked = ParkedTurns()
-        self._launching: collections.Counter[ExecutorCommandType] = collections.Counter()
-        self._feed: anyio.Event | None = None
+        self._runner = TurnRunner(self._deps, hub)
+        self._escalations = Escalations(self._deps, start=self._runner.start)
 
     # -- settings and views -----------------------------------------------------------------
 
@@ -203,16 +159,16 @@ class TurnCore:
         """Resume sessions and unfinished turns, then run turns until cancelled."""
         try:
             async with anyio.create_task_group() as tg:
-                self._tg = tg
+                self._runner.attach(tg)
                 await self._recover()
                 tg.start_soon(self._renew_leases, name="lease-renewal")
                 tg.start_soon(self._sync_ledgers, name="ledger-sync")
                 tg.start_soon(self._deps.starts.run, name="attempt-starts")
-                tg.start_soon(self._feed_parked, name="parked-turns")
+                tg.start_soon(self._runner.feed_parked, name="parked-turns")
                 task_status.started()
                 await anyio.sleep_forever()
         finally:
-            self._tg = None
+            self._runner.attach(None)
             self._deps.sessions.close_all()
 
     async def _recover(self) -> None:
@@ -229,7 +185,7 @@ class TurnCore:
             if self._deps.sessions.get(claim.turn.session_id) is None:
                 await self._end_without_session(claim)
                 continue
-            self._start(claim.turn, claim, recovered=True)
+            self._runner.start(claim.turn, claim, recovered=True)
         if claims:
             self._log.info("turns_recovered", count=len(claims))
 
@@ -269,7 +225,7 @@ class TurnCore:
                     active.claim = None
                     if active.scope is not None:
                         active.scope.cancel()
-                    if self._parked.remove(claim.turn_id) is not None:
+                    if self._runner.unpark(claim.turn_id):
                         self._deps.tracker.remove(active)
 
     async def _sync_ledgers(self) -> None:
@@ -417,8 +373,8 @@ class TurnCore:
                     "session_closed", f"session {sid} is closed; open a new one", session_id=sid
                 ) from None
             if accepted.created and accepted.claim is not None:
-                self._requests[accepted.turn.turn_id] = request
-                self._start(accepted.turn, accepted.claim, recovered=False)
+                self._runner.remember(accepted.turn.turn_id, request)
+                self._runner.start(accepted.turn, accepted.claim, recovered=False)
         finally:
             self._submitting[sid] -= 1
             if not self._submitting[sid]:
@@ -439,7 +395,7 @@ class TurnCore:
         assert request.instruction is not None
         command_type = request.instruction.command_type
         try:
-            self._hub.admit(command_type, waiting=self._parked.count(command_type))
+            self._hub.admit(command_type, waiting=self._runner.parked(command_type))
         except QueueFullError as exc:
             raise RequestError(
                 "queue_full",
@@ -502,9 +458,9 @@ class TurnCore:
             if turn.state is TurnState.ESCALATED:
                 return await self._escalations.resolve(turn, Resolution.CANCEL)
             raise RequestError("not_cancellable", f"turn {turn_id} is not active", turn_id=turn_id)
-        if self._parked.remove(turn_id) is not None:  # no task: end it here
+        if self._runner.unpark(turn_id):  # no task: end it here
             try:
-                await self._end_cancelled(turn, active)
+                await self._runner.end_cancelled(turn, active)
             finally:
                 self._deps.tracker.remove(active)
             return await self.get_turn(turn_id)
@@ -546,178 +502,3 @@ class TurnCore:
             )
         turn = await self.get_turn(turn_id)
         return await self._escalations.resolve(turn, Resolution(action))
-
-    # -- turn tasks -------------------------------------------------------------------------
-
-    def _start(self, turn: TurnRecord, claim: Claim, *, recovered: bool = False) -> None:
-        if self._tg is None:
-            msg = "the turn core is not running"
-            raise RuntimeError(msg)
-        active = self._deps.tracker.add(turn, claim)
-        command = self._command(turn)
-        if command is not None and turn.state is TurnState.ACCEPTED:
-            free = self._hub.free_slots(command) - self._launching[command]
-            if self._parked.count(command) or free <= 0:  # FIFO: never overtake parked turns
-                self._parked.park(command, turn, claim, time.monotonic())
-                return
-        self._launch(turn, active, recovered, command)
-
-    def _command(self, turn: TurnRecord) -> ExecutorCommandType | None:
-        if turn.kind is not TurnKind.INSTRUCTION:
-            return None
-        spec = self._request(turn).instruction
-        return None if spec is None else spec.command_type
-
-    def _launch(
-        self,
-        turn: TurnRecord,
-        active: ActiveTurn,
-        recovered: bool,
-        command: ExecutorCommandType | None,
-        parked_s: float = 0.0,
-    ) -> None:
-        assert self._tg is not None
-        if command is not None:
-            self._launching[command] += 1
-        self._tg.start_soon(
-            self._turn_task,
-            turn,
-            active,
-            recovered,
-            command,
-            parked_s,
-            name=f"turn-{turn.turn_id}",
-        )
-
-    def _unpark(self, parked: Parked) -> None:
-        active = self._deps.tracker.get(parked.turn.turn_id)
-        if active is None or active.claim is None:  # ended or lost while parked
-            return
-        parked_s = time.monotonic() - parked.parked_at
-        self._launch(parked.turn, active, False, self._command(parked.turn), parked_s)
-
-    def _kick_feeder(self) -> None:
-        if self._feed is not None and len(self._parked):
-            self._feed.set()
-
-    async def _feed_parked(self) -> None:
-        """Start parked turns as executor slots free up (woken when a turn of this daemon ends,
-        and every 50 ms for executors that connect or become ready)."""
-        while True:
-            self._feed = anyio.Event()
-            with anyio.move_on_after(0.05):
-                await self._feed.wait()
-            self._feed = None
-            if not len(self._parked) or self._deps.draining or self._tg is None:
-                continue
-            for command in self._parked.commands():
-                free = self._hub.free_slots(command) - self._launching[command]
-                for parked in self._parked.pop(command, max(0, free)):
-                    self._unpark(parked)
-            overdue = self._parked.overdue(now=time.monotonic(), max_wait_s=self._hub.queue_wait_s)
-            for parked in overdue:  # they meet the hub's own "no executor" timeout
-                self._unpark(parked)
-
-    def _request(self, turn: TurnRecord) -> TurnRequest:
-        request = self._requests.get(turn.turn_id)
-        if request is None:
-            request = parse_turn_request(turn.spec, session_id=turn.session_id)
-        return request
-
-    async def _turn_task(
-        self,
-        turn: TurnRecord,
-        active: ActiveTurn,
-        recovered: bool,
-        command: ExecutorCommandType | None,
-        parked_s: float = 0.0,
-    ) -> None:
-        # Each task runs in its own copy of the context: the ids bound here label every event
-        # of this turn (the hub's too) and vanish with the task.
-        structlog.contextvars.bind_contextvars(
-            session_id=turn.session_id, turn_number=turn.turn_number, turn_id=turn.turn_id
-        )
-        launched = _Launch(self._launching, command)
-        interrupted: AttemptRecord | None = None
-        if recovered and turn.state is TurnState.RUNNING and turn.attempt >= 1:
-            prior = next((a for a in turn.attempts if a.attempt == turn.attempt), None)
-            interrupted = replace(
-                prior or AttemptRecord(attempt=turn.attempt, started_us=now_us()),
-                detail="interrupted by a daemon restart",
-            )
-            self._log.info("attempt_interrupted", attempt=turn.attempt)
-        try:
-            with anyio.CancelScope() as scope:
-                active.scope = scope
-                request = self._request(turn)
-                if turn.kind is TurnKind.INSTRUCTION:
-                    await run_instruction_turn(
-                        self._deps,
-                        self._hub,
-                        turn,
-                        active,
-                        request,
-                        interrupted=interrupted,
-                        dispatched=launched.done,
-                        queue_waited_s=parked_s,
-                    )
-                else:
-                    await run_process_turn(
-                        self._deps, turn, active, request, interrupted=interrupted
-                    )
-            active.scope = None
-            if active.cancel_requested and active.claim is not None:
-                await self._end_cancelled(turn, active)
-        except StaleClaimError as exc:
-            self._log.warning(
-                "stale_result_refused", token=exc.token, current_token=exc.current_token
-            )
-        except Exception as exc:  # a bug or a broken dependency ends this turn, not the daemon
-            self._log.exception("turn_failed", error_type=type(exc).__name__, error=str(exc))
-            await self._end_error(turn, active, exc)
-        finally:
-            launched.done()
-            self._requests.pop(turn.turn_id, None)
-            self._deps.tracker.remove(active)
-            self._kick_feeder()
-
-    async def _end(self, turn: TurnRecord, active: ActiveTurn, ending: TurnEnding) -> TurnRecord:
-        """End a turn on the daemon's own decision (cancel, an error), unless it already ended."""
-        current = await self._deps.store.get_turn(turn.turn_id)
-        if current.final:
-            return current  # it ended before the cancellation reached it
-        return await end_turn(self._deps, current, active, ending)
-
-    async def _end_cancelled(self, turn: TurnRecord, active: ActiveTurn) -> None:
-        with anyio.CancelScope(shield=True):
-            await self._end(
-                turn,
-                active,
-                TurnEnding(
-                    state=TurnState.CANCELLED,
-                    reason_code="CANCELLED_BY_CLIENT",
-                    reason="cancelled through the control API",
-                ),
-            )
-
-    async def _end_error(self, turn: TurnRecord, active: ActiveTurn, exc: Exception) -> None:
-        """End a turn whose run raised: `rejected` when the sandbox refused it, else
-        `terminated` with INTERNAL_ERROR; the ledgers still get the turn's entries."""
-        if active.claim is None:
-            return
-        code = error_code(exc, default="internal")
-        state = TurnState.REJECTED if code != "internal" else TurnState.TERMINATED
-        try:
-            with anyio.CancelScope(shield=True):
-                await self._end(
-                    turn,
-                    active,
-                    TurnEnding(
-                        state=state,
-                        verdict="TERMINATE",
-                        reason_code="INTERNAL_ERROR" if code == "internal" else code.upper(),
-                        reason=f"{type(exc).__name__}: {exc}",
-                    ),
-                )
-        except Exception as again:  # the store or a ledger itself is broken: log, keep serving
-            self._log.exception("turn_finish_failed", error=str(again))

@@ -1,0 +1,270 @@
+"""Running turns: a task per started turn, parked turns (no task) until an executor slot
+frees, and the daemon's own endings of a turn (a cancel, an error).
+
+`TurnRunner` belongs to `TurnCore` (the front), which lends it the neighbours (`TurnDeps`, the
+hub) and the task group of its `run`. Each turn kind supplies its attempts
+(`instruction.run_instruction_turn`, `process.run_process_turn`); the runner only decides when
+a turn starts and what happens when its run fails or is cancelled.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import replace
+
+import anyio
+import anyio.abc
+import structlog.contextvars
+
+from sandbox.policy.attempt_record import AttemptRecord
+from sandbox.policy.envelopes import ExecutorCommandType
+from sandbox.policy.lifecycle import TurnKind, TurnState
+from supervisor.errors import StaleClaimError
+from supervisor.logging import get_logger
+from supervisor.store.protocol import Claim, TurnEnding, TurnRecord
+from supervisor.turns.context import TurnDeps, end_turn, now_us
+from supervisor.turns.instruction import HubLike, run_instruction_turn
+from supervisor.turns.parking import Parked, ParkedTurns
+from supervisor.turns.process import run_process_turn
+from supervisor.turns.requests import TurnRequest, parse_turn_request
+from supervisor.turns.tracker import ActiveTurn
+
+__all__ = ["TurnRunner", "error_code"]
+
+
+def error_code(exc: BaseException, *, default: str) -> str:
+    """The control API's code for an error raised by the sandbox runtime."""
+    table = {
+        "PackageNotFoundError": "unknown_package",
+        "ManifestError": "bad_manifest",
+        "DeclarationError": "declaration_error",
+        "CapabilityViolation": "capability_violation",
+        "SandboxUnavailableError": "sandbox_unavailable",
+    }
+    return table.get(type(exc).__name__, default)
+
+
+class _Launch:
+    """A started instruction turn counts as launching until its first envelope reaches the hub
+    (the hub then counts the slot itself)."""
+
+    __slots__ = ("_command", "_counter")
+
+    def __init__(
+        self,
+        counter: collections.Counter[ExecutorCommandType],
+        command: ExecutorCommandType | None,
+    ) -> None:
+        self._counter = counter
+        self._command = command
+
+    def done(self) -> None:
+        if self._command is not None:
+            self._counter[self._command] -= 1
+            self._command = None
+
+
+class TurnRunner:
+    """Starts turns (or parks them), runs each in its own task, ends the ones that fail."""
+
+    def __init__(self, deps: TurnDeps, hub: HubLike) -> None:
+        self._deps = deps
+        self._hub = hub
+        self._log = get_logger("supervisor.turns")
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._requests: dict[int, TurnRequest] = {}
+        # Instruction turns waiting for an executor slot, without a task (see `parking`), and
+        # per command type the turns started whose envelope is not yet with the hub.
+        self._parked = ParkedTurns()
+        self._launching: collections.Counter[ExecutorCommandType] = collections.Counter()
+        self._feed: anyio.Event | None = None
+
+    def attach(self, tg: anyio.abc.TaskGroup | None) -> None:
+        """The task group turns run in (None: the core stopped)."""
+        self._tg = tg
+
+    def remember(self, turn_id: int, request: TurnRequest) -> None:
+        """The decoded request of a turn about to start (saves decoding its spec again)."""
+        self._requests[turn_id] = request
+
+    def parked(self, command: ExecutorCommandType) -> int:
+        return self._parked.count(command)
+
+    def unpark(self, turn_id: int) -> bool:
+        """Take a parked turn out (it is ended or lost elsewhere); False if it was not parked."""
+        return self._parked.remove(turn_id) is not None
+
+    def start(self, turn: TurnRecord, claim: Claim, *, recovered: bool = False) -> None:
+        """Run *turn* under *claim*: in a task now, or parked until an executor slot frees."""
+        if self._tg is None:
+            msg = "the turn core is not running"
+            raise RuntimeError(msg)
+        active = self._deps.tracker.add(turn, claim)
+        command = self._command(turn)
+        if command is not None and turn.state is TurnState.ACCEPTED:
+            free = self._hub.free_slots(command) - self._launching[command]
+            if self._parked.count(command) or free <= 0:  # FIFO: never overtake parked turns
+                self._parked.park(command, turn, claim, time.monotonic())
+                return
+        self._launch(turn, active, recovered, command)
+
+    def _command(self, turn: TurnRecord) -> ExecutorCommandType | None:
+        if turn.kind is not TurnKind.INSTRUCTION:
+            return None
+        spec = self._request(turn).instruction
+        return None if spec is None else spec.command_type
+
+    def _launch(
+        self,
+        turn: TurnRecord,
+        active: ActiveTurn,
+        recovered: bool,
+        command: ExecutorCommandType | None,
+        parked_s: float = 0.0,
+    ) -> None:
+        assert self._tg is not None
+        if command is not None:
+            self._launching[command] += 1
+        self._tg.start_soon(
+            self._turn_task,
+            turn,
+            active,
+            recovered,
+            command,
+            parked_s,
+            name=f"turn-{turn.turn_id}",
+        )
+
+    def _unpark(self, parked: Parked) -> None:
+        active = self._deps.tracker.get(parked.turn.turn_id)
+        if active is None or active.claim is None:  # ended or lost while parked
+            return
+        parked_s = time.monotonic() - parked.parked_at
+        self._launch(parked.turn, active, False, self._command(parked.turn), parked_s)
+
+    def _kick_feeder(self) -> None:
+        if self._feed is not None and len(self._parked):
+            self._feed.set()
+
+    async def feed_parked(self) -> None:
+        """Start parked turns as executor slots free up (woken when a turn of this daemon ends,
+        and every 50 ms for executors that connect or become ready)."""
+        while True:
+            self._feed = anyio.Event()
+            with anyio.move_on_after(0.05):
+                await self._feed.wait()
+            self._feed = None
+            if not len(self._parked) or self._deps.draining or self._tg is None:
+                continue
+            for command in self._parked.commands():
+                free = self._hub.free_slots(command) - self._launching[command]
+                for parked in self._parked.pop(command, max(0, free)):
+                    self._unpark(parked)
+            overdue = self._parked.overdue(now=time.monotonic(), max_wait_s=self._hub.queue_wait_s)
+            for parked in overdue:  # they meet the hub's own "no executor" timeout
+                self._unpark(parked)
+
+    def _request(self, turn: TurnRecord) -> TurnRequest:
+        request = self._requests.get(turn.turn_id)
+        if request is None:
+            request = parse_turn_request(turn.spec, session_id=turn.session_id)
+        return request
+
+    async def _turn_task(
+        self,
+        turn: TurnRecord,
+        active: ActiveTurn,
+        recovered: bool,
+        command: ExecutorCommandType | None,
+        parked_s: float = 0.0,
+    ) -> None:
+        # Each task runs in its own copy of the context: the ids bound here label every event
+        # of this turn (the hub's too) and vanish with the task.
+        structlog.contextvars.bind_contextvars(
+            session_id=turn.session_id, turn_number=turn.turn_number, turn_id=turn.turn_id
+        )
+        launched = _Launch(self._launching, command)
+        interrupted: AttemptRecord | None = None
+        if recovered and turn.state is TurnState.RUNNING and turn.attempt >= 1:
+            prior = next((a for a in turn.attempts if a.attempt == turn.attempt), None)
+            interrupted = replace(
+                prior or AttemptRecord(attempt=turn.attempt, started_us=now_us()),
+                detail="interrupted by a daemon restart",
+            )
+            self._log.info("attempt_interrupted", attempt=turn.attempt)
+        try:
+            with anyio.CancelScope() as scope:
+                active.scope = scope
+                request = self._request(turn)
+                if turn.kind is TurnKind.INSTRUCTION:
+                    await run_instruction_turn(
+                        self._deps,
+                        self._hub,
+                        turn,
+                        active,
+                        request,
+                        interrupted=interrupted,
+                        dispatched=launched.done,
+                        queue_waited_s=parked_s,
+                    )
+                else:
+                    await run_process_turn(
+                        self._deps, turn, active, request, interrupted=interrupted
+                    )
+            active.scope = None
+            if active.cancel_requested and active.claim is not None:
+                await self.end_cancelled(turn, active)
+        except StaleClaimError as exc:
+            self._log.warning(
+                "stale_result_refused", token=exc.token, current_token=exc.current_token
+            )
+        except Exception as exc:  # a bug or a broken dependency ends this turn, not the daemon
+            self._log.exception("turn_failed", error_type=type(exc).__name__, error=str(exc))
+            await self._end_error(turn, active, exc)
+        finally:
+            launched.done()
+            self._requests.pop(turn.turn_id, None)
+            self._deps.tracker.remove(active)
+            self._kick_feeder()
+
+    async def _end(self, turn: TurnRecord, active: ActiveTurn, ending: TurnEnding) -> TurnRecord:
+        """End a turn on the daemon's own decision (cancel, an error), unless it already ended."""
+        current = await self._deps.store.get_turn(turn.turn_id)
+        if current.final:
+            return current  # it ended before the cancellation reached it
+        return await end_turn(self._deps, current, active, ending)
+
+    async def end_cancelled(self, turn: TurnRecord, active: ActiveTurn) -> None:
+        with anyio.CancelScope(shield=True):
+            await self._end(
+                turn,
+                active,
+                TurnEnding(
+                    state=TurnState.CANCELLED,
+                    reason_code="CANCELLED_BY_CLIENT",
+                    reason="cancelled through the control API",
+                ),
+            )
+
+    async def _end_error(self, turn: TurnRecord, active: ActiveTurn, exc: Exception) -> None:
+        """End a turn whose run raised: `rejected` when the sandbox refused it, else
+        `terminated` with INTERNAL_ERROR; the ledgers still get the turn's entries."""
+        if active.claim is None:
+            return
+        code = error_code(exc, default="internal")
+        state = TurnState.REJECTED if code != "internal" else TurnState.TERMINATED
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._end(
+                    turn,
+                    active,
+                    TurnEnding(
+                        state=state,
+                        verdict="TERMINATE",
+                        reason_code="INTERNAL_ERROR" if code == "internal" else code.upper(),
+                        reason=f"{type(exc).__name__}: {exc}",
+                    ),
+                )
+        except Exception as again:  # the store or a ledger itself is broken: log, keep serving
+            self._log.exception("turn_finish_failed", error=str(again))
