@@ -3,7 +3,11 @@
 ``<root>/planes/<tier>/sessions/<sid>/ledger/exec.jsonl`` (ledger id ``<sid>/exec``) and
 ``.../evidence.jsonl`` (``<sid>/evidence``). Both are created at session start with a
 ``session_opened`` entry; every turn writes one entry to each, and the pair is made durable in one
-sync round before `record_turn` returns.
+sync round before `record_turn` returns (`seal_turn`: the caller's store makes it durable).
+
+`SessionLedgers` is over 400 lines because the seed's turn entry has many fields and each way of
+writing it (blocking, async, sealed for a caller's commit) spells them out for type checking;
+the records themselves are built in one place (`_turn_records`).
 """
 
 from __future__ import annotations

@@ -7,10 +7,13 @@ capabilities); a refused request is a *rejected* turn. The attempts go through T
 (``sandbox.runtime.attempt``), its hooks keep the turn's progress and log; time and sleep are
 injected here, at the edge. On SUCCEED the declared outputs are promoted into the workspace.
 Both ledger entries are written for every turn, also one cut short by cancellation or an error;
-then the session's sandbox dirs are emptied (nothing a turn wrote stays there after it).
+in the daemon's mode (``caller_commits``) the normal ending's pair is sealed for the caller's
+store instead, and a turn cut short is left to the caller to record. Then the session's sandbox
+dirs are emptied (nothing a turn wrote stays there after it).
 
-Longer than 600 lines on purpose: every way a turn ends (rejected, finished, promoted or not,
-aborted) and the ledger entries it writes stay next to each other, so none is missed.
+Longer than 600 lines, and `ProcessTurn` longer than 400, on purpose: every way a turn ends
+(rejected, finished, promoted or not, aborted) and the ledger entries it writes stay next to
+each other in one class, so none is missed.
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ not yet answered, the ids it finished recently, and its status. ``serve`` runs i
 sends the instruction, waits for the reader to resolve it, enforces the deadline and cancels.
 What the connection needs from the hub around it is ``host.ConnectionHost``.
 
+`Connection` is over 400 lines on purpose: the in-flight table, the deadline/cancel handling and
+the response attribution below share one connection's state and are read together; splitting the
+in-flight table into its own class costs an attribute hop on every response (the hot path).
+
 Attribution of a response whose ``instruction_id`` is not one of the executor's in-flight
 instructions: if it names an instruction that timed out or finished recently, it is a late
 response (logged ``late_response_dropped``, ignored). Otherwise, if exactly one instruction is in

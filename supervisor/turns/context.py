@@ -129,8 +129,10 @@ class LoopHooks:
         if self._overlap_start:
             self._unwritten = attempt
             self._deps.starts.note(self._active.turn_id, self._write_start)
+            self._log_started(attempt)  # dispatched now, whenever its start is written
             return
         self._started(attempt, await self._deps.store.start_attempt(self.claim, attempt))
+        self._log_started(attempt)
 
     def _write_start(self) -> None:
         """Due (the attempt is still running): queue the start's write."""
@@ -167,6 +169,8 @@ class LoopHooks:
             self._active.claim = claim
         self._active.attempt = attempt.attempt
         self._active.move(TurnState.RUNNING)
+
+    def _log_started(self, attempt: AttemptRecord) -> None:
         get_logger("supervisor.turns").info(
             "attempt_started",
             attempt=attempt.attempt,

@@ -1,5 +1,9 @@
 """The turn core's front: what the control API calls, and the task group every turn runs in.
 
+`TurnCore` is a little over 400 lines: it is the one seam the control API calls (sessions,
+submit, waits, cancel, lists, escalations, drain); each method is short and delegates (runner,
+escalations, recovery, the store).
+
 Design notes
 ------------
 * **One owner per turn.** A turn runs in this daemon only while it holds the turn's claim (a
@@ -238,6 +242,7 @@ class TurnCore:
                 marks = await self._deps.sessions.sync_ledgers()
                 if marks:
                     await self._deps.store.trim_ledger_lines(marks)
+                    self._deps.sessions.trimmed(marks)
             except Exception as exc:  # the lines stay kept; the next round tries again
                 self._log.error("ledger_sync_round_failed", error=str(exc))
 

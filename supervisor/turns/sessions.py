@@ -152,6 +152,8 @@ class DaemonSessions:
         self._runtime = runtime
         self._sessions: dict[str, SessionLike] = {}
         self._locks: dict[str, anyio.Lock] = {}
+        #: ledger id -> the durable seq last trimmed in the store
+        self._synced: dict[str, int] = {}
         self._log = get_logger("supervisor.turns.sessions")
 
     def __len__(self) -> int:
@@ -207,6 +209,8 @@ class DaemonSessions:
 
     async def close(self, session_id: str) -> None:
         session = self._sessions.pop(session_id, None)
+        for ledger_id in session.ledger_ids if session is not None else ():
+            self._synced.pop(ledger_id, None)
         self._locks.pop(session_id, None)
         if session is not None:
             await anyio.to_thread.run_sync(session.close)
@@ -278,10 +282,12 @@ class DaemonSessions:
 
     async def sync_ledgers(self) -> dict[str, int]:
         """Sync every loaded session's ledger files up to what was written (a worker thread);
-        returns ``{ledger_id: durable seq}`` for the store to trim its kept lines."""
+        returns ``{ledger_id: durable seq}`` for the ledgers that moved since the last round
+        (the store trims its kept lines up to there; an idle ledger costs no store write)."""
         sessions = list(self._sessions.values())
         if not sessions:
             return {}
+        reported = self._synced
 
         def sync_all() -> dict[str, int]:
             marks: dict[str, int] = {}
@@ -293,12 +299,18 @@ class DaemonSessions:
                         "ledger_sync_failed", session_id=session.session_id, error=str(exc)
                     )
                     continue
-                exec_id, evidence_id = session.ledger_ids
-                marks[exec_id] = exec_seq
-                marks[evidence_id] = evidence_seq
+                for ledger_id, seq in zip(
+                    session.ledger_ids, (exec_seq, evidence_seq), strict=True
+                ):
+                    if reported.get(ledger_id) != seq:
+                        marks[ledger_id] = seq
             return marks
 
         return await anyio.to_thread.run_sync(sync_all)
+
+    def trimmed(self, marks: Mapping[str, int]) -> None:
+        """The store dropped its kept lines up to *marks*: later rounds skip them unchanged."""
+        self._synced.update(marks)
 
     async def restore(self, session: SessionLike, lines: Sequence[SealedLine]) -> int:
         """Write back the lines a crash kept from the session's files (a worker thread)."""

@@ -53,6 +53,10 @@ async def test_ending_and_lines_commit_together_then_files_catch_up(tmp_path: Pa
         session = r.runtime.sessions[sid]
         assert session.ledgers.exec.durable_seq == session.ledgers.exec.head[0] == 2
         assert session.ledgers.evidence.durable_seq == 2
+        # idle rounds write nothing to the store (only ledgers that moved are trimmed)
+        writes = r.store.statistics().operations
+        await anyio.sleep(0.3)
+        assert r.store.statistics().operations == writes
 
 
 async def test_restart_writes_back_lines_the_files_lost(tmp_path: Path) -> None:

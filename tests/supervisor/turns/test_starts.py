@@ -6,6 +6,7 @@ import functools
 from pathlib import Path
 
 import anyio
+import structlog.testing
 
 from sandbox.policy.lifecycle import TurnState
 from supervisor.turns.requests import parse_turn_request
@@ -20,7 +21,12 @@ async def test_a_quick_attempt_writes_its_start_with_its_outcome(tmp_path: Path)
         sid = await _open(r)
         await _run(r, _instruction(sid))  # warm-up
         before = r.store.statistics().operations
-        turn = await _run(r, _instruction(sid))
+        with structlog.testing.capture_logs() as logs:
+            turn = await _run(r, _instruction(sid))
+        started = [e for e in logs if e["event"] == "attempt_started"]
+        assert [(e["attempt"], e["instruction_id"]) for e in started] == [
+            (1, f"INS-{turn.turn_id}-1")
+        ]
         assert turn.state is TurnState.SUCCEEDED
         assert r.store.statistics().operations - before == 2
         (attempt,) = turn.attempts
