@@ -60,10 +60,6 @@ class LedgerEnding:
         )
 
 
-def check_legal(current: TurnState, target: TurnState) -> bool:
-    return target in LEGAL_MOVES.get(current, frozenset())
-
-
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
@@ -154,20 +150,25 @@ async def roll_forward(
             if found is None:
                 left.append(claim)
                 continue
-            held_claim = claim
-            if not check_legal(claim.turn.state, found.state):
-                # Its start had not committed yet (the start commits while the envelope is on
-                # its way): record the attempt the entry proves, then the ending.
-                attempt = claim.turn.attempt + 1
-                held_claim = await store.start_attempt(
-                    claim,
-                    AttemptRecord(
-                        attempt=attempt,
-                        started_us=claim.turn.accepted_us,
-                        detail="recovered from the ledger after a crash",
-                    ),
+            started = None
+            if found.state not in LEGAL_MOVES[claim.turn.state]:
+                # Its start had not been written (it rides with the outcome): the entry proves
+                # the attempt ran, so the ending carries its start.
+                started = AttemptRecord(
+                    attempt=claim.turn.attempt + 1,
+                    started_us=claim.turn.accepted_us,
+                    detail="recovered from the ledger after a crash",
                 )
-            await store.finish(held_claim, found.to_ending())
+            try:
+                await store.finish(claim, found.to_ending(), started=started)
+            except Exception as exc:  # not run again either: that would write a second ending
+                log.exception(
+                    "turn_roll_forward_failed",
+                    session_id=session_id,
+                    turn_id=claim.turn_id,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+                continue
             log.warning(
                 "turn_rolled_forward",
                 session_id=session_id,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import anyio
 import orjson
+import pytest
 
 from sandbox.policy.lifecycle import TurnState
 from supervisor.turns.recovery import ROLLED_FORWARD, endings_in_ledger
@@ -86,14 +87,25 @@ async def test_restart_writes_back_lines_the_files_lost(tmp_path: Path) -> None:
     assert hub.envelopes == []
 
 
-async def test_restart_ends_a_turn_from_its_ledger_entry(tmp_path: Path) -> None:
+@pytest.mark.parametrize("start_written", [True, False])
+async def test_restart_ends_a_turn_from_its_ledger_entry(
+    tmp_path: Path, start_written: bool
+) -> None:
     """The turn's final entry reached the file but the daemon died before the store's commit:
-    the restart ends the turn from the entry; it is not run again and has one final pair."""
+    the restart ends the turn from the entry; it is not run again and has one final pair.
+    Whether the attempt's start was written (`running`) or still rode with the outcome
+    (`accepted`), the ending records the attempt."""
     hub = FakeHub(gate=anyio.Event())
     async with rig(tmp_path, hub) as r:
+        r.scheduler._deps.starts.delay_s = 0.0 if start_written else 60.0
         sid = await _open(r)
         turn, _ = await r.scheduler.submit(parse_turn_request(_instruction(sid)))
         await hub.started.wait()
+        if start_written:
+            await r.scheduler.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
+        stored = await r.store.get_turn(turn.turn_id)
+        expected = TurnState.RUNNING if start_written else TurnState.ACCEPTED
+        assert stored.state is expected
         # What a crash between the file write and the commit leaves: the entries in the files.
         session = r.runtime.sessions[sid]
         session.ledgers.record_turn(
@@ -112,6 +124,7 @@ async def test_restart_ends_a_turn_from_its_ledger_entry(tmp_path: Path) -> None
             "EXECUTOR_FAILURE",
             ROLLED_FORWARD,
         )
+        assert [a.attempt for a in done.attempts] == [1]
     assert rerun.envelopes == []
     assert len(_turn_entries(tmp_path, sid, "exec")) == 1
     assert len(_turn_entries(tmp_path, sid, "evidence")) == 1
