@@ -21,7 +21,7 @@ from sandbox.confine.spawn import SpawnRequest, close_quietly, reap, spawn
 from sandbox.enumerate import RealizedWrite, SurfaceProblem, WriteSurface, enumerate_writes
 from sandbox.errors import CapabilityViolation, SpawnError
 from sandbox.policy.attempts import AttemptOutcome
-from sandbox.policy.declarations import DeclaredOutput
+from sandbox.policy.declarations import DeclaredOutput, compare_surface, surface_target
 from sandbox.policy.faults import ExecutionFaultType
 from sandbox.runtime.area import all_empty
 
@@ -363,16 +363,20 @@ def _surface_violations(
                 f"{problem.kind} in the sandbox",
             )
         )
-    realized = surface.in_area("output")
-    wanted = {d.path for d in declared}
-    for path in sorted(set(realized) - wanted):
+    compared = compare_surface(declared, ((w.area, w.path) for w in surface.writes))
+    for area, path in compared.undeclared:
         out.append(
             capability_violation(
-                session_id, turn, "write", path, "declared_outputs", "undeclared write"
+                session_id,
+                turn,
+                "write",
+                surface_target(area, path),
+                "declared_outputs",
+                "undeclared write",
             )
         )
     if check_missing:
-        for path in sorted(wanted - set(realized)):
+        for path in compared.missing:
             out.append(
                 capability_violation(
                     session_id, turn, "write", path, "declared_outputs", "declared output missing"

@@ -44,7 +44,7 @@ from sandbox.policy.attempts import (
     RetryOptions,
     Verdict,
 )
-from sandbox.policy.declarations import DeclarationProblem, DeclaredOutput
+from sandbox.policy.declarations import DeclarationProblem, DeclaredOutput, compare_surface
 from sandbox.policy.declarations import parse_declared_outputs as _parse_declared_outputs
 from sandbox.policy.faults import ExecutionFaultType
 from sandbox.policy.retry_protocol import EntropyDetector, ToolCall
@@ -249,6 +249,8 @@ def check_request(
             session.session_id, turn, "execute", argv[0], check.capability, detail
         )
     for out in declared:
+        if out.is_scratch:  # never promoted: it names no destination in the workspace
+            continue
         wcheck = session.capabilities.check_write(session.workspace / out.path)
         if not wcheck.allowed:
             detail = f"destination {wcheck.path}"
@@ -454,6 +456,7 @@ class ProcessTurn:
             "realized_writes": [w.to_dict() for w in result.realized_writes],
             "promoted_outputs": [p.to_dict() for p in result.promoted_outputs],
             "surface_problems": [p.to_dict() for a in result.attempts[-1:] for p in a.problems],
+            "scratch_writes": _scratch_writes(declared, result.realized_writes),
         }
         if header is not None:
             evidence_extra["prompt_header"] = header.to_dict()
@@ -630,7 +633,7 @@ class ProcessTurn:
                 await anyio.to_thread.run_sync(
                     promote,
                     self.session.area.output_dir,
-                    [realized[d.path] for d in declared],
+                    [realized[d.path] for d in declared if not d.is_scratch],
                     self.session.workspace,
                 )
             except (PromotionError, OSError) as exc:
@@ -711,6 +714,18 @@ def _plain(value: object) -> object:
     if value is None or isinstance(value, (str, int, bool)):
         return value
     return repr(value)
+
+
+def _scratch_writes(
+    declared: Sequence[DeclaredOutput], writes: Sequence[RealizedWrite]
+) -> list[dict[str, object]]:
+    """The files a scratch declaration allowed (recorded in evidence, never promoted)."""
+    compared = compare_surface(declared, ((w.area, w.path) for w in writes))
+    by_key = {(w.area, w.path): w for w in writes}
+    return [
+        {**by_key[(area, path)].to_dict(), "declared_as": pattern}
+        for area, path, pattern in compared.scratch
+    ]
 
 
 def _violations_of(entry: LedgerEntry) -> list[dict[str, object]]:

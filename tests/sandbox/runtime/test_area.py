@@ -12,6 +12,8 @@ from sandbox.runtime.area import empty_directory, remove_directory
 from sandbox.runtime.session import Runtime
 
 Installer = Callable[..., Path]
+#: scratch in tmp/<sid> must be declared (FR-RT-016, fail closed)
+SCRATCH = {"path": "tmp/**", "role": "scratch"}
 
 
 @pytest.mark.usefixtures("sandboxed")
@@ -41,7 +43,7 @@ async def test_closing_a_session_removes_its_sandbox_dirs(root: Path, install: I
             assert again.tmp_dir.stat().st_uid == again.uid
             result = await again.run_process_turn(
                 ["/bin/sh", "-c", 'echo y > "$TMPDIR/y"; cat "$TMPDIR/y"'],
-                declared_outputs=[],
+                declared_outputs=[SCRATCH],
                 timeout_ms=10_000,
             )
             assert (result.status, result.stdout) == ("succeeded", "y\n")

@@ -19,7 +19,9 @@ from sandbox.runtime.session import Runtime, Session
 pytestmark = pytest.mark.usefixtures("sandboxed")
 
 Installer = Callable[..., Path]
-SCRATCH_BYTES = 48 << 20  # below the default 64 MiB per-file limit
+SCRATCH_BYTES = 48 << 20
+#: scratch in tmp/<sid> must be declared (FR-RT-016, fail closed)
+SCRATCH = {"path": "tmp/**", "role": "scratch"}  # below the default 64 MiB per-file limit
 
 
 @pytest.fixture
@@ -56,7 +58,7 @@ async def test_scratch_is_emptied_when_the_turn_ends(session: Session) -> None:
         'mkdir -p "$TMPDIR/a/b"; echo x > "$TMPDIR/a/b/c"; echo done > report.txt'
     )
     result = await session.run_process_turn(
-        ["/bin/sh", "-c", script], declared_outputs=["report.txt"], timeout_ms=30_000
+        ["/bin/sh", "-c", script], declared_outputs=["report.txt", SCRATCH], timeout_ms=30_000
     )
     assert result.status == "succeeded", result.stderr
     sizes = {(w.area, w.path): w.size for w in result.realized_writes}
@@ -82,7 +84,7 @@ async def test_undeclared_writes_are_recorded_then_removed(session: Session) -> 
         timeout_ms=10_000,
     )
     assert result.status == "violation"
-    assert [v.target for v in result.violations] == ["sneaky.txt"]
+    assert [v.target for v in result.violations] == ["sneaky.txt", "tmp/t"]
     assert {w.path for w in result.realized_writes} == {"sneaky.txt", "t"}
     assert not (session.workspace / "sneaky.txt").exists()
     assert_empty_sandbox(session)
@@ -121,7 +123,9 @@ async def test_a_failure_to_empty_is_logged_and_the_result_stands(
     monkeypatch.setattr(SessionArea, "empty_areas", busy)
     with structlog.testing.capture_logs() as logs:
         result = await session.run_process_turn(
-            ["/bin/sh", "-c", "echo x > $TMPDIR/left"], declared_outputs=[], timeout_ms=10_000
+            ["/bin/sh", "-c", "echo x > $TMPDIR/left"],
+            declared_outputs=[SCRATCH],
+            timeout_ms=10_000,
         )
     assert result.status == "succeeded"
     (event,) = [e for e in logs if e["event"] == "scratch_not_emptied"]

@@ -146,7 +146,7 @@ async def test_tmpdir_is_honoured_by_python_tempfile(session: Session) -> None:
         "fd, name = tempfile.mkstemp()\n"
         "print(tempfile.gettempdir()); print(name); print(sys.flags.dont_write_bytecode)\n"
     )
-    result = await py(session, code)
+    result = await py(session, code, declared_outputs=[{"path": "tmp/*", "role": "scratch"}])
     assert result.status == "succeeded", result.stderr
     tmpdir, name, no_bytecode = result.stdout.splitlines()
     assert tmpdir == str(session.tmp_dir)
@@ -696,7 +696,7 @@ async def test_retry_in_green_starts_from_a_clean_sandbox(session: Session) -> N
         session,
         "if [ -e out.txt ] || [ -e $TMPDIR/stale ]; then exit 9; fi; "
         "touch out.txt $TMPDIR/stale; exit 1",
-        declared_outputs=[{"path": "out.txt", "role": "r"}],
+        declared_outputs=[{"path": "out.txt", "role": "r"}, {"path": "tmp/*", "role": "scratch"}],
         phase=AgentPhase.GREEN,
         delay=fake_delay,
         entropy_detector=detector,
