@@ -232,7 +232,8 @@ class GroupSyncer:
     batch of at least ``syncfs_min_ledgers`` ledgers on one file system, syncfs or per-file
     fdatasync, whichever the measured costs say is cheaper), ``"syncfs"`` (always syncfs for such
     batches) or ``"fdatasync"`` (always per file). An injected ``sync`` disables syncfs unless
-    ``syncfs`` is injected too.
+    ``syncfs`` is injected too. ``observe``, if given, is called on the syncing thread with each
+    batch's sync time in seconds (the daemon's latency histogram); what it raises is ignored.
     """
 
     def __init__(
@@ -244,7 +245,10 @@ class GroupSyncer:
         syncfs_min_ledgers: int = SYNCFS_MIN_LEDGERS,
         gather_s: float = GATHER_S,
         name: str = "ledger-group-syncer",
+        observe: Callable[[float], None] | None = None,
     ) -> None:
+        #: told each batch's sync time in seconds, on the syncing thread (the daemon's metrics)
+        self._observe = observe
         self._sync: SyncFunction = os.fdatasync if sync is None else sync
         if syncfs is None and sync is None and mode != "fdatasync":
             self._syncfs = _SYNCFS
@@ -448,3 +452,6 @@ class GroupSyncer:
             self._syncfs_calls += syncfs_calls
             self._failures += failures
             self._sync_seconds += sync_seconds
+        if self._observe is not None and targets:
+            with contextlib.suppress(Exception):  # an observer never fails a batch
+                self._observe(sync_seconds)

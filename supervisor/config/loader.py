@@ -10,6 +10,7 @@ file).
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import os
 import re
@@ -227,6 +228,32 @@ def _parse_uids(key: str, raw: object, source: str, from_env: bool) -> object:
     return frozenset(uids)
 
 
+def _parse_listen(key: str, raw: object, source: str, from_env: bool) -> object:
+    if not isinstance(raw, str):
+        raise _wrong(key, "'HOST:PORT' or a Unix socket path", raw, source)
+    text = raw.strip()
+    if not text or "/" in text:
+        if "\0" in text:
+            raise ConfigError(key, "path contains a NUL byte", source=source)
+        return text
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise _wrong(key, "'HOST:PORT' (port 1-65535) or a Unix socket path", raw, source)
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        loopback = bare == "localhost" or ipaddress.ip_address(bare).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ConfigError(
+            key,
+            f"{host!r} is not a loopback address: metrics are served without authentication, "
+            "so listen on 127.0.0.1, [::1] or a Unix socket (or use metrics.textfile)",
+            source=source,
+        )
+    return text
+
+
 _PARSERS: Final[dict[str, Callable[[str, object, str, bool], object]]] = {
     "path": _parse_path,
     "int": _parse_int,
@@ -235,6 +262,7 @@ _PARSERS: Final[dict[str, Callable[[str, object, str, bool], object]]] = {
     "mode": _parse_mode,
     "uids": _parse_uids,
     "dsn": _parse_dsn,
+    "listen": _parse_listen,
 }
 
 
@@ -292,6 +320,12 @@ def _build(parsed: Mapping[str, object], env: Mapping[str, str]) -> Config:
         kwargs = {k.partition(".")[2]: v for k, v in parsed.items() if k.startswith(f"{section}.")}
         if section == "store" and kwargs.get("password_file") is not None:
             kwargs["password_file"] = absolute(kwargs["password_file"])
+        if section == "metrics":
+            if kwargs.get("textfile") is not None:
+                kwargs["textfile"] = absolute(kwargs["textfile"])
+            listen = kwargs.get("listen")
+            if isinstance(listen, str) and "/" in listen:  # a Unix socket path
+                kwargs["listen"] = str(absolute(Path(listen)))
         top[section] = cls(**kwargs)
     config = Config(**top)  # type: ignore[arg-type]  # keys were validated against the fields
     _check_consistency(config)
@@ -317,10 +351,13 @@ def _check_consistency(config: Config) -> None:
             "sandbox.uid_range_size",
             f"range starting at {s.uid_range_start} must end at or below uid 4294967294",
         )
-    for key, path in (
+    sockets = [
         ("control_socket", config.control_socket),
         ("executor_socket", config.executor_socket),
-    ):
+    ]
+    if "/" in config.metrics.listen:
+        sockets.append(("metrics.listen", Path(config.metrics.listen)))
+    for key, path in sockets:
         # sockaddr_un.sun_path holds 108 bytes including the terminating NUL.
         if len(os.fsencode(path)) > 107:
             raise ConfigError(key, f"socket path is longer than 107 bytes: {path}")

@@ -26,6 +26,7 @@ __all__ = [
     "LogFormat",
     "LogLevel",
     "LogSettings",
+    "MetricsSettings",
     "RetrySettings",
     "SandboxSettings",
     "StoreEngine",
@@ -47,7 +48,7 @@ StoreEngine = Literal["sqlite", "postgres"]
 # `max`, `choices`, `reload` (True when a SIGHUP reload applies it without a restart), and
 # `default_doc` (how a computed default is described).
 
-_Kind = Literal["path", "int", "float", "str", "mode", "uids", "dsn"]
+_Kind = Literal["path", "int", "float", "str", "mode", "uids", "dsn", "listen"]
 
 
 def _meta(
@@ -362,6 +363,50 @@ class StoreSettings:
     )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetricsSettings:
+    """`[metrics]`: Prometheus metrics and the systemd status line (see docs/metrics.md)."""
+
+    listen: str = field(
+        default="",
+        metadata=_meta(
+            doc="Where `/metrics` is served over HTTP: 'HOST:PORT' on a loopback address "
+            "(e.g. '127.0.0.1:9464', '[::1]:9464'), or a Unix socket path (a value with a '/'). "
+            "Empty: not served. There is no authentication, hence loopback or a socket only.",
+            kind="listen",
+            default_doc="unset (off)",
+        ),
+    )
+    textfile: Path | None = field(
+        default=None,
+        metadata=_meta(
+            doc="A file the metrics are written to (atomically replaced) for node-exporter's "
+            "textfile collector; its name should end in '.prom'. Unset: no file.",
+            kind="path",
+            default_doc="unset",
+        ),
+    )
+    textfile_interval_s: float = field(
+        default=15.0,
+        metadata=_meta(
+            doc="Seconds between rewrites of `metrics.textfile`.",
+            kind="float",
+            minimum=0.1,
+            maximum=3600.0,
+        ),
+    )
+    status_interval_s: float = field(
+        default=5.0,
+        metadata=_meta(
+            doc="Seconds between updates of the systemd status line (STATUS=: turns active, "
+            "queued, executors ready), sent only under systemd ($NOTIFY_SOCKET).",
+            kind="float",
+            minimum=0.1,
+            maximum=3600.0,
+        ),
+    )
+
+
 #: The `[section]` tables: section name -> its settings dataclass.
 SECTIONS: Final[dict[str, type]] = {
     "executors": ExecutorSettings,
@@ -369,6 +414,7 @@ SECTIONS: Final[dict[str, type]] = {
     "sandbox": SandboxSettings,
     "log": LogSettings,
     "store": StoreSettings,
+    "metrics": MetricsSettings,
 }
 
 
@@ -450,6 +496,7 @@ class Config:
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)
     log: LogSettings = field(default_factory=LogSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
 
     def to_dict(self) -> dict[str, object]:
         """A plain, JSON- and TOML-friendly dict (for `hunter config show`).

@@ -190,6 +190,7 @@ class LoopHooks:
             started=self.take_unwritten_start(),
         )
         self._active.move(TurnState.WAITING_RETRY)
+        self._deps.tracker.retried(attempt)
         self.stop_counting()
         log.info(
             "retry_scheduled",
@@ -261,10 +262,10 @@ async def end_turn(
         deps.sessions.flush(turn.session_id)
     active.claim = None
     deps.tracker.remember(finished)
+    deps.tracker.ended(finished, attempts, lines)
     active.move(finished.state)
     log = get_logger("supervisor.turns")
     if finished.final:
-        deps.tracker.finished(finished.state)
         log.info(
             "turn_finished",
             state=finished.state.value,

@@ -31,12 +31,14 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 import anyio
 import anyio.abc
 import anyio.to_thread
 
+from sandbox.policy.envelopes import ExecutorCommandType
 from sandbox.policy.lifecycle import TurnState
 from supervisor.errors import (
     QueueFullError,
@@ -65,7 +67,7 @@ from supervisor.turns.recovery import catch_up_ledgers, roll_forward
 from supervisor.turns.requests import TurnRequest
 from supervisor.turns.runner import TurnRunner, error_code
 from supervisor.turns.sessions import DaemonSessions, RuntimeLike, SessionLike, verify_ledgers
-from supervisor.turns.tracker import Tracker, TrackerStatistics
+from supervisor.turns.tracker import Tracker, TrackerStatistics, TurnEvents
 
 __all__ = ["CoreStatistics", "TurnCore", "error_code"]
 
@@ -79,6 +81,8 @@ class CoreStatistics:
     draining: bool
     owner: str
     turns: TrackerStatistics
+    #: instruction turns waiting, without a task, for an executor slot (by command type)
+    parked_by_command: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -86,6 +90,7 @@ class CoreStatistics:
             "draining": self.draining,
             "owner": self.owner,
             **self.turns.to_dict(),
+            "parked_by_command": dict(self.parked_by_command),
         }
 
 
@@ -104,12 +109,13 @@ class TurnCore:
         runtime: RuntimeLike,
         settings: CoreSettings | None = None,
         owner: str | None = None,
+        events: TurnEvents | None = None,
     ) -> None:
         settings = settings or CoreSettings()
         self._hub = hub
         self._deps = TurnDeps(
             store=store,
-            tracker=Tracker(),
+            tracker=Tracker(events=events),
             sessions=DaemonSessions(runtime),
             settings=settings,
             owner=owner or _owner_id(),
@@ -147,6 +153,9 @@ class TurnCore:
             draining=self._deps.draining,
             owner=self._deps.owner,
             turns=self._deps.tracker.statistics(),
+            parked_by_command={
+                c.value: n for c in ExecutorCommandType if (n := self._runner.parked(c))
+            },
         )
 
     def store_statistics(self) -> StoreStatistics:
@@ -420,6 +429,8 @@ class TurnCore:
             )
         except Exception as exc:
             code = error_code(exc, default="turn_rejected")
+            if code == "capability_violation":
+                self._deps.tracker.intake_refused(str(getattr(exc, "capability", "")))
             raise RequestError(code, str(exc), session_id=request.session_id) from exc
 
     async def get_turn(self, turn_id: int) -> TurnRecord:
@@ -492,7 +503,11 @@ class TurnCore:
             records = [await self.get_session(session_id)]
         else:
             records = await self.list_sessions()
-        return await verify_ledgers(self.settings.root, records)
+        report = await verify_ledgers(self.settings.root, records)
+        ledgers, failures = report["ledgers"], report["failures"]
+        if isinstance(ledgers, list) and isinstance(failures, list):
+            self._deps.tracker.ledgers_verified(ledgers=len(ledgers), failures=len(failures))
+        return report
 
     # -- escalations ------------------------------------------------------------------------
 

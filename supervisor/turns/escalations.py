@@ -87,7 +87,7 @@ class Escalations:
         self._log.info("escalation_resolved", turn_id=turn.turn_id, action=resolution.value)
         if resolved.final:
             deps.tracker.remember(resolved)
-            deps.tracker.finished(resolved.state)
+            deps.tracker.ended(resolved, ledger_lines=lines)
             return resolved
         # retry: claim it again and run it here with a fresh attempt budget
         for claim in await deps.store.claim(deps.owner, limit=64, lease_ms=deps.settings.lease_ms):

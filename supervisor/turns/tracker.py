@@ -4,20 +4,46 @@ The store holds the truth; the tracker holds what only a running daemon has: eac
 claim, its cancel scope, who waits for it, and counters for `hunter status`. It never touches
 the store. Waiters are woken through events created only when someone waits (most turns have
 one waiter or none: an event per state change per turn showed up in profiles).
+
+What happens to turns is also reported, as it happens, to an optional `TurnEvents` sink (the
+daemon's metrics): each decided attempt, each ending (final or escalated) with the ledger lines
+it committed, capability refusals at intake, and ledger verifications. The tracker only forwards;
+the sink keeps its own counters.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import anyio
 
+from ledger.entries import SealedLine
+from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import TurnKind, TurnState
 from supervisor.store.protocol import Claim, TurnRecord
 
-__all__ = ["ActiveTurn", "Tracker", "TrackerStatistics"]
+__all__ = ["ActiveTurn", "Tracker", "TrackerStatistics", "TurnEvents"]
+
+
+class TurnEvents(Protocol):
+    """Where the tracker reports what happened to turns (`supervisor.metrics.DaemonMetrics`).
+
+    Called on the event loop, synchronously: an implementation only counts, never blocks."""
+
+    def attempt_decided(self, attempt: AttemptRecord) -> None:
+        """An attempt got its outcome and decision (RETRY, or the one that ended the turn)."""
+
+    def turn_ended(self, turn: TurnRecord, ledger_lines: Sequence[SealedLine]) -> None:
+        """A turn reached a final state or was escalated; *ledger_lines* committed with it."""
+
+    def intake_refused(self, capability: str) -> None:
+        """A turn was refused at intake for violating *capability* (written to the evidence)."""
+
+    def ledgers_verified(self, *, ledgers: int, failures: int) -> None:
+        """A ledger verification checked *ledgers* ledgers and found *failures* broken."""
 
 #: Finished turns kept in memory so that waits and gets right after the end skip the store.
 _RECENT = 4096
@@ -34,6 +60,8 @@ class ActiveTurn:
     state: TurnState
     claim: Claim | None
     attempt: int = 0
+    #: when the store accepted the turn (µs since the epoch; the intake age)
+    accepted_us: int = 0
     executor_id: str | None = None
     scope: anyio.CancelScope | None = None
     cancel_requested: bool = False
@@ -94,10 +122,16 @@ class TrackerStatistics:
     accepted_total: int
     finished_total: int
     finished_by_state: Mapping[str, int]
+    #: accepted turns whose first attempt has not started (waiting for a slot), and the
+    #: acceptance time of the oldest of them (None when there is none)
+    turns_queued: int = 0
+    oldest_queued_us: int | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {
             "turns_active": self.turns_active,
+            "turns_queued": self.turns_queued,
+            "oldest_queued_us": self.oldest_queued_us,
             "attempts_running": self.attempts_running,
             "turns_waiting_retry": self.turns_waiting_retry,
             "turns_escalated": self.turns_escalated,
@@ -111,7 +145,8 @@ class TrackerStatistics:
 class Tracker:
     """The active turns of this daemon, the recently finished ones, and the counters."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, events: TurnEvents | None = None) -> None:
+        self._events = events
         self._active: dict[int, ActiveTurn] = {}
         self._recent: collections.OrderedDict[int, TurnRecord] = collections.OrderedDict()
         self._attempts_running = 0
@@ -132,6 +167,7 @@ class Tracker:
             state=turn.state,
             claim=claim,
             attempt=turn.attempt,
+            accepted_us=turn.accepted_us,
         )
         self._active[turn.turn_id] = active
         return active
@@ -178,6 +214,36 @@ class Tracker:
         self._finished_total += 1
         self._finished_by_state[state.value] += 1
 
+    def ended(
+        self,
+        turn: TurnRecord,
+        attempts: Sequence[AttemptRecord] = (),
+        ledger_lines: Sequence[SealedLine] = (),
+    ) -> None:
+        """*turn* reached a final state or was escalated, deciding *attempts* (those not
+        reported before through `retried`) and committing *ledger_lines* with its ending."""
+        if turn.final:
+            self.finished(turn.state)
+        if self._events is None:
+            return
+        for attempt in attempts:
+            if attempt.decision is not None:
+                self._events.attempt_decided(attempt)
+        self._events.turn_ended(turn, ledger_lines)
+
+    def retried(self, attempt: AttemptRecord) -> None:
+        """*attempt* was decided RETRY (its record is final; the turn goes on)."""
+        if self._events is not None:
+            self._events.attempt_decided(attempt)
+
+    def intake_refused(self, capability: str) -> None:
+        if self._events is not None:
+            self._events.intake_refused(capability)
+
+    def ledgers_verified(self, *, ledgers: int, failures: int) -> None:
+        if self._events is not None:
+            self._events.ledgers_verified(ledgers=ledgers, failures=failures)
+
     def attempt_started(self, *, process: bool = False) -> None:
         self._attempts_running += 1
         if process:
@@ -201,6 +267,7 @@ class Tracker:
 
     def statistics(self) -> TrackerStatistics:
         active = list(self._active.values())
+        queued = [a.accepted_us for a in active if a.state is TurnState.ACCEPTED]
         return TrackerStatistics(
             turns_active=len(active),
             attempts_running=self._attempts_running,
@@ -210,6 +277,8 @@ class Tracker:
             accepted_total=self._accepted_total,
             finished_total=self._finished_total,
             finished_by_state=dict(self._finished_by_state),
+            turns_queued=len(queued),
+            oldest_queued_us=min(queued) if queued else None,
         )
 
     def in_flight(self, limit: int | None = None) -> list[dict[str, object]]:
