@@ -18,12 +18,25 @@ inside a longer segment (``a**b``) behaves like ``*``. Matching is case-sensitiv
 
 Execute patterns may also be bare command names (``python3``): the name is looked up on the
 turn's ``PATH`` when the capabilities are compiled and stands for that resolved file.
+
+Execute entries are *commands* (FR-RT-002/003): ``"<program> [<argument pattern> ...]"``, split
+like a shell line (``shlex``: quote an argument that holds spaces). The program is the path or
+bare-name pattern above. An entry with no argument patterns allows the program with any
+arguments; with argument patterns, the turn's arguments (``argv[1:]``) must match them one by
+one, and all of them: a token that is exactly ``**`` matches zero or more whole arguments, and
+in any other token ``*`` matches any run of characters (``/`` included) and ``?`` one
+character; everything else is literal (so ``python3 scripts/trace.py --explain`` allows exactly
+that argv, ``python3 scripts/trace.py --level=* **`` any level and any options after it).
+Arguments are matched as text: ``./scripts/trace.py`` is not ``scripts/trace.py``. They
+constrain the command a turn is started with; what that command runs in turn is governed by
+the programs alone (the kernel's execute rules see no arguments).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -34,11 +47,13 @@ __all__ = [
     "DEFAULT_TURN_PATH",
     "CapabilityCheck",
     "CompiledCapabilities",
+    "ExecuteRule",
     "Pattern",
     "compile_capabilities",
     "compile_pattern",
     "literal_prefix",
     "normalise",
+    "parse_execute_entry",
     "resolve",
     "resolve_command",
 ]
@@ -150,6 +165,64 @@ def compile_pattern(source: str, *, base: Path) -> Pattern:
     return Pattern(source=source, absolute=absolute, regex=re.compile("".join(regex_parts)))
 
 
+_ANY_ARGS: Final = "**"
+
+
+def parse_execute_entry(entry: str) -> tuple[str, tuple[str, ...] | None]:
+    """Split an execute entry into its program pattern and argument patterns (None: any).
+
+    Raises ``ValueError`` with the problem for an entry that is not a command pattern.
+    """
+    try:
+        tokens = shlex.split(entry, comments=False, posix=True)
+    except ValueError as exc:  # "No closing quotation", "No escaped character"
+        msg = f"not a command pattern: {str(exc).lower()}"
+        raise ValueError(msg) from None
+    if not tokens or not tokens[0]:
+        msg = "not a command pattern: no program"
+        raise ValueError(msg)
+    if tokens[0] == _ANY_ARGS:
+        msg = "not a command pattern: '**' cannot be the program"
+        raise ValueError(msg)
+    if len(tokens) == 1:
+        return tokens[0], None
+    return tokens[0], tuple(tokens[1:])
+
+
+def _argument_regex(patterns: Sequence[str]) -> re.Pattern[str]:
+    """One regex over the arguments, each preceded by a NUL (which no argument holds)."""
+    parts: list[str] = []
+    for token in patterns:
+        if token == _ANY_ARGS:
+            parts.append("(?:\0[^\0]*)*")
+            continue
+        body = "".join(
+            "[^\0]*" if ch == "*" else "[^\0]" if ch == "?" else re.escape(ch) for ch in token
+        )
+        parts.append("\0" + body)
+    return re.compile("".join(parts))
+
+
+@dataclass(frozen=True, slots=True)
+class ExecuteRule:
+    """One ``capabilities.execute`` entry: its program pattern and argument patterns."""
+
+    source: str
+    program: Pattern
+    #: the argument patterns as written (None: any arguments)
+    args: tuple[str, ...] | None = None
+    args_regex: re.Pattern[str] | None = None
+
+    def allows_args(self, args: Sequence[str]) -> bool:
+        """Whether *args* (``argv[1:]``) match this rule's argument patterns."""
+        if self.args_regex is None:
+            return True
+        if any("\0" in a for a in args):
+            return False
+        joined = "".join(f"\0{a}" for a in args)
+        return self.args_regex.fullmatch(joined) is not None
+
+
 @dataclass(frozen=True, slots=True)
 class CapabilityCheck:
     """The answer to "may this operation touch this path?"."""
@@ -158,6 +231,8 @@ class CapabilityCheck:
     capability: str
     path: str
     matched: str = ""
+    #: why a program that is allowed was refused: its arguments match none of its entries
+    reason: str = ""
 
 
 def resolve_command(argv0: str, *, cwd: Path, search_path: str = DEFAULT_TURN_PATH) -> str | None:
@@ -182,9 +257,12 @@ class CompiledCapabilities:
 
     read: tuple[Pattern, ...]
     write: tuple[Pattern, ...]
+    #: the program patterns of the execute entries (their literal prefixes are execute roots)
     execute: tuple[Pattern, ...]
     forbidden: tuple[Pattern, ...]
     workspace: Path
+    #: the execute entries with their argument patterns
+    execute_rules: tuple[ExecuteRule, ...] = ()
 
     def forbidden_match(self, path: str | os.PathLike[str]) -> Pattern | None:
         """The forbidden pattern matching the normalised or resolved *path*, if any."""
@@ -213,9 +291,26 @@ class CompiledCapabilities:
         """May the turn write *path* (relative paths are relative to the workspace)?"""
         return self._check(self.write, "capabilities.write", os.fspath(path))
 
-    def check_execute(self, path: str | os.PathLike[str]) -> CapabilityCheck:
-        """May the turn execute the (resolved) program at *path*?"""
-        return self._check(self.execute, "capabilities.execute", os.fspath(path))
+    def check_execute(
+        self, path: str | os.PathLike[str], *, args: Sequence[str] | None = None
+    ) -> CapabilityCheck:
+        """May the turn execute the (resolved) program at *path* with *args* (``argv[1:]``)?
+
+        Without *args* only the program is checked (what the kernel enforces for the
+        programs a turn's command runs in turn); with them, an entry allowing the program
+        must also allow the arguments.
+        """
+        name = "capabilities.execute"
+        check = self._check(self.execute, name, os.fspath(path))
+        if not check.allowed or args is None:
+            return check
+        programs = [r for r in self.execute_rules if r.program.matches(check.path)]
+        for rule in programs:
+            if rule.allows_args(args):
+                return CapabilityCheck(True, name, check.path, rule.source)
+        allowed = "; ".join(repr(r.source) for r in programs)
+        reason = f"arguments {list(args)!r} match no allowed command ({allowed})"
+        return CapabilityCheck(False, name, check.path, reason=reason)
 
     def prefixes(self, kind: str) -> tuple[str, ...]:
         """Existing literal prefixes of the ``read``/``execute``/``write`` patterns."""
@@ -234,20 +329,26 @@ def compile_capabilities(
 ) -> CompiledCapabilities:
     """Compile manifest patterns for a session whose workspace is *workspace*."""
     ws = Path(os.path.realpath(workspace))
-    exe: list[Pattern] = []
+    rules: list[ExecuteRule] = []
     for src in execute:
-        if "/" not in src and not has_glob(src):
-            found = shutil.which(src, path=search_path)
+        program, args = parse_execute_entry(src)
+        if "/" not in program and not has_glob(program):
+            found = shutil.which(program, path=search_path)
             if found is None:
                 continue  # an unknown bare command allows nothing
-            exe.append(compile_pattern(os.path.realpath(found), base=ws))
-            exe[-1] = Pattern(source=src, absolute=exe[-1].absolute, regex=exe[-1].regex)
+            compiled = compile_pattern(os.path.realpath(found), base=ws)
+            pattern = Pattern(source=src, absolute=compiled.absolute, regex=compiled.regex)
         else:
-            exe.append(compile_pattern(src, base=ws))
+            compiled = compile_pattern(program, base=ws)
+            pattern = Pattern(source=src, absolute=compiled.absolute, regex=compiled.regex)
+        regex = None if args is None else _argument_regex(args)
+        rules.append(ExecuteRule(src, pattern, args, regex))
+    exe = [r.program for r in rules]
     return CompiledCapabilities(
         read=tuple(compile_pattern(p, base=ws) for p in read),
         write=tuple(compile_pattern(p, base=ws) for p in write),
         execute=tuple(exe),
         forbidden=tuple(compile_pattern(p, base=ws) for p in forbidden),
         workspace=ws,
+        execute_rules=tuple(rules),
     )

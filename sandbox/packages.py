@@ -8,7 +8,7 @@ Manifest schema (unknown keys are errors, so typos do not silently widen or drop
       "capabilities": {
         "read":      ["/srv/data/**"],     # glob patterns (see sandbox/capabilities.py)
         "write":     ["reports/**"],       # relative = relative to the session workspace
-        "execute":   ["python3", "/usr/bin/*"],
+        "execute":   ["python3 scripts/trace.py --explain", "/usr/bin/*"],
         "forbidden": ["/srv/data/secret/**"],
         "network":   false                 # optional, default false
       },
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from sandbox.capabilities import parse_execute_entry
 from sandbox.errors import ManifestError, PackageNotFoundError
 
 __all__ = [
@@ -170,6 +171,11 @@ def parse_manifest(data: object, *, path: str) -> Manifest:
         if key not in (*_CAP_KEYS, "network"):
             raise _err(path, f"$.capabilities.{key}", "unknown key")
     lists = {k: _str_list(path, f"$.capabilities.{k}", caps_raw.get(k, [])) for k in _CAP_KEYS}
+    for i, entry in enumerate(lists["execute"]):
+        try:  # a command with argument patterns (see sandbox/capabilities.py)
+            parse_execute_entry(entry)
+        except ValueError as exc:
+            raise _err(path, f"$.capabilities.execute[{i}]", f"{entry!r}: {exc}") from None
     network = caps_raw.get("network", False)
     if not isinstance(network, bool):
         raise _err(path, "$.capabilities.network", "expected true or false")

@@ -240,11 +240,13 @@ def check_request(
             "capabilities.execute",
             "command not found or not executable",
         )
-    check = session.capabilities.check_execute(exe)
+    check = session.capabilities.check_execute(exe, args=argv[1:])
     if not check.allowed:
         detail = f"resolved to {exe}"
         if check.matched:
             detail += f"; matches forbidden pattern {check.matched!r}"
+        if check.reason:
+            detail += f"; {check.reason}"
         raise capability_violation(
             session.session_id, turn, "execute", argv[0], check.capability, detail
         )
