@@ -1,23 +1,35 @@
-"""``hunter turn run`` (an embedded sandboxed process turn) and ``hunter package check``.
+"""``hunter turn run`` (an embedded sandboxed process turn) and ``hunter package``
+(``check``, ``install``, ``list``).
 
 Exit codes of ``hunter turn run`` (docs/sandbox.md): 0 succeeded, 1 failed, 2 usage (also a
 malformed declaration), 3 timeout, 4 violation or rejected by capabilities, 5 exhausted,
 6 escalated, 7 terminated (another fault, e.g. a crash not retried).
 ``hunter package check DIR``: 0 valid (prints the effective capabilities), 1 invalid, 2 usage.
+``hunter package install DIR|manifest.json``: 0 installed, replaced or already there with the same
+content; 1 invalid manifest, different package already installed (without ``--replace``) or a
+copy that failed. ``hunter package list``: 0 (a broken package is listed with its error).
+Both take ``--root`` (default ``$HUNTER_ROOT``, else ``./.hunter``).
 Heavy imports happen inside the handlers so ``hunter --help`` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Final, TypeAlias
+
+if TYPE_CHECKING:
+    from sandbox.packages import Capabilities
 
 __all__ = ["EXIT_CODES", "add_parser", "exit_code_for"]
 
 EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
+#: What `add_parser` is handed: the top-level ``hunter`` sub-command registry.
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 #: ``TurnResult.status`` -> exit code of ``hunter turn run``.
 EXIT_CODES: Final = {
     "succeeded": 0,
@@ -207,7 +219,90 @@ def _cmd_package_check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _turn_actions(subparsers: Any) -> Any:
+def _default_root() -> Path:
+    """``--root`` of the package commands when not given: ``$HUNTER_ROOT``, else ``.hunter``."""
+    return Path(os.environ.get("HUNTER_ROOT") or ".hunter")
+
+
+def _cmd_package_install(args: argparse.Namespace) -> int:
+    import orjson
+
+    from sandbox.errors import ManifestError
+    from sandbox.installer import PackageInstallError, install_package
+
+    root: Path = args.root or _default_root()
+    try:
+        result = install_package(args.source, root=root, replace=args.replace)
+    except ManifestError as exc:
+        sys.stderr.write(f"hunter package install: invalid manifest: {exc}\n")
+        return EXIT_FAILED
+    except PackageInstallError as exc:
+        sys.stderr.write(f"hunter package install: {exc}\n")
+        return EXIT_FAILED
+    except OSError as exc:
+        where = exc.filename or root
+        sys.stderr.write(
+            f"hunter package install: {where}: {exc.strerror or exc}; nothing was installed "
+            "(check that you may write under <root>/installed/)\n"
+        )
+        return EXIT_FAILED
+    if args.json:
+        _write(orjson.dumps(result.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
+        return EXIT_OK
+    what = result.package_id + (f" {result.version}" if result.version else "")
+    if result.action == "unchanged":
+        line = f"{what} is already installed at {result.directory} with the same content"
+    else:
+        line = f"{result.action} {what} at {result.directory}"
+    _write(f"{line} ({result.files} files, sha256 {result.digest[:16]})\n")
+    return EXIT_OK
+
+
+def _capabilities_summary(caps: Capabilities) -> str:
+    """``read 2, write 1, execute 3, forbidden 0, network denied``."""
+    counts = ", ".join(
+        f"{key} {len(getattr(caps, key))}" for key in ("read", "write", "execute", "forbidden")
+    )
+    return f"{counts}, network {'granted' if caps.network else 'denied'}"
+
+
+def _cmd_package_list(args: argparse.Namespace) -> int:
+    import orjson
+
+    from sandbox.installer import list_packages
+
+    root: Path = args.root or _default_root()
+    packages = list_packages(root)
+    if args.json:
+        data = {"root": str(root), "packages": [p.to_dict() for p in packages]}
+        _write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return EXIT_OK
+    if not packages:
+        _write(
+            f"no packages installed under {root / 'installed'}"
+            " (install one with `hunter package install DIR`)\n"
+        )
+        return EXIT_OK
+    rows = [("PACKAGE", "VERSION", "CAPABILITIES")]
+    for package in packages:
+        manifest = package.manifest
+        rows.append(
+            (package.package_id, "-", f"INVALID: {package.error}")
+            if manifest is None
+            else (
+                package.package_id,
+                manifest.version or "-",
+                _capabilities_summary(manifest.capabilities),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(2)]
+    lines = [f"{r[0].ljust(widths[0])}  {r[1].ljust(widths[1])}  {r[2]}" for r in rows]
+    lines.insert(1, f"{'-' * widths[0]}  {'-' * widths[1]}  {'-' * len(rows[0][2])}")
+    _write("\n".join(lines) + "\n")
+    return EXIT_OK
+
+
+def _turn_actions(subparsers: Subparsers) -> Subparsers:
     existing = subparsers.choices.get("turn")
     if existing is None:
         parser = subparsers.add_parser("turn", help="run or inspect turns")
@@ -218,7 +313,7 @@ def _turn_actions(subparsers: Any) -> Any:
     return existing.add_subparsers(dest="turn_command", metavar="ACTION", required=True)
 
 
-def add_parser(subparsers: Any) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     """Register ``turn run`` (under an existing ``turn`` command if any) and ``package``."""
     actions = _turn_actions(subparsers)
     run = actions.add_parser(
@@ -250,7 +345,7 @@ def add_parser(subparsers: Any) -> None:
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     run.set_defaults(handler=_cmd_turn_run)
 
-    pkg = subparsers.add_parser("package", help="validate agent packages")
+    pkg = subparsers.add_parser("package", help="validate, install and list agent packages")
     pkg_actions = pkg.add_subparsers(dest="package_command", metavar="ACTION", required=True)
     check = pkg_actions.add_parser(
         "check", help="validate a package dir (or manifest) and print its capabilities"
@@ -258,3 +353,25 @@ def add_parser(subparsers: Any) -> None:
     check.add_argument("directory", type=Path, metavar="DIR")
     check.add_argument("--json", action="store_true")
     check.set_defaults(handler=_cmd_package_check)
+    root_help = "the root (default $HUNTER_ROOT, else ./.hunter)"
+    install = pkg_actions.add_parser(
+        "install",
+        help="validate a package and copy it into <root>/installed/<id>/ atomically",
+        description="Validate the manifest, then copy the package directory into "
+        "<root>/installed/<id>/ (a temporary copy beside it, synced, then renamed). The id is "
+        "the manifest's id, else the directory's name. The same content already installed is a "
+        "no-op; different content is refused unless --replace. Exit codes: 0 done, 1 refused.",
+    )
+    install.add_argument("source", type=Path, metavar="DIR|manifest.json")
+    install.add_argument("--root", type=Path, metavar="DIR", help=root_help)
+    install.add_argument(
+        "--replace", action="store_true", help="replace an installed package of that id"
+    )
+    install.add_argument("--json", action="store_true")
+    install.set_defaults(handler=_cmd_package_install)
+    listing = pkg_actions.add_parser(
+        "list", help="list installed packages (id, version, capabilities)"
+    )
+    listing.add_argument("--root", type=Path, metavar="DIR", help=root_help)
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(handler=_cmd_package_list)
