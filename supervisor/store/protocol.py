@@ -357,9 +357,15 @@ class TurnStore(Protocol):
         """The kept lines of these ledgers, in (ledger, seq) order."""
         ...
 
+    @property
+    def keeps_ledgers(self) -> bool:
+        """True when the store is the ledger of record (a shared engine): it keeps every line
+        and `trim_ledger_lines` drops nothing."""
+        ...
+
     async def trim_ledger_lines(self, synced: Mapping[str, int]) -> int:
         """Drop the kept lines up to each ledger's seq in *synced* (its file holds them
-        durably); how many were dropped."""
+        durably); how many were dropped (always 0 when `keeps_ledgers`)."""
         ...
 
     # -- escalations

@@ -56,6 +56,8 @@ from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import FINAL_STATES, TurnState
 from supervisor.errors import IntakeClosedError, StaleClaimError
 from supervisor.logging import get_logger
+from supervisor.store.fleet import DaemonRecord, LedgerHead, SessionHome
+from supervisor.store.postgres import fleet_ops
 from supervisor.store.postgres.schema import check_schema, migrate
 from supervisor.store.protocol import (
     Accepted,
@@ -202,6 +204,8 @@ class PostgresTurnStore:
         self._largest = 0
         self._stale = 0
         self._retried_batches = 0
+        self._work = anyio.Event()
+        self._listener: asyncpg.Connection | None = None
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -223,6 +227,8 @@ class PostgresTurnStore:
                 reader = await asyncpg.connect(self._dsn, timeout=self._connect_timeout_s)
                 self._readers.append(reader)
                 self._idle_send.send_nowait(reader)
+            self._listener = await asyncpg.connect(self._dsn, timeout=self._connect_timeout_s)
+            await self._listener.add_listener(ops.WORK_CHANNEL, self._notified)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._close_connections()
@@ -254,7 +260,8 @@ class PostgresTurnStore:
         await self._stopped.wait()
 
     async def _close_connections(self) -> None:
-        conns = [self._writer, *self._readers]
+        conns = [self._writer, *self._readers, self._listener]
+        self._listener = None
         self._writer = None
         self._readers = []
         self._idle_send.close()
@@ -510,11 +517,14 @@ class PostgresTurnStore:
         ids = tuple(ledger_ids)
         return await self._read(lambda c: ops.ledger_lines(c, ids))
 
+    @property
+    def keeps_ledgers(self) -> bool:
+        """The shared store is the ledger of record: it keeps every line (see `FleetStore`)."""
+        return True
+
     async def trim_ledger_lines(self, synced: Mapping[str, int]) -> int:
-        marks = dict(synced)
-        if not marks:
-            return 0
-        return await self._write(lambda c: ops.trim_ledger_lines(c, marks))
+        """Nothing is dropped: the lines are the anchored ledgers every daemon rebuilds from."""
+        return 0
 
     # -- escalations ----------------------------------------------------------------------
 
@@ -545,6 +555,78 @@ class PostgresTurnStore:
 
     async def counts(self) -> dict[str, int]:
         return await self._read(ops.counts)
+
+    # -- the fleet (`supervisor.store.fleet.FleetStore`) ----------------------------------
+
+    async def home_session(self, session_id: str, owner: str, *, lease_ms: int) -> SessionHome:
+        _check_lease(lease_ms)
+        return await self._write(lambda c: fleet_ops.home_session(c, session_id, owner, lease_ms))
+
+    async def claim_homes(
+        self, owner: str, *, lease_ms: int, limit: int, packages: frozenset[str] | None
+    ) -> list[SessionHome]:
+        _check_lease(lease_ms)
+        return await self._write(
+            lambda c: fleet_ops.claim_homes(c, owner, lease_ms, limit, packages)
+        )
+
+    async def renew_homes(
+        self, homes: Sequence[SessionHome], *, lease_ms: int
+    ) -> list[SessionHome]:
+        held = tuple(homes)
+        if not held:
+            return []
+        return await self._write(lambda c: fleet_ops.renew_homes(c, held, lease_ms))
+
+    async def release_home(self, home: SessionHome) -> None:
+        await self._write(lambda c: fleet_ops.release_home(c, home))
+
+    async def anchor_ledger_lines(self, owner: str, lines: Sequence[SealedLine]) -> None:
+        kept = tuple(lines)
+        if kept:
+            await self._write(lambda c: fleet_ops.anchor_ledger_lines(c, owner, kept))
+
+    async def ledger_heads(self, ledger_ids: Sequence[str] | None = None) -> list[LedgerHead]:
+        ids = None if ledger_ids is None else tuple(ledger_ids)
+        return await self._read(lambda c: fleet_ops.ledger_heads(c, ids))
+
+    async def heartbeat(
+        self, owner: str, *, host: str, pid: int, started_us: int, info: Mapping[str, object]
+    ) -> None:
+        await self._write(
+            lambda c: fleet_ops.heartbeat(
+                c, owner, host=host, pid=pid, started_us=started_us, info=info
+            )
+        )
+
+    async def daemons(self) -> list[DaemonRecord]:
+        return await self._read(fleet_ops.daemons)
+
+    async def forget_daemon(self, owner: str) -> None:
+        await self._write(lambda c: fleet_ops.forget_daemon(c, owner))
+
+    async def request_resolution(self, turn_id: int, resolution: Resolution) -> TurnRecord:
+        return await self._write(lambda c: fleet_ops.request_resolution(c, turn_id, resolution))
+
+    async def pending_resolutions(
+        self, session_ids: Sequence[str]
+    ) -> list[tuple[TurnRecord, Resolution]]:
+        ids = tuple(session_ids)
+        if not ids:
+            return []
+        return await self._read(lambda c: fleet_ops.pending_resolutions(c, ids))
+
+    async def wait_for_work(self, timeout_s: float) -> bool:
+        """Sleep until a ``NOTIFY`` on the work channel or *timeout_s* (polling is the
+        fallback: a notification lost with a dropped listener connection strands nothing)."""
+        with anyio.move_on_after(timeout_s):
+            await self._work.wait()
+            self._work = anyio.Event()
+            return True
+        return False
+
+    def _notified(self, *_: object) -> None:
+        self._work.set()
 
 
 @asynccontextmanager

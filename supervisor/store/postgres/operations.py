@@ -43,6 +43,7 @@ from supervisor.errors import (
     UnknownSessionError,
     UnknownTurnError,
 )
+from supervisor.store.fleet import StaleHomeError
 from supervisor.store.postgres.schema import (
     ATTEMPT_COLUMNS,
     SESSION_COLUMNS,
@@ -72,7 +73,9 @@ from supervisor.store.rows import (
 )
 
 __all__ = [
+    "WORK_CHANNEL",
     "accept",
+    "check_homes",
     "claim_turns",
     "close_session",
     "counts",
@@ -94,6 +97,9 @@ __all__ = [
 ]
 
 Conn = asyncpg.Connection
+
+#: The ``LISTEN`` channel on which a daemon signals work another daemon may take.
+WORK_CHANNEL: Final = "hunter_work"
 
 _UNFINISHED_SQL: Final = f"state IN ({', '.join(repr(s) for s in UNFINISHED)})"
 _RESOLVED: Final = {
@@ -256,6 +262,7 @@ async def accept(conn: Conn, new: NewTurn, claim_for: str | None, lease_ms: int)
         token=token,
     )
     if claim_for is None or lease is None:
+        await conn.execute("SELECT pg_notify($1, $2)", WORK_CHANNEL, f"turn:{turn.turn_id}")
         return Accepted(turn=turn, created=True)
     claim = Claim(turn=turn, owner=claim_for, token=token, lease_until_us=lease)
     return Accepted(turn=turn, created=True, claim=claim)
@@ -483,6 +490,7 @@ async def finish(
     check_move(state, ending.state, turn_id=claim.turn_id)
     await _put_attempts(conn, claim.turn_id, round_, _with_start(attempts, started))
     if ledger_lines:
+        await check_homes(conn, claim.owner, ledger_lines)
         await put_ledger_lines(conn, ledger_lines)
     now = _now_us()
     row = await conn.fetchrow(
@@ -520,6 +528,18 @@ async def put_ledger_lines(conn: Conn, lines: Sequence[SealedLine]) -> None:
         [x.entry_hash for x in lines],
         [x.line for x in lines],
     )
+    if kept:
+        await conn.execute(
+            "INSERT INTO ledger_heads(ledger_id, seq, entry_hash)"
+            " SELECT DISTINCT ON (ledger_id) ledger_id, seq, entry_hash"
+            " FROM unnest($1::text[], $2::bigint[], $3::text[]) AS l(ledger_id, seq, entry_hash)"
+            " ORDER BY ledger_id, seq DESC ON CONFLICT (ledger_id) DO UPDATE"
+            " SET seq = excluded.seq, entry_hash = excluded.entry_hash"
+            " WHERE ledger_heads.seq < excluded.seq",
+            [x.ledger_id for x in lines],
+            [x.seq for x in lines],
+            [x.entry_hash for x in lines],
+        )
     if len(kept) == len(lines):
         return
     written = {(str(r[0]), int(r[1])) for r in kept}
@@ -534,6 +554,23 @@ async def put_ledger_lines(conn: Conn, lines: Sequence[SealedLine]) -> None:
         if digest is not None and digest != x.entry_hash:
             msg = f"ledger {x.ledger_id} already has a different line at seq {x.seq}"
             raise ValueError(msg)
+
+
+async def check_homes(conn: Conn, owner: str, lines: Sequence[SealedLine]) -> None:
+    """Lock the rows of the sessions *lines* append to (``FOR SHARE``: a home cannot change
+    hands meanwhile, and appends to one session are serialised across daemons);
+    `StaleHomeError` when one is homed by another daemon. A session nobody homes (a store used
+    without a fleet, or a home released) passes."""
+    sessions = sorted({x.ledger_id.rsplit("/", 1)[0] for x in lines})
+    rows = await conn.fetch(
+        "SELECT session_id, home FROM sessions WHERE session_id = ANY($1::text[])"
+        " ORDER BY session_id FOR SHARE",
+        sessions,
+    )
+    for row in rows:
+        home = row[1]
+        if home is not None and home != owner:
+            raise StaleHomeError(str(row[0]), owner=owner, home=str(home))
 
 
 async def ledger_lines(conn: Conn, ledger_ids: Sequence[str]) -> list[SealedLine]:
@@ -579,16 +616,18 @@ async def resolve(
         row = await conn.fetchrow(
             "UPDATE turns SET state = 'accepted', round = round + 1, attempt = 0,"
             " updated_us = $1, next_attempt_us = NULL, finished_us = NULL, verdict = NULL,"
-            " reason_code = NULL, reason = NULL, fault_type = NULL, result = NULL"
-            f" WHERE turn_id = $2 RETURNING {TURN_COLUMNS}",
+            " reason_code = NULL, reason = NULL, fault_type = NULL, result = NULL,"
+            f" resolution = NULL WHERE turn_id = $2 RETURNING {TURN_COLUMNS}",
             now,
             turn_id,
         )
+        await conn.execute("SELECT pg_notify($1, $2)", WORK_CHANNEL, f"turn:{turn_id}")
     else:
         code, why = RESOLUTION_REASONS[resolution]
         row = await conn.fetchrow(
             "UPDATE turns SET state = $1, updated_us = $2, finished_us = $2,"
-            " verdict = 'TERMINATE', reason_code = $3, reason = $4 WHERE turn_id = $5"
+            " verdict = 'TERMINATE', reason_code = $3, reason = $4, resolution = NULL"
+            " WHERE turn_id = $5"
             f" RETURNING {TURN_COLUMNS}",
             target.value,
             now,

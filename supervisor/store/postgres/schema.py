@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 #: The schema this code reads and writes. Raise it and add a step to `_MIGRATIONS` on a change.
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 _VERSION_KEY: Final = "turn_store_schema"
 #: ``pg_advisory_xact_lock`` key taken by `migrate` (any fixed number; "hunt" in ASCII)
 _MIGRATION_LOCK: Final = 0x68756E74
@@ -137,8 +137,35 @@ CREATE TABLE ledger_lines(
 );
 """
 
+#: Version 2: several daemons (`supervisor.store.fleet`): session homes, heartbeats, anchored
+#: ledger heads, resolutions asked of a session's home.
+_V2: Final = """
+ALTER TABLE sessions ADD COLUMN home TEXT;
+ALTER TABLE sessions ADD COLUMN home_token BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE sessions ADD COLUMN home_until_us BIGINT;
+CREATE INDEX sessions_homeless ON sessions(home_until_us) WHERE state = 'open';
+ALTER TABLE turns ADD COLUMN resolution TEXT;
+CREATE INDEX turns_resolution ON turns(session_id) WHERE resolution IS NOT NULL;
+CREATE TABLE daemons(
+    owner TEXT PRIMARY KEY,
+    host TEXT NOT NULL,
+    pid BIGINT NOT NULL,
+    started_us BIGINT NOT NULL,
+    heartbeat_us BIGINT NOT NULL,
+    info BYTEA NOT NULL
+);
+CREATE TABLE ledger_heads(
+    ledger_id TEXT PRIMARY KEY,
+    seq BIGINT NOT NULL,
+    entry_hash TEXT NOT NULL
+);
+INSERT INTO ledger_heads(ledger_id, seq, entry_hash)
+    SELECT DISTINCT ON (ledger_id) ledger_id, seq, entry_hash FROM ledger_lines
+    ORDER BY ledger_id, seq DESC;
+"""
+
 #: version -> the SQL that upgrades a database from that version to the next one.
-_MIGRATIONS: Final[Mapping[int, str]] = {0: _V1}
+_MIGRATIONS: Final[Mapping[int, str]] = {0: _V1, 1: _V2}
 
 TURN_COLUMNS: Final = (
     "turn_id, session_id, turn_number, kind, spec, idempotency_key, state, attempt, accepted_us,"

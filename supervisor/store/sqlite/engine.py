@@ -503,6 +503,11 @@ class SqliteTurnStore:
         ids = tuple(ledger_ids)
         return await self._read(lambda c: ops.ledger_lines(c, ids))
 
+    @property
+    def keeps_ledgers(self) -> bool:
+        """One daemon: the ledger files are the record; kept lines go once synced."""
+        return False
+
     async def trim_ledger_lines(self, synced: Mapping[str, int]) -> int:
         marks = dict(synced)
         if not marks:

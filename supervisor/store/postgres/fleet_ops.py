@@ -1,0 +1,219 @@
+"""The `FleetStore` operations on PostgreSQL (session homes, heartbeats, anchored ledgers,
+resolutions asked of a home): each an async function of a connection, run by the engine in a
+transaction, like `supervisor.store.postgres.operations`.
+
+A session's home is fenced like a turn's claim: the owner and a token that only grows, on the
+session's row. Ledger writes lock the rows of the sessions they append to (``FOR SHARE``), so a
+home cannot change hands while a line is being kept, and appends to one session are serialised
+across daemons.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Final
+
+import asyncpg
+
+from ledger.entries import SealedLine
+from sandbox.policy.lifecycle import TurnState
+from supervisor.errors import NotEscalatedError, SessionClosedError, UnknownTurnError
+from supervisor.store.fleet import DaemonRecord, LedgerHead, SessionHome, StaleHomeError
+from supervisor.store.postgres.operations import (
+    WORK_CHANNEL,
+    check_homes,
+    get_session,
+    get_turn,
+    put_ledger_lines,
+)
+from supervisor.store.postgres.schema import SESSION_COLUMNS, TURN_COLUMNS
+from supervisor.store.protocol import Resolution, TurnRecord
+from supervisor.store.rows import dumps, loads, session_from_row, turn_from_row
+
+__all__ = [
+    "anchor_ledger_lines",
+    "claim_homes",
+    "daemons",
+    "forget_daemon",
+    "heartbeat",
+    "home_session",
+    "ledger_heads",
+    "pending_resolutions",
+    "release_home",
+    "renew_homes",
+    "request_resolution",
+]
+
+Conn = asyncpg.Connection
+
+_HOME_COLUMNS: Final = f"{SESSION_COLUMNS}, home, home_token, home_until_us"
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def _home(row: asyncpg.Record) -> SessionHome:
+    values = tuple(row.values())
+    return SessionHome(
+        session=session_from_row(values[:-3]),
+        owner=str(values[-3]),
+        token=int(values[-2]),
+        lease_until_us=int(values[-1]),
+    )
+
+
+async def home_session(conn: Conn, session_id: str, owner: str, lease_ms: int) -> SessionHome:
+    now = _now_us()
+    row = await conn.fetchrow(
+        "UPDATE sessions SET home = $2, home_token = home_token + 1, home_until_us = $3"
+        " WHERE session_id = $1 AND state = 'open'"
+        " AND (home IS NULL OR home = $2 OR home_until_us < $4)"
+        f" RETURNING {_HOME_COLUMNS}",
+        session_id,
+        owner,
+        now + lease_ms * 1000,
+        now,
+    )
+    if row is not None:
+        return _home(row)
+    record = await get_session(conn, session_id)  # UnknownSessionError when absent
+    if record.state.value != "open":
+        raise SessionClosedError(session_id)
+    home = await conn.fetchval("SELECT home FROM sessions WHERE session_id = $1", session_id)
+    raise StaleHomeError(session_id, owner=owner, home=None if home is None else str(home))
+
+
+async def claim_homes(
+    conn: Conn, owner: str, lease_ms: int, limit: int, packages: frozenset[str] | None
+) -> list[SessionHome]:
+    now = _now_us()
+    rows = await conn.fetch(
+        "UPDATE sessions SET home = $1, home_token = home_token + 1, home_until_us = $2"
+        " WHERE session_id IN (SELECT session_id FROM sessions WHERE state = 'open'"
+        " AND (home IS NULL OR home_until_us < $3)"
+        " AND ($5::text[] IS NULL OR package_id = ANY($5::text[]))"
+        " ORDER BY opened_us LIMIT $4 FOR UPDATE SKIP LOCKED)"
+        f" RETURNING {_HOME_COLUMNS}",
+        owner,
+        now + lease_ms * 1000,
+        now,
+        limit,
+        None if packages is None else sorted(packages),
+    )
+    return [_home(r) for r in rows]
+
+
+async def renew_homes(
+    conn: Conn, homes: tuple[SessionHome, ...], lease_ms: int
+) -> list[SessionHome]:
+    until = _now_us() + lease_ms * 1000
+    rows = await conn.fetch(
+        "UPDATE sessions SET home_until_us = $1"
+        " FROM unnest($2::text[], $3::text[], $4::bigint[]) AS held(session_id, owner, token)"
+        " WHERE sessions.session_id = held.session_id AND sessions.home = held.owner"
+        " AND sessions.home_token = held.token AND sessions.state = 'open'"
+        " RETURNING sessions.session_id",
+        until,
+        [h.session_id for h in homes],
+        [h.owner for h in homes],
+        [h.token for h in homes],
+    )
+    kept = {str(r[0]) for r in rows}
+    return [replace(h, lease_until_us=until) for h in homes if h.session_id in kept]
+
+
+async def release_home(conn: Conn, home: SessionHome) -> None:
+    await conn.execute(
+        "UPDATE sessions SET home = NULL, home_until_us = NULL"
+        " WHERE session_id = $1 AND home = $2 AND home_token = $3",
+        home.session_id,
+        home.owner,
+        home.token,
+    )
+
+
+async def anchor_ledger_lines(conn: Conn, owner: str, lines: tuple[SealedLine, ...]) -> None:
+    await check_homes(conn, owner, lines)
+    await put_ledger_lines(conn, lines)
+
+
+async def ledger_heads(conn: Conn, ledger_ids: tuple[str, ...] | None) -> list[LedgerHead]:
+    rows = await conn.fetch(
+        "SELECT ledger_id, seq, entry_hash FROM ledger_heads"
+        " WHERE $1::text[] IS NULL OR ledger_id = ANY($1::text[]) ORDER BY ledger_id",
+        None if ledger_ids is None else list(ledger_ids),
+    )
+    return [LedgerHead(ledger_id=str(r[0]), seq=int(r[1]), entry_hash=str(r[2])) for r in rows]
+
+
+async def heartbeat(
+    conn: Conn, owner: str, *, host: str, pid: int, started_us: int, info: Mapping[str, object]
+) -> None:
+    await conn.execute(
+        "INSERT INTO daemons(owner, host, pid, started_us, heartbeat_us, info)"
+        " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (owner) DO UPDATE"
+        " SET heartbeat_us = excluded.heartbeat_us, info = excluded.info",
+        owner,
+        host,
+        pid,
+        started_us,
+        _now_us(),
+        dumps(info),
+    )
+
+
+async def daemons(conn: Conn) -> list[DaemonRecord]:
+    rows = await conn.fetch(
+        "SELECT d.owner, d.host, d.pid, d.started_us, d.heartbeat_us, d.info,"
+        " (SELECT count(*) FROM turns t WHERE t.owner = d.owner),"
+        " (SELECT count(*) FROM sessions s WHERE s.home = d.owner AND s.state = 'open')"
+        " FROM daemons d ORDER BY d.heartbeat_us DESC"
+    )
+    return [
+        DaemonRecord(
+            owner=str(r[0]),
+            host=str(r[1]),
+            pid=int(r[2]),
+            started_us=int(r[3]),
+            heartbeat_us=int(r[4]),
+            info=loads(bytes(r[5])),
+            turns_held=int(r[6]),
+            sessions_homed=int(r[7]),
+        )
+        for r in rows
+    ]
+
+
+async def forget_daemon(conn: Conn, owner: str) -> None:
+    await conn.execute("DELETE FROM daemons WHERE owner = $1", owner)
+
+
+async def request_resolution(conn: Conn, turn_id: int, resolution: Resolution) -> TurnRecord:
+    state = await conn.fetchval("SELECT state FROM turns WHERE turn_id = $1 FOR UPDATE", turn_id)
+    if state is None:
+        raise UnknownTurnError(turn_id)
+    if state != TurnState.ESCALATED.value:
+        raise NotEscalatedError(turn_id, str(state))
+    await conn.execute(
+        "UPDATE turns SET resolution = $2 WHERE turn_id = $1", turn_id, resolution.value
+    )
+    await conn.execute("SELECT pg_notify($1, $2)", WORK_CHANNEL, f"resolution:{turn_id}")
+    return await get_turn(conn, turn_id)
+
+
+async def pending_resolutions(
+    conn: Conn, session_ids: tuple[str, ...]
+) -> list[tuple[TurnRecord, Resolution]]:
+    rows = await conn.fetch(
+        f"SELECT {TURN_COLUMNS}, resolution FROM turns WHERE resolution IS NOT NULL"
+        " AND state = 'escalated' AND session_id = ANY($1::text[]) ORDER BY turn_id",
+        list(session_ids),
+    )
+    found: list[tuple[TurnRecord, Resolution]] = []
+    for row in rows:
+        values = tuple(row.values())
+        found.append((turn_from_row(values[:-1], ()), Resolution(str(values[-1]))))
+    return found
