@@ -7,6 +7,9 @@
   process): the full interval in seconds, or None when the watchdog is off. Ping at half of it;
   `watchdog_loop()` does exactly that *from the event loop*, so a blocked loop stops pinging and
   systemd kills and restarts the daemon (Result=watchdog).
+- `status_loop(describe, interval)` keeps `STATUS=` live: it sends `describe()` (one line, such
+  as "3 turns active, 1 queued, ...") every interval while it changes, from the event loop; what
+  `systemctl status` shows is then at most one interval old.
 - `listen_fds()` takes the sockets systemd passed (`$LISTEN_FDS`, `$LISTEN_PID`,
   `$LISTEN_FDNAMES`; fds from 3), keyed by the unit's `FileDescriptorName=` ("control",
   "executors"), marks them close-on-exec and removes the variables so children never see them.
@@ -29,6 +32,7 @@ __all__ = [
     "SD_LISTEN_FDS_START",
     "listen_fds",
     "notify",
+    "status_loop",
     "watchdog_interval",
     "watchdog_loop",
 ]
@@ -157,3 +161,28 @@ async def watchdog_loop(
         if healthy is None or healthy():
             notify("WATCHDOG=1", env=env)
         await anyio.sleep(period)
+
+
+async def status_loop(
+    describe: Callable[[], str],
+    *,
+    interval: float,
+    env: Mapping[str, str] | None = None,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Send ``STATUS=<describe()>`` now and then every *interval* seconds when the text changed,
+    until cancelled. Without `$NOTIFY_SOCKET` this returns at once (nothing would read it).
+    A newline in the text is replaced by a space (a notify state is one line)."""
+    if _address(os.environ if env is None else env) is None:
+        task_status.started()
+        return
+    sent: str | None = None
+    started = False
+    while True:
+        text = " ".join(describe().splitlines())
+        if text != sent and notify(f"STATUS={text}", env=env):
+            sent = text
+        if not started:
+            started = True
+            task_status.started()
+        await anyio.sleep(interval)

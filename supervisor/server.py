@@ -15,7 +15,10 @@ Lifecycle
 4. Start, in this order, the turn core (which first recovers unfinished
    turns: interrupted attempts become CRASH faults), the hub and the control API. When both
    sockets listen (``task_status.started()`` of both servers), tell systemd ``READY=1`` and log
-   ``daemon_ready``; the watchdog pings from the event loop.
+   ``daemon_ready``; the watchdog pings from the event loop, and STATUS= carries live counts
+   (turns active and queued, executors ready) every ``metrics.status_interval_s``. With
+   ``[metrics]`` set, `/metrics` is served (loopback TCP or a Unix socket) and/or written as a
+   node-exporter textfile, from this same task group (docs/metrics.md).
 5. Signals are handled here and only here: SIGTERM/SIGINT (or a ``drain`` request) start the
    drain; SIGHUP reloads the reloadable configuration keys. A second SIGTERM/SIGINT forces exit.
 6. Drain: ``STOPPING=1``; no new sessions or turns are accepted (``draining`` errors), no new
@@ -42,6 +45,7 @@ import stat
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Final
 
@@ -57,7 +61,22 @@ from supervisor.control.server import ControlServer
 from supervisor.errors import DaemonAlreadyRunning, SchemaVersionError
 from supervisor.executors.hub import ExecutorHub, HubSettings
 from supervisor.logging import configure_logging, get_logger
-from supervisor.sdnotify import listen_fds, notify, watchdog_interval, watchdog_loop
+from supervisor.metrics import (
+    DaemonMetrics,
+    Sources,
+    TcpAddress,
+    parse_listen,
+    serve_metrics,
+    status_line,
+    write_textfiles,
+)
+from supervisor.sdnotify import (
+    listen_fds,
+    notify,
+    status_loop,
+    watchdog_interval,
+    watchdog_loop,
+)
 from supervisor.store.protocol import TurnStore
 from supervisor.store.sqlite import open_sqlite_store
 from supervisor.turns.context import CoreSettings
@@ -254,6 +273,7 @@ class _Listeners:
     control: anyio.abc.SocketListener
     executors: anyio.abc.SocketListener
     created: tuple[Path, ...]
+    metrics: anyio.abc.Listener[anyio.abc.SocketStream] | None = None
 
 
 def _bind_unix(path: Path, mode: int) -> socket.socket:
@@ -273,9 +293,21 @@ def _bind_unix(path: Path, mode: int) -> socket.socket:
     return sock
 
 
+async def _open_metrics_listener(
+    listen: str, mode: int, created: list[Path]
+) -> anyio.abc.Listener[anyio.abc.SocketStream]:
+    where = parse_listen(listen)
+    if isinstance(where, TcpAddress):
+        return await anyio.create_tcp_listener(local_host=where.host, local_port=where.port)
+    listener = await anyio.abc.SocketListener.from_socket(_bind_unix(where, mode))
+    created.append(where)
+    return listener
+
+
 async def _open_listeners(config: Config, activated: Mapping[str, socket.socket]) -> _Listeners:
     created: list[Path] = []
     listeners: dict[str, anyio.abc.SocketListener] = {}
+    metrics: anyio.abc.Listener[anyio.abc.SocketStream] | None = None
     try:
         for name, path in (
             ("control", config.control_socket),
@@ -289,12 +321,18 @@ async def _open_listeners(config: Config, activated: Mapping[str, socket.socket]
                 sock = _bind_unix(path, config.socket_mode)
                 listeners[name] = await anyio.abc.SocketListener.from_socket(sock)
                 created.append(path)
+        if config.metrics.listen:
+            metrics = await _open_metrics_listener(
+                config.metrics.listen, config.socket_mode, created
+            )
     except BaseException:
+        for listener in listeners.values():
+            await listener.aclose()
         for path in created:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         raise
-    return _Listeners(listeners["control"], listeners["executors"], tuple(created))
+    return _Listeners(listeners["control"], listeners["executors"], tuple(created), metrics)
 
 
 class Daemon:
@@ -321,6 +359,8 @@ class Daemon:
         self._forced = False
         self.scheduler: TurnCore | None = None
         self.hub: ExecutorHub | None = None
+        #: the daemon's Prometheus registry and event metrics (docs/metrics.md)
+        self.metrics = DaemonMetrics()
         self.ready = anyio.Event()
         #: set after each SIGHUP reload (then replaced), for tools and tests
         self.reloaded = anyio.Event()
@@ -344,8 +384,9 @@ class Daemon:
     async def _run_locked(self, config: Config, task_status: anyio.abc.TaskStatus[None]) -> int:
 
         config.runtime_dir.mkdir(parents=True, exist_ok=True)
+        metrics = self.metrics
         async with open_store(config) as store:
-            with GroupSyncer() as syncer:
+            with GroupSyncer(observe=metrics.ledger_synced) as syncer:
                 runtime = await anyio.to_thread.run_sync(
                     lambda: self._runtime_factory(
                         config,
@@ -366,8 +407,17 @@ class Daemon:
                         process_slots=self._process_slots,
                         default_timeout_ms=config.sandbox.default_timeout_ms,
                     ),
+                    events=metrics,
                 )
                 self.scheduler, self.hub = core, hub
+                metrics.watch(
+                    Sources(
+                        core=core.statistics,
+                        hub=hub.statistics,
+                        store=core.store_statistics,
+                        syncer=syncer.statistics,
+                    )
+                )
                 listeners = await _open_listeners(config, listen_fds())
                 try:
                     return await self._serve(
@@ -406,8 +456,16 @@ class Daemon:
                 await tg.start(control.serve, listeners.control)
                 if watchdog_interval() is not None:
                     await tg.start(watchdog_loop)
+                await self._start_metrics(tg, config, listeners)
                 stats = core.statistics()
                 notify("READY=1", f"STATUS=serving {config.root}")
+                await tg.start(
+                    partial(
+                        status_loop,
+                        lambda: status_line(core.statistics(), hub.statistics()),
+                        interval=config.metrics.status_interval_s,
+                    )
+                )
                 self._log.info(
                     "daemon_ready",
                     root=str(config.root),
@@ -426,6 +484,24 @@ class Daemon:
                 self._log.info("daemon_stopped", clean=clean)
                 tg.cancel_scope.cancel()
         return EXIT_FORCED if self._forced else EXIT_OK
+
+    async def _start_metrics(
+        self, tg: anyio.abc.TaskGroup, config: Config, listeners: _Listeners
+    ) -> None:
+        """Serve `/metrics` on the metrics listener and write the textfile, when configured."""
+        render = self.metrics.render
+        if listeners.metrics is not None:
+            await tg.start(serve_metrics, listeners.metrics, render)
+            self._log.info("metrics_listening", listen=config.metrics.listen)
+        if config.metrics.textfile is not None:
+            await tg.start(
+                partial(
+                    write_textfiles,
+                    config.metrics.textfile,
+                    render,
+                    interval_s=config.metrics.textfile_interval_s,
+                )
+            )
 
     async def _signals(
         self,

@@ -1,0 +1,147 @@
+"""The metrics that count events as they happen: turn endings, attempt decisions, escalations,
+sandbox violations, ledger appends, syncs and verifications.
+
+`EventMetrics` implements the turn tracker's `TurnEvents` sink (the turn core calls it on the
+event loop) and takes the ledger syncer's per-batch timings (on the syncer's thread:
+prometheus-client's metrics lock internally). Everything else is read from the daemon's
+statistics at scrape time (`supervisor.metrics.collector`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from ledger.entries import SealedLine
+from sandbox.policy.attempt_record import AttemptRecord
+from supervisor.store.protocol import TurnRecord
+
+__all__ = ["LEDGER_SYNC_BUCKETS", "TURN_DURATION_BUCKETS", "EventMetrics"]
+
+#: Seconds, from a quick instruction (milliseconds) to a long process turn or an escalation.
+TURN_DURATION_BUCKETS: Final = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0,
+)  # fmt: skip
+#: Seconds per group-commit batch of ledger files (fdatasync or syncfs).
+LEDGER_SYNC_BUCKETS: Final = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+)  # fmt: skip
+#: The label value for "no fault" (a plain failure or a success has no fault type).
+NO_FAULT: Final = "none"
+
+
+def _fault(attempt_or_turn: AttemptRecord | TurnRecord) -> str:
+    return attempt_or_turn.fault_type or NO_FAULT
+
+
+class EventMetrics:
+    """Counters and histograms fed by the turn core's events (`TurnEvents`)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.turn_duration = Histogram(
+            "hunter_turn_duration_seconds",
+            "Time from a turn's acceptance to its final state.",
+            ("kind", "state"),
+            buckets=TURN_DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.attempts = Counter(
+            "hunter_attempts",
+            "Attempts decided, by outcome and decision.",
+            ("outcome", "decision"),
+            registry=registry,
+        )
+        self.retries = Counter(
+            "hunter_retries",
+            "Attempts decided RETRY, by fault type ('none' for a plain failure).",
+            ("fault_type",),
+            registry=registry,
+        )
+        self.faults = Counter(
+            "hunter_faults",
+            "Attempts that ended in a fault, by fault type and decision.",
+            ("fault_type", "decision"),
+            registry=registry,
+        )
+        self.escalations = Counter(
+            "hunter_escalations",
+            "Turns escalated to an operator, by fault type.",
+            ("fault_type",),
+            registry=registry,
+        )
+        self.escalations.labels(fault_type="RESOURCE_EXHAUSTED")  # the seed's escalating fault
+        self.violations = Counter(
+            "hunter_sandbox_violations",
+            "Capability violations found by the sandbox (at intake or after a process turn), "
+            "by the capability violated.",
+            ("capability",),
+            registry=registry,
+        )
+        self.ledger_appends = Counter(
+            "hunter_ledger_appends",
+            "Ledger lines committed with turn endings, by ledger (exec, evidence).",
+            ("ledger",),
+            registry=registry,
+        )
+        for ledger in ("exec", "evidence"):
+            self.ledger_appends.labels(ledger=ledger)
+        self.ledger_sync = Histogram(
+            "hunter_ledger_sync_seconds",
+            "Time to make one group-commit batch of ledger files durable.",
+            buckets=LEDGER_SYNC_BUCKETS,
+            registry=registry,
+        )
+        self.verifications = Counter(
+            "hunter_ledger_verifications",
+            "Ledgers checked by ledger verification requests (hunter ledger verify --daemon).",
+            registry=registry,
+        )
+        self.verify_failures = Counter(
+            "hunter_ledger_verify_failures",
+            "Sessions whose ledgers failed verification (a broken hash, link or head).",
+            registry=registry,
+        )
+
+    # -- TurnEvents ------------------------------------------------------------------------
+
+    def attempt_decided(self, attempt: AttemptRecord) -> None:
+        decision = attempt.decision or "NONE"
+        self.attempts.labels(outcome=attempt.outcome or "NONE", decision=decision).inc()
+        if decision == "RETRY":
+            self.retries.labels(fault_type=_fault(attempt)).inc()
+        if attempt.outcome == "FAULT":
+            self.faults.labels(fault_type=_fault(attempt), decision=decision).inc()
+
+    def turn_ended(self, turn: TurnRecord, ledger_lines: Sequence[SealedLine]) -> None:
+        for line in ledger_lines:
+            self.ledger_appends.labels(ledger=line.ledger_id.rpartition("/")[2]).inc()
+        if not turn.final:
+            self.escalations.labels(fault_type=_fault(turn)).inc()
+            return
+        finished_us = turn.finished_us or time.time_ns() // 1000
+        seconds = max(0.0, (finished_us - turn.accepted_us) / 1_000_000)
+        self.turn_duration.labels(kind=turn.kind.value, state=turn.state.value).observe(seconds)
+        violations = (turn.result or {}).get("violations")
+        if isinstance(violations, list):
+            for violation in violations:
+                capability = violation.get("capability") if isinstance(violation, dict) else None
+                self._violation(str(capability or ""))
+
+    def intake_refused(self, capability: str) -> None:
+        self._violation(capability)
+
+    def _violation(self, capability: str) -> None:
+        self.violations.labels(capability=capability or "unknown").inc()
+
+    def ledgers_verified(self, *, ledgers: int, failures: int) -> None:
+        self.verifications.inc(ledgers)
+        self.verify_failures.inc(failures)
+
+    # -- the ledger syncer -----------------------------------------------------------------
+
+    def ledger_synced(self, seconds: float) -> None:
+        """One batch of ledger files was made durable in *seconds* (any thread)."""
+        self.ledger_sync.observe(seconds)
