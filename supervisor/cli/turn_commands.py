@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from supervisor.cli.client import client_options, run_client
 from supervisor.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE, STATE_EXIT_CODES
-from supervisor.cli.output import err, out, table, to_json
+from supervisor.cli.output import err, out, to_json
+from supervisor.cli.turn_record import describe_turn
 
 if TYPE_CHECKING:
     from supervisor.control.client import ControlClient
@@ -72,42 +73,6 @@ def submit_params(args: argparse.Namespace) -> dict[str, object]:
     else:
         raise ValueError("nothing to submit: give --command TYPE (instruction) or `-- CMD ARGS`")
     return params
-
-
-def describe_turn(turn: dict[str, Any]) -> str:
-    """A readable multi-line description of a turn (``hunter turn show``)."""
-    spec = turn["spec"]
-    what = (
-        " ".join(str(spec.get(k) or "") for k in ("command_type", "target_url", "target_selector"))
-        if turn["kind"] == "instruction"
-        else " ".join(spec.get("argv", []))
-    ).strip()
-    lines = [
-        f"turn {turn['turn_id']}  session {turn['session_id']}  #{turn['turn_number']}",
-        f"  kind:    {turn['kind']}: {what}",
-        f"  state:   {turn['state']}"
-        + (f"  ({turn['verdict']} {turn['reason_code']})" if turn.get("verdict") else ""),
-    ]
-    if turn.get("reason"):
-        lines.append(f"  reason:  {turn['reason']}")
-    rows = [
-        (
-            a["attempt"],
-            a.get("executor_id") or ("sandbox" if turn["kind"] == "process" else "-"),
-            a.get("outcome") or "-",
-            a.get("fault_type") or "-",
-            a.get("decision") or "-",
-            a.get("reason_code") or "-",
-            a.get("duration_ms") if a.get("duration_ms") is not None else "-",
-        )
-        for a in turn.get("attempts", [])
-    ]
-    if rows:
-        lines.append("")
-        lines.append(
-            table(("ATTEMPT", "EXECUTOR", "OUTCOME", "FAULT", "DECISION", "REASON", "MS"), rows)
-        )
-    return "\n".join(lines)
 
 
 async def wait_with_progress(
@@ -176,8 +141,9 @@ def parse_turn_id(text: str) -> int:
 
 def _cmd_turn_show(args: argparse.Namespace) -> int:
     async def body(client: ControlClient) -> int:
-        turn = (await client.call("turn.get", turn_id=args.turn_id))["turn"]
-        out(to_json(turn) if args.json else describe_turn(turn))
+        answer = await client.call("turn.get", turn_id=args.turn_id)
+        turn, ledger = answer["turn"], answer.get("ledger")
+        out(to_json({**turn, "ledger": ledger}) if args.json else describe_turn(turn, ledger))
         return EXIT_OK
 
     return run_client(args, body)
@@ -242,7 +208,7 @@ def add_turn_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("turn", help="show, wait for or cancel a turn")
     sp = p.add_subparsers(dest="turn_command", metavar="ACTION", required=True)
     for name, handler, help_text in (
-        ("show", _cmd_turn_show, "show a turn, its attempts and outcome"),
+        ("show", _cmd_turn_show, "a turn's decision record: attempts, outputs, ledger hashes"),
         ("wait", _cmd_turn_wait, "wait until the turn ends (or is escalated)"),
         ("cancel", _cmd_turn_cancel, "cancel a turn"),
     ):

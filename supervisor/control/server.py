@@ -23,7 +23,8 @@ Operations (params -> result):
   (``created`` false: the idempotency key was seen before, this is that turn; ``wait_s``:
   answer only once the turn is final or parked, at most that long; ``warnings``, when present:
   what the client should know at once, e.g. no connected executor serves the command type)
-* ``turn.get`` {turn_id} -> {turn}; ``turn.wait`` {turn_id, timeout_s?, until?: [states]} ->
+* ``turn.get`` {turn_id} -> {turn, ledger} (``ledger``: the turn's exec and evidence entries,
+  their hashes); ``turn.wait`` {turn_id, timeout_s?, until?: [states]} ->
   {turn} once final, escalated, or in one of ``until``; ``turn.cancel`` {turn_id} -> {turn};
   ``turns.list`` {session_id?, after_turn_id?, limit? (1..500)} -> {turns, next_after} (a page,
   oldest first; pass ``next_after`` as ``after_turn_id`` for the next one, null at the end)
@@ -45,12 +46,14 @@ import contextlib
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any, Final
 
 import anyio
 import anyio.abc
 import anyio.to_thread
 
+from ledger import session_dir_for
 from sandbox.policy.lifecycle import TurnState
 from supervisor.errors import RequestError
 from supervisor.executors.hub import ExecutorHub
@@ -405,7 +408,19 @@ class ControlServer:
         ]
 
     async def _turn_get(self, params: TurnRef) -> object:
-        return {"turn": _turn(await self._scheduler.get_turn(params.id))}
+        turn = await self._scheduler.get_turn(params.id)
+        return {"turn": _turn(turn), "ledger": await self._turn_ledger(turn)}
+
+    async def _turn_ledger(self, turn: TurnRecord) -> dict[str, object]:
+        """The turn's entries in its session's exec and evidence ledger files (read only)."""
+        try:
+            session = await self._scheduler.get_session(turn.session_id)
+        except RequestError:
+            return {"exec": [], "evidence": []}
+        session_dir = session_dir_for(
+            self._scheduler.settings.root, session.tier, session.session_id
+        )
+        return await anyio.to_thread.run_sync(_turn_ledger_entries, session_dir, turn.turn_number)
 
     async def _turn_wait(self, params: TurnWaitParams) -> object:
         timeout = params.timeout_s
@@ -496,6 +511,46 @@ class ControlServer:
         if self._on_drain is None:
             raise RequestError("bad_request", "drain: this server cannot be drained remotely")
         return {"draining": True}  # the drain starts once this answer is written
+
+
+#: What `turn.get` shows of each of the turn's ledger entries (the hashes and what they seal).
+_LEDGER_FIELDS: Final = (
+    "seq",
+    "kind",
+    "ts_us",
+    "entry_hash",
+    "previous_hash",
+    "query_hash",
+    "result_hash",
+    "status",
+)
+
+
+def _turn_ledger_entries(session_dir: Path, turn_number: int) -> dict[str, object]:
+    """``{"exec": [...], "evidence": [...]}``: the entries of *turn_number* in the session's
+    ledger files (a worker thread). A line that does not parse (one being appended) is skipped;
+    ``hunter check-ledgers`` is what verifies the chain."""
+    import orjson
+
+    needles = (b'"turn_number":%d,' % turn_number, b'"turn_number":%d}' % turn_number)
+    found: dict[str, object] = {}
+    for name in ("exec", "evidence"):
+        entries: list[dict[str, object]] = []
+        try:
+            with (session_dir / "ledger" / f"{name}.jsonl").open("rb") as fh:
+                for line in fh:
+                    if not any(n in line for n in needles):
+                        continue
+                    try:
+                        entry = orjson.loads(line)
+                    except orjson.JSONDecodeError:
+                        continue
+                    if isinstance(entry, dict) and entry.get("turn_number") == turn_number:
+                        entries.append({k: entry[k] for k in _LEDGER_FIELDS if k in entry})
+        except FileNotFoundError:
+            pass
+        found[name] = entries
+    return found
 
 
 def _plain(value: object) -> object:
