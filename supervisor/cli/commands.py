@@ -1,8 +1,9 @@
 """`hunter` subcommands of the daemon core: serve, session, submit, status, executors, turn,
 escalations, store, demo.
 
-Every client command finds the daemon from ``--socket PATH`` (the control socket itself) or
-``--root DIR`` (default ``./.hunter``; the socket is ``<root>/run/control.sock``).
+Every client command finds the daemon from ``--socket PATH`` (the control socket itself),
+``--root DIR`` (the socket is ``<root>/run/control.sock``), ``$HUNTER_CONTROL_SOCKET``,
+``$HUNTER_ROOT`` or ``./.hunter``, the first given (`supervisor.cli.client.socket_path`).
 
 Exit codes
 ----------
@@ -19,14 +20,14 @@ Exit codes
 
 Modules: `session_commands`, `turn_commands` (submit, turn), `escalation_commands`,
 `daemon_commands` (serve, status, executors, check-ledgers, drain), `store_commands`
-(migrate), `demo_commands`; what they
+(migrate), `demo_commands`; `turn_record` formats `hunter turn show`; what they
 share: `client` (reaching the daemon), `output` (printing, tables), `exit_codes`. This module
 registers them in `hunter --help` order and re-exports their public names.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from supervisor.cli.client import DEFAULT_ROOT
 from supervisor.cli.daemon_commands import (
@@ -58,6 +59,9 @@ from supervisor.cli.turn_commands import (
     wait_with_progress,
 )
 
+if TYPE_CHECKING:
+    from supervisor.cli.main import Subparsers
+
 __all__ = [
     "DEFAULT_ROOT",
     "EXIT_FAILED",
@@ -75,7 +79,7 @@ __all__ = [
 ]
 
 
-def add_parser(subparsers: Any) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     """Register serve, session, submit, status, executors, turn, escalations, check-ledgers,
     drain, demo (in that order)."""
     add_serve_parser(subparsers)

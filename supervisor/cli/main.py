@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import TypeAlias, cast
 
 from supervisor import __version__
 
@@ -27,6 +27,8 @@ _AREAS = (
 )
 
 Handler = Callable[[argparse.Namespace], int]
+#: What every area's ``add_parser`` is handed: the ``hunter`` sub-command registry.
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def build_parser() -> argparse.ArgumentParser:

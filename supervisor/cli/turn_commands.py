@@ -12,6 +12,7 @@ from supervisor.cli.output import err, out, to_json
 from supervisor.cli.turn_record import describe_turn
 
 if TYPE_CHECKING:
+    from supervisor.cli.main import Subparsers
     from supervisor.control.client import ControlClient
 
 __all__ = [
@@ -169,7 +170,7 @@ def _cmd_turn_cancel(args: argparse.Namespace) -> int:
     return run_client(args, body)
 
 
-def add_submit_parser(subparsers: Any) -> None:
+def add_submit_parser(subparsers: Subparsers) -> None:
     """Register `hunter submit`."""
     p = subparsers.add_parser(
         "submit",
@@ -203,7 +204,7 @@ def add_submit_parser(subparsers: Any) -> None:
     p.set_defaults(handler=_cmd_submit)
 
 
-def add_turn_parser(subparsers: Any) -> None:
+def add_turn_parser(subparsers: Subparsers) -> None:
     """Register `hunter turn show|wait|cancel` (the sandbox adds `turn run` to it)."""
     p = subparsers.add_parser("turn", help="show, wait for or cancel a turn")
     sp = p.add_subparsers(dest="turn_command", metavar="ACTION", required=True)
