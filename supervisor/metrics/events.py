@@ -96,7 +96,7 @@ class EventMetrics:
         )
         self.verifications = Counter(
             "hunter_ledger_verifications",
-            "Ledgers checked by ledger verification requests (hunter ledger verify --daemon).",
+            "Ledgers checked by the daemon's verification requests (control op ledger.verify).",
             registry=registry,
         )
         self.verify_failures = Counter(
