@@ -10,7 +10,8 @@ Manifest schema (unknown keys are errors, so typos do not silently widen or drop
         "write":     ["reports/**"],       # relative = relative to the session workspace
         "execute":   ["python3 scripts/trace.py --explain", "/usr/bin/*"],
         "forbidden": ["/srv/data/secret/**"],
-        "network":   false                 # optional, default false
+        "network":   false,                # optional, default false
+        "unix_sockets": false              # optional: connect to pathname Unix sockets
       },
       "limits": {"memory_mb": 256, "pids": 64, "timeout_s": 60, "output_bytes": 1048576,
                  "file_size_mb": 16, "disk_mb": 64},           # all optional
@@ -74,6 +75,8 @@ class Capabilities:
     execute: tuple[str, ...] = ()
     forbidden: tuple[str, ...] = ()
     network: bool = False
+    #: connecting to pathname Unix sockets (off: a seccomp filter denies it; confine/seccomp.py)
+    unix_sockets: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +115,7 @@ class Manifest:
                 "execute": list(caps.execute),
                 "forbidden": list(caps.forbidden),
                 "network": caps.network,
+                "unix_sockets": caps.unix_sockets,
             },
             "limits": {k: getattr(self.limits, k) for k in _LIMIT_KEYS},
             "env_allow": list(self.env_allow),
@@ -168,7 +172,7 @@ def parse_manifest(data: object, *, path: str) -> Manifest:
     if not isinstance(caps_raw, dict):
         raise _err(path, "$.capabilities", "expected an object")
     for key in caps_raw:
-        if key not in (*_CAP_KEYS, "network"):
+        if key not in (*_CAP_KEYS, "network", "unix_sockets"):
             raise _err(path, f"$.capabilities.{key}", "unknown key")
     lists = {k: _str_list(path, f"$.capabilities.{k}", caps_raw.get(k, [])) for k in _CAP_KEYS}
     for i, entry in enumerate(lists["execute"]):
@@ -179,6 +183,9 @@ def parse_manifest(data: object, *, path: str) -> Manifest:
     network = caps_raw.get("network", False)
     if not isinstance(network, bool):
         raise _err(path, "$.capabilities.network", "expected true or false")
+    unix_sockets = caps_raw.get("unix_sockets", False)
+    if not isinstance(unix_sockets, bool):
+        raise _err(path, "$.capabilities.unix_sockets", "expected true or false")
     limits_raw = data.get("limits", {})
     if not isinstance(limits_raw, dict):
         raise _err(path, "$.limits", "expected an object")
@@ -201,7 +208,7 @@ def parse_manifest(data: object, *, path: str) -> Manifest:
     return Manifest(
         path=path,
         package_id=pkg_id,
-        capabilities=Capabilities(network=network, **lists),
+        capabilities=Capabilities(network=network, unix_sockets=unix_sockets, **lists),
         limits=Limits(**limit_values),  # type: ignore[arg-type]  # keys validated above
         env_allow=env_allow,
         version=str(data.get("version", "")),

@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import resource
+import socket
 import subprocess
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from sandbox.confine import landlock
+from sandbox.confine import landlock, seccomp
 from sandbox.errors import SpawnError
 
 __all__ = [
@@ -53,9 +55,12 @@ def native_available() -> bool:
 class SpawnRequest:
     """Everything the launcher applies in the child, in this order.
 
-    setsid; join ``netns_fd`` (-1: keep); write the pid into each ``cgroup_fds``;
-    ``rlimits``; setgroups([]) + gid + uid (-1: keep); NO_NEW_PRIVS; chdir ``cwd``;
-    Landlock ``landlock_fd`` (-1: none); stdin/stdout/stderr; close every other fd; execve.
+    (``new_pid_ns``: the child is PID 1 of a new PID namespace, native launcher only) setsid;
+    join ``netns_fd`` (-1: keep); write the pid into each ``cgroup_fds``; ``rlimits``;
+    setgroups([]) + gid + uid (-1: keep); NO_NEW_PRIVS; chdir ``cwd``; Landlock
+    ``landlock_fd`` (-1: none); stdin/stdout/stderr; the ``seccomp`` filter (with
+    ``seccomp_notify`` its user-notification listener is handed to the parent, see
+    `Spawned.listener_fd`); close every other fd; execve.
     """
 
     path: str
@@ -71,19 +76,24 @@ class SpawnRequest:
     landlock_fd: int = -1
     cgroup_fds: tuple[int, ...] = ()
     rlimits: tuple[tuple[int, int, int], ...] = ()
+    seccomp: bytes | None = None
+    seccomp_notify: bool = False
+    new_pid_ns: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Spawned:
-    """A started child: its pid, a pidfd (the caller closes it) and the launcher used."""
+    """A started child: its pid, a pidfd and the seccomp listener fd (-1: none; the caller
+    closes both) and the launcher used."""
 
     pid: int
     pidfd: int
     launcher: str
     popen: subprocess.Popen[bytes] | None = None
+    listener_fd: int = -1
 
 
-def _spawn_native(req: SpawnRequest) -> Spawned:
+def _spawn_native(req: SpawnRequest, notify_sock: int) -> Spawned:
     assert _native is not None
     env = [f"{k}={v}".encode() for k, v in req.env]
     try:
@@ -99,6 +109,9 @@ def _spawn_native(req: SpawnRequest) -> Spawned:
             req.gid,
             req.netns_fd,
             req.landlock_fd,
+            req.seccomp,
+            notify_sock,
+            int(req.new_pid_ns),
         )
     except OSError as exc:
         msg = str(exc.strerror or exc)
@@ -107,7 +120,7 @@ def _spawn_native(req: SpawnRequest) -> Spawned:
     return Spawned(int(pid), int(pidfd), "native")
 
 
-def _preexec(req: SpawnRequest) -> None:  # pragma: no cover - runs in the forked child
+def _preexec(req: SpawnRequest, notify_sock: int) -> None:  # pragma: no cover - in the child
     if req.netns_fd >= 0 and _libc.setns(req.netns_fd, _CLONE_NEWNET) != 0:
         raise OSError(ctypes.get_errno(), "setns")
     pid = str(os.getpid()).encode()
@@ -124,9 +137,11 @@ def _preexec(req: SpawnRequest) -> None:  # pragma: no cover - runs in the forke
         landlock.restrict_self(req.landlock_fd)
     elif _libc.prctl(38, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl")
+    if req.seccomp is not None:
+        seccomp.install_filter(req.seccomp, notify_sock)
 
 
-def _spawn_python(req: SpawnRequest) -> Spawned:
+def _spawn_python(req: SpawnRequest, notify_sock: int) -> Spawned:
     try:
         proc = subprocess.Popen(
             list(req.argv),
@@ -139,7 +154,7 @@ def _spawn_python(req: SpawnRequest) -> Spawned:
             close_fds=True,
             start_new_session=True,
             restore_signals=True,
-            preexec_fn=lambda: _preexec(req),  # noqa: PLW1509 - the documented fallback path
+            preexec_fn=lambda: _preexec(req, notify_sock),  # noqa: PLW1509 - the documented fallback path
         )
     except subprocess.SubprocessError as exc:
         raise SpawnError(stage="preexec", errno_=0, message=str(exc)) from None
@@ -156,13 +171,32 @@ def _spawn_python(req: SpawnRequest) -> Spawned:
 
 def spawn(req: SpawnRequest, *, launcher: str = "auto") -> Spawned:
     """Start the child with the requested launcher (``auto`` prefers ``native``)."""
-    if launcher == "native" or (launcher == "auto" and _native is not None):
-        if _native is None:
-            raise SpawnError(
-                stage="launcher", errno_=0, message="sandbox.confine._spawn is not built"
-            )
-        return _spawn_native(req)
-    return _spawn_python(req)
+    native = launcher == "native" or (launcher == "auto" and _native is not None)
+    if native and _native is None:
+        raise SpawnError(stage="launcher", errno_=0, message="sandbox.confine._spawn is not built")
+    if req.new_pid_ns and not native:
+        raise SpawnError(
+            stage="launcher", errno_=0, message="a PID namespace needs the native launcher"
+        )
+    if req.seccomp is None or not req.seccomp_notify:
+        return _spawn_native(req, -1) if native else _spawn_python(req, -1)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        if native:
+            spawned = _spawn_native(req, theirs.fileno())
+        else:  # preexec_fn runs before close_fds: the child still has the socket
+            spawned = _spawn_python(req, theirs.fileno())
+        listener = seccomp.receive_listener(ours)
+    finally:
+        ours.close()
+        theirs.close()
+    if listener < 0:  # the child cannot have exec'd without sending it
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(spawned.pid, 9)
+        reap(spawned)
+        os.close(spawned.pidfd)
+        raise SpawnError(stage="seccomp", errno_=0, message="no seccomp listener from the child")
+    return dataclasses.replace(spawned, listener_fd=listener)
 
 
 def reap(spawned: Spawned) -> int:

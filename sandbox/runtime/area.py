@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Final
 import structlog
 
 from sandbox.capabilities import CompiledCapabilities, compile_capabilities, has_glob
-from sandbox.confine import landlock
+from sandbox.confine import landlock, seccomp
 from sandbox.confine.cgroups import TurnCgroup
 from sandbox.confine.spawn import close_quietly, new_network_namespace
 from sandbox.errors import SandboxUnavailableError
@@ -44,6 +44,7 @@ _DEV_NULL_ACCESS: Final = int(
     landlock.FsAccess.READ_FILE | landlock.FsAccess.WRITE_FILE | landlock.FsAccess.TRUNCATE
 )
 _MAX_CARVE_RULES: Final = 4096
+_FILTER: Final = seccomp.build_filter()
 
 
 def _forbidden_may_match_beneath(caps: CompiledCapabilities, root: str) -> bool:
@@ -246,6 +247,20 @@ class SessionArea:
         """Whether the manifest grants network access."""
         return self.package.capabilities.network
 
+    @property
+    def unix_sockets_granted(self) -> bool:
+        """Whether the manifest grants connecting to pathname Unix sockets."""
+        return self.package.capabilities.unix_sockets
+
+    def seccomp_program(self) -> bytes | None:
+        """The turn's seccomp filter (sandbox/confine/seccomp.py), or None: granted by the
+        manifest, or no user notification on this machine (the level says which)."""
+        if self.unix_sockets_granted or self.runtime.levels.get("unix_sockets") != (
+            seccomp.SECCOMP_MECHANISM
+        ):
+            return None
+        return _FILTER
+
     def landlock_rules(self) -> landlock.LandlockRules:
         cfg = self.runtime.config
         caps = self.capabilities
@@ -285,6 +300,8 @@ class SessionArea:
         if self.ruleset_fd < 0 and levels["landlock"] != "unavailable":
             self.ruleset_fd, self._ruleset_notes = landlock.build_ruleset(self.landlock_rules())
         levels.update(self._ruleset_notes)
+        if self.unix_sockets_granted:
+            levels["unix_sockets"] = "granted"
         if self.network_granted:
             levels["network"] = "granted"
         elif self.netns_fd < 0 and levels["network"] == "netns":

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Final
 import anyio
 import structlog
 
-from sandbox.confine.spawn import SpawnRequest, close_quietly, reap, spawn
+from sandbox.confine.seccomp import KernelDenial, NotificationServer
+from sandbox.confine.spawn import Spawned, SpawnRequest, close_quietly, reap, spawn
 from sandbox.enumerate import RealizedWrite, SurfaceProblem, WriteSurface, enumerate_writes
 from sandbox.errors import CapabilityViolation, SpawnError
 from sandbox.policy.attempts import AttemptOutcome
@@ -170,9 +171,7 @@ async def run_confined(
     except BaseException:
         os.close(out_fd)
         raise
-    timed_out = False
-    leftovers = 0
-    status: int | None = None
+    denials: list[KernelDenial] = []
     launcher = levels.get("launcher", "native")
     try:
         procs_fds = cg.open_procs_fds()
@@ -192,54 +191,29 @@ async def run_confined(
                     landlock_fd=area.ruleset_fd,
                     cgroup_fds=tuple(procs_fds),
                     rlimits=area.rlimits(),
+                    seccomp=area.seccomp_program(),
+                    seccomp_notify=True,
+                    new_pid_ns=area.runtime.levels.get("pid_namespace") == "per-turn",
                 ),
                 launcher=cfg.launcher,
             )
         finally:
             close_quietly(procs_fds)
         launcher = spawned.launcher
+        server = (
+            NotificationServer(spawned.listener_fd, denials.append)
+            if spawned.listener_fd >= 0
+            else None
+        )
         try:
-            with anyio.move_on_after(timeout_s) as scope:
-                await anyio.wait_readable(spawned.pidfd)
-            if scope.cancelled_caught:
-                timed_out = True
-                cg.signal_all(signal.SIGTERM)
-                with anyio.move_on_after(cfg.kill_grace_s):
-                    await anyio.wait_readable(spawned.pidfd)
-                cg.kill_all()
-                if not cg.dirs:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(spawned.pid, signal.SIGKILL)
-                with anyio.CancelScope(shield=True):
-                    await anyio.wait_readable(spawned.pidfd)
-            if not cg.dirs:
-                # No cgroup: the process group is the only handle on what the command
-                # left running in the background. Kill it before reaping the leader (so
-                # the group id cannot have been reused) and before enumeration/promotion.
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(spawned.pid, signal.SIGKILL)
-            status = reap(spawned)
+            async with anyio.create_task_group() as tg:
+                if server is not None:
+                    tg.start_soon(_serve, server, area.session_id, turn)
+                timed_out, leftovers, status = await _wait_and_kill(area, spawned, timeout_s, turn)
+                tg.cancel_scope.cancel()
         finally:
-            if status is None:  # cancelled from outside: never leave the tree behind
-                cg.kill_all()
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(spawned.pid, signal.SIGKILL)
-                with contextlib.suppress(ChildProcessError):
-                    reap(spawned)
-            os.close(spawned.pidfd)
-            leftovers = len(cg.members())
-            if leftovers:
-                cg.kill_all()
-            with anyio.CancelScope(shield=True):
-                empty = await cg.wait_empty()
-            if not empty:
-                _log.error(
-                    "turn_processes_survived",
-                    session_id=area.session_id,
-                    turn_number=turn,
-                    pids=cg.members(),
-                )
-                area.drop_cgroup()
+            if server is not None:
+                server.close()
         now = cg.resource_events()
         events = {key: now[key] - baseline.get(key, 0) for key in now}
     except SpawnError as exc:
@@ -276,7 +250,11 @@ async def run_confined(
         or max((w.size for w in surface.writes), default=0) >= fsize
         or capture_max >= fsize
     )
-    violations = _surface_violations(
+    violations = [
+        capability_violation(area.session_id, turn, d.operation, d.target, d.capability, d.detail)
+        for d in denials
+    ]
+    violations += _surface_violations(
         area.session_id, surface, declared, turn, check_missing=exit_code == 0 and not timed_out
     )
     outcome = AttemptOutcome.from_exit_code(
@@ -311,6 +289,73 @@ async def run_confined(
         launcher=launcher,
     )
     return ConfinedRun(record, outcome, surface, violations)
+
+
+async def _serve(server: NotificationServer, session_id: str, turn: int) -> None:
+    """Answer the turn's seccomp notifications; a failure of the server closes the listener
+    (every call it would have answered then fails with ENOSYS: the turn stays confined)."""
+    try:
+        await server.serve()
+    except OSError as exc:
+        _log.error(
+            "seccomp_listener_failed", session_id=session_id, turn_number=turn, error=str(exc)
+        )
+        server.close()
+
+
+async def _wait_and_kill(
+    area: SessionArea, spawned: Spawned, timeout_s: float, turn: int
+) -> tuple[bool, int, int]:
+    """Wait for the command (deadline: SIGTERM, grace, kill the tree), reap it, and wait until
+    no process of the turn is left; (timed out, processes left after it, wait status)."""
+    cfg = area.runtime.config
+    cg = area.turn_cgroup()
+    timed_out = False
+    status: int | None = None
+    try:
+        with anyio.move_on_after(timeout_s) as scope:
+            await anyio.wait_readable(spawned.pidfd)
+        if scope.cancelled_caught:
+            timed_out = True
+            cg.signal_all(signal.SIGTERM)
+            with anyio.move_on_after(cfg.kill_grace_s):
+                await anyio.wait_readable(spawned.pidfd)
+            cg.kill_all()
+            if not cg.dirs:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(spawned.pid, signal.SIGKILL)
+            with anyio.CancelScope(shield=True):
+                await anyio.wait_readable(spawned.pidfd)
+        if not cg.dirs:
+            # No cgroup: the process group is the only handle on what the command
+            # left running in the background. Kill it before reaping the leader (so
+            # the group id cannot have been reused) and before enumeration/promotion.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(spawned.pid, signal.SIGKILL)
+        status = reap(spawned)
+    finally:
+        if status is None:  # cancelled from outside: never leave the tree behind
+            cg.kill_all()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(spawned.pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                reap(spawned)
+        os.close(spawned.pidfd)
+        leftovers = len(cg.members())
+        if leftovers:
+            cg.kill_all()
+        with anyio.CancelScope(shield=True):
+            empty = await cg.wait_empty()
+        if not empty:
+            _log.error(
+                "turn_processes_survived",
+                session_id=area.session_id,
+                turn_number=turn,
+                pids=cg.members(),
+            )
+            area.drop_cgroup()
+    assert status is not None  # only None while an exception propagates
+    return timed_out, leftovers, status
 
 
 def _spawn_failed(exc: SpawnError, attempt_no: int, start_ns: int, launcher: str) -> ConfinedRun:

@@ -27,7 +27,7 @@ import structlog
 
 from ledger import GroupSyncer, SessionLedgers, session_dir_for
 from sandbox.capabilities import DEFAULT_TURN_PATH
-from sandbox.confine import landlock
+from sandbox.confine import landlock, seccomp
 from sandbox.confine.cgroups import CgroupLayout, detect_layout
 from sandbox.confine.spawn import native_available, new_network_namespace
 from sandbox.errors import SandboxUnavailableError, SessionNotFoundError
@@ -46,6 +46,8 @@ __all__ = [
 ]
 
 _log = structlog.get_logger("sandbox.runtime.runtime")
+
+_PR_SET_CHILD_SUBREAPER: Final = 36
 
 #: What every dynamically linked program needs to start, plus a few read-only basics.
 DEFAULT_SYSTEM_READ_PATHS: Final = (
@@ -149,6 +151,15 @@ def _searchable_by_others(path: Path) -> Path | None:
         if not mode & stat.S_IXOTH:
             return p
     return None
+
+
+def _become_subreaper() -> bool:
+    """Make this process the child subreaper (PR_SET_CHILD_SUBREAPER): a turn's orphans are
+    re-parented here, not to PID 1 (with a PID namespace per turn they never leave it)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
 
 
 class Runtime:
@@ -270,6 +281,15 @@ class Runtime:
         if levels["tree_kill"] != "cgroup.kill":
             missing["cgroup_kill"] = "no cgroup v2 cgroup.kill (setsid escapes are possible)"
         levels["file_size"] = "rlimit"
+        no_notif = seccomp.user_notif_available()
+        levels["unix_sockets"] = "unavailable" if no_notif else seccomp.SECCOMP_MECHANISM
+        if no_notif:
+            missing["seccomp"] = f"{no_notif}: pathname Unix sockets outside are reachable"
+        # A PID namespace per turn: clone(CLONE_NEWPID) needs the native launcher and root.
+        levels["pid_namespace"] = (
+            "per-turn" if is_root and levels["launcher"] == "native" else "unavailable"
+        )
+        levels["subreaper"] = "yes" if _become_subreaper() else "unavailable"
         levels["enforcement"] = self.config.enforcement
         for sock in self.forbidden_sockets:
             problem = self._socket_problem(sock)

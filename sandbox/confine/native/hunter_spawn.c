@@ -6,7 +6,10 @@
  * child, before execve:
  *   signal dispositions reset, setsid, setns(network namespace), join the turn's cgroups,
  *   rlimits, setgroups([]) + setresgid + setresuid (unprivileged uid), PR_SET_NO_NEW_PRIVS,
- *   landlock_restrict_self(ruleset), stdin/stdout/stderr, close every other fd, chdir, execve.
+ *   landlock_restrict_self(ruleset), stdin/stdout/stderr, the seccomp filter (its user
+ *   notification listener fd sent to the parent over a socket), close every other fd, execve.
+ * With newpid the child is also the first process (PID 1) of a new PID namespace
+ * (CLONE_NEWPID): when it exits, the kernel kills and reaps everything it left behind.
  *
  * The child shares the parent's memory until execve, so it only makes raw system calls
  * (no malloc, no stdio, no glibc set*id wrappers: those signal every thread of the
@@ -27,6 +30,8 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,6 +48,20 @@
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
 #endif
+#ifndef SYS_seccomp
+#define SYS_seccomp 317
+#endif
+#ifndef CLONE_NEWPID
+#define CLONE_NEWPID 0x20000000
+#endif
+#define HS_SECCOMP_SET_MODE_FILTER 1
+#define HS_SECCOMP_FILTER_FLAG_NEW_LISTENER (1UL << 3)
+
+/* struct sock_fprog without including linux/filter.h */
+struct hs_fprog {
+    unsigned short len;
+    const void *filter;
+};
 
 #define STACK_SIZE (256 * 1024)
 #define MAX_CGROUPS 8
@@ -61,6 +80,8 @@ enum stage {
     ST_NO_NEW_PRIVS,
     ST_LANDLOCK,
     ST_STDIO,
+    ST_SECCOMP,
+    ST_NOTIFY_SEND,
     ST_CLOSE_FDS,
     ST_CHDIR,
     ST_EXEC,
@@ -68,7 +89,8 @@ enum stage {
 
 static const char *stage_names[] = {
     "none", "signals", "setsid", "setns", "cgroup", "rlimit", "setgroups",
-    "setgid", "setuid", "no_new_privs", "landlock", "stdio", "close_fds", "chdir", "execve",
+    "setgid", "setuid", "no_new_privs", "landlock", "stdio", "seccomp", "notify_send",
+    "close_fds", "chdir", "execve",
 };
 
 struct rlim_spec {
@@ -90,6 +112,9 @@ struct child_args {
     long gid;
     int netns_fd;
     int landlock_fd;
+    const void *seccomp_prog; /* struct sock_filter[], NULL for none */
+    unsigned short seccomp_len;
+    int notify_sock; /* where the listener fd is sent, -1: no listener */
     /* written by the child on failure, read by the parent after clone returns */
     volatile int err_stage;
     volatile int err_errno;
@@ -169,6 +194,40 @@ static int child_main(void *arg) {
             if (r < 0) return fail(a, ST_STDIO, errno);
         }
     }
+    if (a->seccomp_prog != NULL) {
+        struct hs_fprog prog;
+        unsigned long flags = a->notify_sock >= 0 ? HS_SECCOMP_FILTER_FLAG_NEW_LISTENER : 0;
+        prog.len = a->seccomp_len;
+        prog.filter = a->seccomp_prog;
+        r = syscall(SYS_seccomp, HS_SECCOMP_SET_MODE_FILTER, flags, &prog);
+        if (r < 0) return fail(a, ST_SECCOMP, errno);
+        if (a->notify_sock >= 0) {
+            /* SCM_RIGHTS by hand: no CMSG_* helpers that might touch libc state */
+            union {
+                struct cmsghdr h;
+                char buf[CMSG_SPACE(sizeof(int))];
+            } control;
+            struct msghdr msg;
+            struct iovec iov;
+            char byte = 'L';
+            int listener = (int)r;
+            memset(&control, 0, sizeof control);
+            memset(&msg, 0, sizeof msg);
+            iov.iov_base = &byte;
+            iov.iov_len = 1;
+            msg.msg_iov = &iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control.buf;
+            msg.msg_controllen = sizeof control.buf;
+            control.h.cmsg_level = SOL_SOCKET;
+            control.h.cmsg_type = SCM_RIGHTS;
+            control.h.cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(&control.h), &listener, sizeof(int));
+            if (syscall(SYS_sendmsg, a->notify_sock, &msg, 0) < 0)
+                return fail(a, ST_NOTIFY_SEND, errno);
+            syscall(SYS_close, listener);
+        }
+    }
     if (syscall(SYS_close_range, 3, ~0U, 0) < 0) {
         int maxfd = 65536;
         for (i = 3; i < maxfd; i++) syscall(SYS_close, i);
@@ -210,16 +269,18 @@ static char **make_strv(PyObject *seq, const char *what) {
 }
 
 PyDoc_STRVAR(spawn_doc,
-"spawn(path, argv, envp, cwd, stdio, cgroup_fds, rlimits, uid, gid, netns_fd, landlock_fd)\n"
-"-> (pid, pidfd)\n\n"
+"spawn(path, argv, envp, cwd, stdio, cgroup_fds, rlimits, uid, gid, netns_fd, landlock_fd,\n"
+"      seccomp=None, notify_sock=-1, newpid=0) -> (pid, pidfd)\n\n"
 "Start a confined child (see the module comment). path/cwd are bytes; argv/envp lists of\n"
 "bytes; stdio a 3-tuple of fds; cgroup_fds fds of open cgroup.procs files; rlimits a list\n"
-"of (resource, soft, hard); uid/gid -1 to keep; netns_fd/landlock_fd -1 for none.\n"
+"of (resource, soft, hard); uid/gid -1 to keep; netns_fd/landlock_fd -1 for none;\n"
+"seccomp the filter program (bytes, 8 per instruction) or None; notify_sock a socket the\n"
+"listener fd is sent over (-1: no listener); newpid 1 for a new PID namespace.\n"
 "Raises OSError(errno, 'sandbox child failed at <stage>') when a step fails.");
 
 static PyObject *hs_spawn(PyObject *self, PyObject *args) {
-    PyObject *path_o, *argv_o, *envp_o, *cwd_o, *cg_o, *rl_o;
-    int in_fd, out_fd, err_fd, netns_fd, landlock_fd;
+    PyObject *path_o, *argv_o, *envp_o, *cwd_o, *cg_o, *rl_o, *sc_o = Py_None;
+    int in_fd, out_fd, err_fd, netns_fd, landlock_fd, notify_sock = -1, newpid = 0;
     long uid, gid;
     struct child_args *a = NULL;
     char **argv = NULL, **envp = NULL;
@@ -231,11 +292,16 @@ static PyObject *hs_spawn(PyObject *self, PyObject *args) {
     Py_ssize_t i;
     (void)self;
 
-    if (!PyArg_ParseTuple(args, "SO!O!O(iii)O!O!llii", &path_o, &PyList_Type, &argv_o,
+    if (!PyArg_ParseTuple(args, "SO!O!O(iii)O!O!llii|Oii", &path_o, &PyList_Type, &argv_o,
                           &PyList_Type, &envp_o, &cwd_o, &in_fd, &out_fd, &err_fd,
                           &PyList_Type, &cg_o, &PyList_Type, &rl_o, &uid, &gid, &netns_fd,
-                          &landlock_fd))
+                          &landlock_fd, &sc_o, &notify_sock, &newpid))
         return NULL;
+    if (sc_o != Py_None && (!PyBytes_Check(sc_o) || PyBytes_GET_SIZE(sc_o) % 8 != 0 ||
+                            PyBytes_GET_SIZE(sc_o) == 0 || PyBytes_GET_SIZE(sc_o) > 8 * 4096)) {
+        PyErr_SetString(PyExc_TypeError, "seccomp must be None or 1..4096 BPF instructions");
+        return NULL;
+    }
     if (cwd_o != Py_None && !PyBytes_Check(cwd_o)) {
         PyErr_SetString(PyExc_TypeError, "cwd must be bytes or None");
         return NULL;
@@ -255,6 +321,9 @@ static PyObject *hs_spawn(PyObject *self, PyObject *args) {
     a->gid = gid;
     a->netns_fd = netns_fd;
     a->landlock_fd = landlock_fd;
+    a->seccomp_prog = sc_o == Py_None ? NULL : PyBytes_AS_STRING(sc_o);
+    a->seccomp_len = sc_o == Py_None ? 0 : (unsigned short)(PyBytes_GET_SIZE(sc_o) / 8);
+    a->notify_sock = notify_sock;
     a->n_cgroups = (int)PyList_GET_SIZE(cg_o);
     for (i = 0; i < a->n_cgroups; i++) {
         int fd = (int)PyLong_AsLong(PyList_GET_ITEM(cg_o, i));
@@ -288,7 +357,8 @@ static PyObject *hs_spawn(PyObject *self, PyObject *args) {
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     pid = clone(child_main, (char *)stack + STACK_SIZE,
-                CLONE_VM | CLONE_VFORK | CLONE_PIDFD | SIGCHLD, a, &pidfd);
+                CLONE_VM | CLONE_VFORK | CLONE_PIDFD | (newpid ? CLONE_NEWPID : 0) | SIGCHLD, a,
+                &pidfd);
     saved_errno = errno;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     Py_END_ALLOW_THREADS

@@ -1,0 +1,198 @@
+"""Escapes through sockets and the kernel's own interfaces: each test is a real attempt from a
+sandboxed turn, with a real listener outside, and each denial must be on the evidence record."""
+
+from __future__ import annotations
+
+import errno
+import json
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox.runtime.session import Runtime, Session, TurnResult
+
+pytestmark = pytest.mark.usefixtures("sandboxed", "system_python")
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+TIMEOUT_MS = 10_000
+Installer = Callable[..., Path]
+
+CONNECT = (
+    "import socket, sys\n"
+    "s = socket.socket(socket.AF_UNIX)\n"
+    "try:\n"
+    "    s.connect(sys.argv[1]); print('connected')\n"
+    "except OSError as e:\n"
+    "    print('errno', e.errno)\n"
+)
+
+
+@pytest.fixture
+def runtime(root: Path) -> Iterator[Runtime]:
+    """A strict runtime on the test root."""
+    with Runtime(root) as rt:
+        yield rt
+
+
+@pytest.fixture
+def session(runtime: Runtime, install: Installer) -> Iterator[Session]:
+    """A session of the default test package (no socket grant)."""
+    install("pkg")
+    with runtime.open_session("pkg") as sess:
+        yield sess
+
+
+@pytest.fixture
+def listener(world: Path) -> Iterator[tuple[Path, socket.socket]]:
+    """A listening pathname socket, mode 0777, in a world-writable directory outside."""
+    directory = world / "run-outside"
+    directory.mkdir()
+    directory.chmod(0o777)
+    path = directory / "bus.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    path.chmod(0o777)
+    server.listen()
+    server.setblocking(False)
+    try:
+        yield path, server
+    finally:
+        server.close()
+
+
+async def py(session: Session, code: str, *args: str) -> TurnResult:
+    """Run the system Python with *code* as a turn that declares no outputs."""
+    return await session.run_process_turn(
+        [SYSTEM_PYTHON, "-c", code, *args], declared_outputs=[], timeout_ms=TIMEOUT_MS
+    )
+
+
+def evidence_violations(session: Session) -> list[dict[str, Any]]:
+    """Every ``capability_violation`` entry of the session's evidence ledger."""
+    path = session.ledgers.session_dir / "ledger" / "evidence.jsonl"
+    entries = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    return [e for e in entries if e.get("kind") == "capability_violation"]
+
+
+async def test_connect_to_world_writable_socket_outside_is_denied_and_recorded(
+    session: Session, listener: tuple[Path, socket.socket]
+) -> None:
+    """connect() to a 0777 socket outside fails with EACCES, nothing is accepted, and the
+    denial is a violation in the result and the evidence ledger, naming seccomp."""
+    path, server = listener
+    result = await py(session, CONNECT, str(path))
+    assert result.stdout.strip() == f"errno {errno.EACCES}", result.stderr
+    with pytest.raises(BlockingIOError):
+        server.accept()
+    assert result.status == "violation"
+    assert result.fault_type == "SECURITY_VIOLATION"
+    [violation] = result.violations
+    assert (violation.operation, violation.target) == ("connect", str(path))
+    assert violation.capability == "capabilities.unix_sockets"
+    assert result.enforcement["unix_sockets"] == "seccomp-user-notif"
+    [entry] = evidence_violations(session)
+    assert entry["turn_number"] == result.turn_number
+    assert entry["session_id"] == session.session_id
+    [recorded] = entry["capability_violations"]
+    assert recorded["operation"] == "connect"
+    assert recorded["target"] == str(path)
+    assert recorded["capability"] == "capabilities.unix_sockets"
+    assert "seccomp-user-notif" in recorded["detail"]
+    assert "ts_us" in entry or "timestamp" in entry or "time" in entry
+
+
+async def test_manifest_grant_allows_the_connect(
+    runtime: Runtime, install: Installer, listener: tuple[Path, socket.socket]
+) -> None:
+    """With ``unix_sockets: true`` in the manifest the same connect succeeds."""
+    path, server = listener
+    install(
+        "sockets",
+        capabilities={
+            "read": [],
+            "write": ["**"],
+            "execute": ["/usr/bin/*", "/bin/*"],
+            "forbidden": [],
+            "unix_sockets": True,
+        },
+    )
+    with runtime.open_session("sockets") as session:
+        result = await py(session, CONNECT, str(path))
+        assert result.stdout.strip() == "connected", result.stderr
+        assert result.status == "succeeded"
+        assert result.enforcement["unix_sockets"] == "granted"
+        conn, _ = server.accept()
+        conn.close()
+
+
+async def test_glibc_nscd_probe_is_not_a_violation(session: Session) -> None:
+    """A lookup of users (glibc tries the nscd socket, which does not exist) still works and
+    is no violation: a connect to a path that does not exist gets ENOENT, as without a filter."""
+    result = await session.run_process_turn(
+        ["/bin/ls", "-l", "/usr"], declared_outputs=[], timeout_ms=TIMEOUT_MS
+    )
+    assert result.status == "succeeded", result.stderr
+    missing = await py(session, CONNECT, "/nonexistent/hunter.sock")
+    assert missing.stdout.strip() == f"errno {errno.ENOENT}"
+    assert missing.status == "succeeded"
+    assert evidence_violations(session) == []
+
+
+async def test_unix_datagram_sockets_cannot_be_made(session: Session, world: Path) -> None:
+    """No datagram Unix socket (it could sendto() a path such as /dev/log without connect):
+    socket() and socketpair() both fail with EACCES and are recorded."""
+    target = world / "log.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
+        server.bind(str(target))
+        target.chmod(0o777)
+        server.setblocking(False)
+        code = (
+            "import socket, sys\n"
+            "for make in (lambda: socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM),\n"
+            "             lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)[0],\n"
+            "             lambda: socket.socket(socket.AF_UNIX, socket.SOCK_RAW)):\n"
+            "    try:\n"
+            "        s = make(); s.sendto(b'leak', sys.argv[1]); print('sent')\n"
+            "    except OSError as e:\n"
+            "        print('errno', e.errno)\n"
+        )
+        result = await py(session, code, str(target))
+        assert result.stdout.split() == ["errno", str(errno.EACCES)] * 3, result.stderr
+        with pytest.raises(BlockingIOError):
+            server.recv(16)
+    assert result.status == "violation"
+    assert [v.operation for v in result.violations] == ["socket", "socketpair", "socket"]
+
+
+async def test_io_uring_is_refused(session: Session) -> None:
+    """io_uring (whose socket and connect operations bypass seccomp) cannot be set up."""
+    code = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "params = ctypes.create_string_buffer(120)\n"
+        "fd = libc.syscall(425, 8, params)\n"
+        "print(fd, ctypes.get_errno())\n"
+    )
+    result = await py(session, code)
+    assert result.stdout.split() == ["-1", str(errno.EPERM)], result.stderr
+
+
+async def test_tcp_connect_is_answered_by_the_supervisor_with_the_kernels_result(
+    session: Session,
+) -> None:
+    """A TCP connect (notified, performed by the supervisor on the turn's socket, in the
+    turn's empty network namespace) fails as it would without the filter."""
+    code = (
+        "import socket\n"
+        "s = socket.socket()\n"
+        "try:\n"
+        "    s.connect(('127.0.0.1', 9)); print('connected')\n"
+        "except OSError as e:\n"
+        "    print('errno', e.errno)\n"
+    )
+    result = await py(session, code)
+    assert result.stdout.strip() == f"errno {errno.ENETUNREACH}", result.stderr
+    assert result.status == "succeeded"
