@@ -1,5 +1,8 @@
 """The control API on ``control.sock``: request/response frames that drive the scheduler.
 
+``docs/control-protocol.md`` is the normative description (framing, every operation, its
+params, results and errors, the turn's states); what follows is a summary.
+
 Wire format (same framing as ``executors.sock``, see ``supervisor.wire.frames``):
 
 * request  ``{"id": <int|str>, "op": "<operation>", "params": {...}}``
@@ -456,7 +459,10 @@ class ControlServer:
         counts = await self._scheduler.counts()
         turns = stats.to_dict()
         turns["turns_escalated"] = counts.get(TurnState.ESCALATED.value, 0)
+        fleet = await self._scheduler.daemons()
         return {
+            # several daemons on one PostgreSQL: each with its last heartbeat (None: alone)
+            "daemons": None if fleet is None else [d.to_dict() for d in fleet[:_EXECUTORS_SHOWN]],
             "daemon": {"pid": os.getpid(), "draining": stats.draining, **self._info},
             "scheduler": turns,
             "store": asdict(self._scheduler.store_statistics()),
