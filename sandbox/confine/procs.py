@@ -16,7 +16,7 @@ import signal
 from collections.abc import Callable, Collection, Iterable
 from typing import Final
 
-__all__ = ["LEAF_PARENT", "kill_uid_processes", "leaf_names", "process_uids"]
+__all__ = ["LEAF_PARENT", "kill_uid_processes", "leaf_names", "process_uids", "reap_orphans"]
 
 _PROC: Final = "/proc"
 #: The directory turn leaves are made in (``sandbox.confine.cgroups``).
@@ -117,3 +117,31 @@ def kill_uid_processes(
         if not new:
             break
     return len(killed)
+
+
+def reap_orphans(sandbox_uid: Callable[[int], bool]) -> int:
+    """Reap the zombie children of this process that ran as a sandbox uid; how many.
+
+    The runtime is the child subreaper (``PR_SET_CHILD_SUBREAPER``): where a turn has no PID
+    namespace of its own, what it orphaned is re-parented here and, once killed, waits here as
+    a zombie. Only zombies whose uid is a sandbox uid are reaped (``waitpid`` of that pid), so
+    no other child's exit status is ever taken from its owner.
+    """
+    me = os.getpid()
+    reaped = 0
+    for pid in _pids():
+        try:
+            with open(f"{_PROC}/{pid}/stat", "rb") as handle:
+                stat = handle.read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) < 2 or fields[0] != b"Z" or int(fields[1]) != me:
+            continue
+        info = process_uids(pid)
+        if info is None or not any(sandbox_uid(uid) for uid in info[0]):
+            continue
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                reaped += 1
+    return reaped

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Final
 import anyio
 import structlog
 
+from sandbox.confine.procs import reap_orphans
 from sandbox.confine.seccomp import KernelDenial, NotificationServer
 from sandbox.confine.spawn import Spawned, SpawnRequest, close_quietly, reap, spawn
 from sandbox.enumerate import RealizedWrite, SurfaceProblem, WriteSurface, enumerate_writes
@@ -354,6 +355,9 @@ async def _wait_and_kill(
                 pids=cg.members(),
             )
             area.drop_cgroup()
+        levels = area.runtime.levels
+        if levels.get("pid_namespace") != "per-turn" and levels.get("subreaper") == "yes":
+            reap_orphans(area.runtime.is_sandbox_uid)  # orphans re-parented to us, now dead
     assert status is not None  # only None while an exception propagates
     return timed_out, leftovers, status
 

@@ -289,7 +289,8 @@ class Runtime:
         levels["pid_namespace"] = (
             "per-turn" if is_root and levels["launcher"] == "native" else "unavailable"
         )
-        levels["subreaper"] = "yes" if _become_subreaper() else "unavailable"
+        # Only with a uid drop: orphans are then recognisable (a sandbox uid) and reaped.
+        levels["subreaper"] = "yes" if is_root and _become_subreaper() else "unavailable"
         levels["enforcement"] = self.config.enforcement
         for sock in self.forbidden_sockets:
             problem = self._socket_problem(sock)

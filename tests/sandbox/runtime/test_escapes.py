@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from sandbox.runtime.session import Runtime, Session, TurnResult
@@ -101,7 +102,7 @@ async def test_connect_to_world_writable_socket_outside_is_denied_and_recorded(
     assert recorded["target"] == str(path)
     assert recorded["capability"] == "capabilities.unix_sockets"
     assert "seccomp-user-notif" in recorded["detail"]
-    assert "ts_us" in entry or "timestamp" in entry or "time" in entry
+    assert isinstance(entry["timestamp_us"], int)
 
 
 async def test_manifest_grant_allows_the_connect(
@@ -196,3 +197,52 @@ async def test_tcp_connect_is_answered_by_the_supervisor_with_the_kernels_result
     result = await py(session, code)
     assert result.stdout.strip() == f"errno {errno.ENETUNREACH}", result.stderr
     assert result.status == "succeeded"
+
+
+# -- fork bombs: a PID namespace per turn, the runtime as subreaper ---------------------------
+
+
+def processes_of_uid(uid: int) -> list[tuple[int, str]]:
+    """(pid, status) of every process on the machine with *uid* as its real uid, zombies too."""
+    found = []
+    for proc in psutil.process_iter(["uids", "status"]):
+        uids = proc.info["uids"]
+        if uids is not None and uid in (uids.real, uids.effective):
+            found.append((proc.pid, proc.info["status"]))
+    return found
+
+
+@pytest.mark.parametrize(
+    "bomb",
+    [
+        pytest.param(":(){ :|:& };:; sleep 30", id="shell-bomb-pid1-waits"),
+        # bash says "Cannot fork" and the script exits 1: once seen as a FAILURE
+        pytest.param("for i in $(seq 64); do sleep 30 & done; exit 1", id="cannot-fork-exit-1"),
+    ],
+)
+async def test_fork_bomb_is_resource_exhausted_every_time_and_leaves_nothing(
+    runtime: Runtime, install: Installer, bomb: str
+) -> None:
+    """A real fork bomb under a pids limit of 32, three times in one session: every turn is
+    RESOURCE_EXHAUSTED (escalated), and no process or zombie of the session's uid is left."""
+    install(
+        "bomb",
+        capabilities={
+            "read": [],
+            "write": ["**"],
+            "execute": ["/bin/*", "/usr/bin/*"],
+            "forbidden": [],
+        },
+        limits={"pids": 32},
+    )
+    assert runtime.levels["pid_namespace"] == "per-turn"
+    with runtime.open_session("bomb") as session:
+        for turn in range(1, 4):
+            result = await session.run_process_turn(
+                ["/bin/bash", "-c", bomb], declared_outputs=[], timeout_ms=2_000
+            )
+            attempt = result.attempts[0]
+            assert result.fault_type == "RESOURCE_EXHAUSTED", (turn, result.stderr[-300:])
+            assert result.status == "escalated"
+            assert attempt.resource_events["pids_max"] > 0
+            assert processes_of_uid(session.uid) == []
