@@ -102,7 +102,7 @@ async def test_connect_to_world_writable_socket_outside_is_denied_and_recorded(
     assert recorded["target"] == str(path)
     assert recorded["capability"] == "capabilities.unix_sockets"
     assert "seccomp-user-notif" in recorded["detail"]
-    assert isinstance(entry["timestamp_us"], int)
+    assert isinstance(recorded["timestamp_us"], int)
 
 
 async def test_manifest_grant_allows_the_connect(
