@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from supervisor.cli.output import table
+from supervisor.cli.output import table, to_json
 
 __all__ = ["TAIL_LINES", "describe_turn"]
 
@@ -193,8 +193,6 @@ def _process(turn: Mapping[str, Any], result: Mapping[str, Any], ledger: Any) ->
 
 
 def _instruction(result: Mapping[str, Any]) -> list[str]:
-    from supervisor.cli.output import to_json
-
     lines = ["", "executor answer"]
     for key in ("executor_id", "response_type", "evidence_hash", "safety_reason_code"):
         if result.get(key):
