@@ -28,6 +28,7 @@ from sandbox.policy.retry_protocol import EntropyDetector
 from sandbox.prompt_header import PromptHeader, build_prompt_header
 from sandbox.runtime.area import SessionArea, session_capabilities
 from sandbox.runtime.attempt import ProcessAttempt
+from sandbox.runtime.evidence import EvidenceRef, store_evidence
 from sandbox.runtime.process_turn import (
     ProcessTurn,
     TurnResult,
@@ -234,6 +235,11 @@ class Session:
             evidence_extra=evidence_extra,
         )
 
+    async def store_evidence(self, data: bytes) -> EvidenceRef:
+        """Keep an executor's evidence bytes under the session, content-addressed and durable
+        (``<session dir>/evidence/<sha256>``, see `sandbox.runtime.evidence`)."""
+        return await anyio.to_thread.run_sync(store_evidence, self.ledgers.session_dir, data)
+
     def seal_instruction_turn(
         self,
         *,
@@ -245,8 +251,11 @@ class Session:
         exec_extra: Mapping[str, object] | None = None,
     ) -> tuple[SealedLine, SealedLine]:
         """`record_instruction_turn` without the sync: the caller's store makes the two lines
-        durable in its own commit (see `SessionLedgers.seal_turn`)."""
+        durable in its own commit (see `SessionLedgers.seal_turn`). A result that names stored
+        evidence (``result["evidence"]``, an `EvidenceRef` dict) puts the reference in the
+        evidence entry too."""
         self.next_turn_number = max(self.next_turn_number, turn_number + 1)
+        evidence = result.get("evidence")
         return self.ledgers.seal_turn(
             turn_number=turn_number,
             query_hash=digest(instruction),
@@ -254,6 +263,7 @@ class Session:
             status=status,
             external_calls=external_calls,
             exec_extra=exec_extra,
+            evidence_extra={"evidence": dict(evidence)} if isinstance(evidence, Mapping) else None,
         )
 
     @property

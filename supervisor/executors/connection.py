@@ -403,7 +403,7 @@ class Connection:
                     self._protocol_breach(detail)
                     return HubReason.PROTOCOL_ERROR, detail
                 if isinstance(message, ResponseMessage):
-                    self._on_response(message.response)
+                    self._on_response(message.response, message.evidence)
                 elif isinstance(message, Status):
                     self._on_status(message)
                 if self.closed:
@@ -451,7 +451,7 @@ class Connection:
             self._host.changed()
         self._host.slot_freed(self)
 
-    def _on_response(self, body: object) -> None:
+    def _on_response(self, body: object, evidence: object = None) -> None:
         iid = body.get("instruction_id") if isinstance(body, dict) else None
         pending = self._in_flight.get(iid) if isinstance(iid, str) else None
         if pending is None:
@@ -490,7 +490,7 @@ class Connection:
                 self.disconnect(HubReason.UNATTRIBUTABLE_RESPONSE, verdict.detail)
                 return
             pending = next(iter(self._in_flight.values()))
-        self._judge(pending, body)
+        self._judge(pending, body, evidence)
 
     def _late_response(self, pending: Pending) -> None:
         """The answer to a cancelled attempt came: its slot is free again."""
@@ -511,10 +511,10 @@ class Connection:
             self._host.changed()
         self._host.slot_freed(self)
 
-    def _judge(self, pending: Pending, body: object) -> None:
+    def _judge(self, pending: Pending, body: object, evidence: object = None) -> None:
         envelope = pending.envelope
         iid = envelope.instruction_id
-        verdict = judge_response(envelope, body)
+        verdict = judge_response(envelope, body, evidence)
         del self._in_flight[iid]
         self._recent.append(iid)
         if verdict.accepted:

@@ -380,6 +380,7 @@ class ExecutorHub:
             duration_ms=ms(time.monotonic() - started),
             detail=verdict.detail,
             queued_ms=ms(queued_s),
+            evidence=verdict.evidence,
         )
         if ran is not None:
             duration = time.monotonic() - started

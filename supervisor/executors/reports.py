@@ -40,7 +40,8 @@ class AttemptReport:
     ``executor_id`` is the executor the instruction was sent to (``None`` if it never left the
     queue); ``response`` the accepted response envelope (``None`` when denied or absent);
     ``safety_reason_code`` the Phase-20 reason code or a ``HubReason``; ``duration_ms`` runs from
-    ``run_attempt`` being called to the outcome; ``queued_ms`` is the part spent in the queue.
+    ``run_attempt`` being called to the outcome; ``queued_ms`` is the part spent in the queue;
+    ``evidence`` the evidence bytes sent with an accepted response (sha256 = its evidence_hash).
     """
 
     outcome: AttemptOutcome
@@ -50,6 +51,7 @@ class AttemptReport:
     duration_ms: int
     detail: str
     queued_ms: int = 0
+    evidence: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -223,8 +223,16 @@ class Connection:
 
     async def _answer(self, iid: str, result: Result | Mapping[str, Any]) -> None:
         body = result.to_wire(iid) if isinstance(result, Result) else dict(result)
-        frame = encode_frame(response_message(body))
+        evidence = result.evidence if isinstance(result, Result) else None
+        frame = encode_frame(response_message(body, evidence=evidence))
         limit = self.welcome.max_frame_bytes if self.welcome is not None else None
+        if limit is not None and evidence is not None and len(frame) - HEADER_SIZE > limit:
+            # The daemon's frames are smaller than the evidence: send its hash alone.
+            _log.warning(
+                "response_too_large", instruction_id=iid, size=len(frame), limit=limit,
+                evidence_dropped=True,
+            )  # fmt: skip
+            frame = encode_frame(response_message(body))
         if limit is not None and len(frame) - HEADER_SIZE > limit:
             # The daemon would refuse the frame and drop the connection: say so instead.
             _log.warning("response_too_large", instruction_id=iid, size=len(frame), limit=limit)

@@ -11,7 +11,10 @@ exactly the overridden ones in ``hello``::
 A handler that raises ends the instruction with an ERROR response (a CRASH fault for the
 daemon); raising ``NotSupported`` gives REFUSED. A ``cancel`` from the daemon cancels the
 handler's cancel scope, and the SDK answers TIMEOUT. Evidence is hashed for you:
-``Result.success(evidence_bytes)`` sends ``sha256(evidence_bytes)`` as ``evidence_hash``.
+``Result.success(evidence_bytes)`` sends ``sha256(evidence_bytes)`` as ``evidence_hash`` and
+the bytes themselves beside the response (at most ``MAX_EVIDENCE_BYTES``; the daemon checks
+them against the hash and keeps them with the session); ``attach_evidence=False`` sends only
+the hash.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from sandbox.policy.envelopes import (
     ExecutorInstructionEnvelope,
     ExecutorResponseType,
 )
+from supervisor.wire.executor import MAX_EVIDENCE_BYTES
 
 if TYPE_CHECKING:
     from supervisor.sdk.client import Connection
@@ -73,6 +77,8 @@ class Result:
     error_message: str = ""
     output: Mapping[str, object] = field(default_factory=_empty)
     partial: bool = False
+    #: the evidence bytes sent beside the response (None: only the hash is sent)
+    evidence: bytes | None = None
 
     @classmethod
     def success(
@@ -81,14 +87,25 @@ class Result:
         *,
         output: Mapping[str, object] | None = None,
         partial: bool = False,
+        attach_evidence: bool = True,
     ) -> Result:
-        """SUCCESS with ``evidence_hash = sha256(evidence)``; ``partial`` marks incomplete
-        output (the daemon treats it as a PARTIAL fault)."""
+        """SUCCESS with ``evidence_hash = sha256(evidence)`` and, with *attach_evidence*, the
+        evidence bytes (str is UTF-8 encoded); ``partial`` marks incomplete output (the daemon
+        treats it as a PARTIAL fault). Raises ``ValueError`` for attached evidence over
+        ``MAX_EVIDENCE_BYTES``."""
+        data = evidence.encode() if isinstance(evidence, str) else bytes(evidence)
+        if attach_evidence and len(data) > MAX_EVIDENCE_BYTES:
+            msg = (
+                f"evidence of {len(data)} bytes exceeds MAX_EVIDENCE_BYTES={MAX_EVIDENCE_BYTES}"
+                " (pass attach_evidence=False to send only its hash)"
+            )
+            raise ValueError(msg)
         return cls(
             ExecutorResponseType.SUCCESS,
-            evidence_hash=sha256_hex(evidence),
+            evidence_hash=sha256_hex(data),
             output=output or {},
             partial=partial,
+            evidence=data if attach_evidence else None,
         )
 
     @classmethod

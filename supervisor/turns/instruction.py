@@ -48,6 +48,10 @@ class HubAttemptLike(Protocol):
     def duration_ms(self) -> int: ...
     @property
     def detail(self) -> str: ...
+    @property
+    def evidence(self) -> bytes | None:
+        """The evidence bytes sent with an accepted response (checked against its hash)."""
+        ...
 
 
 class HubLike(Protocol):
@@ -80,7 +84,9 @@ class _Sent:
     report: HubAttemptLike
 
 
-def _result(sent: _Sent | None, fallback_detail: str | None) -> dict[str, object]:
+def _result(
+    sent: _Sent | None, fallback_detail: str | None, evidence: Mapping[str, object] | None = None
+) -> dict[str, object]:
     if sent is None:
         return {"detail": fallback_detail}
     report = sent.report
@@ -98,6 +104,8 @@ def _result(sent: _Sent | None, fallback_detail: str | None) -> dict[str, object
             output=deep_thaw(response.output or {}),
             partial=bool(response.partial),
         )
+    if evidence is not None:  # the executor's evidence bytes, stored under the session
+        result["evidence"] = dict(evidence)
     result["last_instruction"] = dict(sent.envelope)
     return result
 
@@ -205,13 +213,17 @@ async def _end(
 ) -> TurnRecord:
     last = end.attempts[-1]
     hooks.log_fault(last)
+    sent = end.report.payload if end.report else None
+    evidence = None
+    if sent is not None and sent.report.evidence is not None:
+        evidence = await deps.sessions.store_evidence(turn.session_id, sent.report.evidence)
     ending = TurnEnding(
         state=end.state,
         verdict=end.decision.verdict.name,
         reason_code=end.decision.reason_code,
         reason=end.decision.reason,
         fault_type=None if end.outcome.fault_type is None else end.outcome.fault_type.value,
-        result=_result(end.report.payload if end.report else None, last.detail),
+        result=_result(sent, last.detail, evidence),
     )
     finished = await end_turn(
         deps, turn, active, ending, [last], started=hooks.take_unwritten_start()

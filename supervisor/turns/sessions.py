@@ -65,6 +65,12 @@ class ProcessResultLike(Protocol):
     def to_dict(self) -> Mapping[str, object]: ...
 
 
+class EvidenceRefLike(Protocol):
+    """Evidence bytes a session stored (`sandbox.runtime.evidence.EvidenceRef`)."""
+
+    def to_dict(self) -> Mapping[str, object]: ...
+
+
 class SessionLike(Protocol):
     """What the turn core needs from a sandbox session (`sandbox.runtime.Session`)."""
 
@@ -87,6 +93,10 @@ class SessionLike(Protocol):
         options: RetryOptions | None = None,
         ledger_commit: Literal["sync", "caller"] = "sync",
     ) -> ProcessResultLike: ...
+
+    async def store_evidence(self, data: bytes) -> EvidenceRefLike:
+        """Keep an executor's evidence bytes with the session, content-addressed, durably."""
+        ...
 
     def seal_instruction_turn(
         self,
@@ -214,6 +224,19 @@ class DaemonSessions:
         self._locks.pop(session_id, None)
         if session is not None:
             await anyio.to_thread.run_sync(session.close)
+
+    async def store_evidence(self, session_id: str, data: bytes) -> dict[str, object] | None:
+        """Keep an executor's evidence bytes with its session; the reference recorded in the
+        turn's result and evidence entry (None when the session is not loaded or the write
+        failed: logged, and the turn keeps its evidence_hash)."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            return None
+        try:
+            return dict((await session.store_evidence(data)).to_dict())
+        except OSError as exc:
+            self._log.error("evidence_not_stored", session_id=session_id, error=str(exc))
+            return None
 
     def close_all(self) -> None:
         for session in list(self._sessions.values()):

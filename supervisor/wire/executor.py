@@ -15,10 +15,13 @@ decode, the matching ``parse_*`` function explains why, so the ``reason_code`` a
 
 Responses are the exception: the daemon hands the raw ``response`` object to the Phase-20 safety
 rules (``sandbox.policy.safety.validate_executor_response``) unchanged, because deciding whether
-a response is well formed, lies or claims authority is the policy core's job."""
+a response is well formed, lies or claims authority is the policy core's job. The same goes for
+the ``evidence`` beside it (base64 of the evidence bytes, at most ``MAX_EVIDENCE_BYTES``): a bad
+one fails that one attempt (``supervisor.executors.judge``), not the connection."""
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,6 +41,7 @@ from supervisor.errors import ProtocolError
 from supervisor.wire.frames import decode_body
 
 __all__ = [
+    "MAX_EVIDENCE_BYTES",
     "MAX_SLOTS",
     "PROTOCOL_VERSION",
     "SUPPORTED_VERSIONS",
@@ -72,6 +76,9 @@ PROTOCOL_VERSION: Final = 1
 SUPPORTED_VERSIONS: Final[frozenset[int]] = frozenset({PROTOCOL_VERSION})
 #: Upper bound on the ``slots`` an executor may declare.
 MAX_SLOTS: Final = 1024
+#: Upper bound on the evidence bytes a ``response`` may carry (base64 in its ``evidence``
+#: field: about 683 KiB of text, within the default 1 MiB frame).
+MAX_EVIDENCE_BYTES: Final = 512 * 1024
 _EXECUTOR_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 _MAX_TEXT: Final = 4096
 
@@ -205,9 +212,15 @@ def instruction_message(wire_envelope: Mapping[str, object]) -> dict[str, object
     return {"type": MessageType.INSTRUCTION, "instruction": wire_envelope}
 
 
-def response_message(wire_response: Mapping[str, object]) -> dict[str, object]:
-    """Executor → daemon: the ``response`` message around a response envelope's wire dict."""
-    return {"type": MessageType.RESPONSE, "response": wire_response}
+def response_message(
+    wire_response: Mapping[str, object], *, evidence: bytes | None = None
+) -> dict[str, object]:
+    """Executor → daemon: the ``response`` message around a response envelope's wire dict,
+    with the evidence bytes (base64) when given."""
+    message: dict[str, object] = {"type": MessageType.RESPONSE, "response": wire_response}
+    if evidence is not None:
+        message["evidence"] = base64.b64encode(evidence).decode("ascii")
+    return message
 
 
 # --- parsing -------------------------------------------------------------------------------
@@ -373,9 +386,11 @@ class MessageError(ProtocolError):
 
 class ResponseMessage(msgspec.Struct, frozen=True, tag_field="type", tag=MessageType.RESPONSE):
     """Executor → daemon: a ``response``; ``response`` is the raw object, judged by the
-    Phase-20 rules (``validate_executor_response``), not here."""
+    Phase-20 rules (``validate_executor_response``), not here; ``evidence`` the raw
+    ``evidence`` field (base64 of the evidence bytes, or absent), judged with it."""
 
     response: object = None
+    evidence: object = None
 
 
 ExecutorMessage: TypeAlias = ResponseMessage | Heartbeat | Status
@@ -450,7 +465,7 @@ def _explain_message(frame: Mapping[str, Any]) -> ExecutorMessage:
     kind = frame.get("type")
     try:
         if kind == MessageType.RESPONSE:
-            return ResponseMessage(frame.get("response"))
+            return ResponseMessage(frame.get("response"), frame.get("evidence"))
         if kind == MessageType.HEARTBEAT:
             return parse_heartbeat(frame)
         if kind == MessageType.STATUS:

@@ -46,6 +46,7 @@ class FakeReport:
     safety_reason_code: str = ""
     duration_ms: int = 1
     detail: str = ""
+    evidence: bytes | None = None
 
 
 @dataclass
