@@ -66,7 +66,9 @@ def client_options(parser: argparse.ArgumentParser) -> None:
         "without these: $HUNTER_CONTROL_SOCKET, else $HUNTER_ROOT/run/control.sock, else "
         "./.hunter/run/control.sock",
     )
-    group.add_argument("--root", metavar="DIR", help="root the daemon serves (default ./.hunter)")
+    group.add_argument(
+        "--root", metavar="DIR", help="root the daemon serves (its run/control.sock)"
+    )
     group.add_argument("--socket", metavar="PATH", help="the control socket itself")
 
 
