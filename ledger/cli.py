@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, TextIO
 
@@ -20,6 +21,17 @@ EXIT_OK: Final = 0
 EXIT_INTEGRITY: Final = 1
 EXIT_USAGE: Final = 2
 _PARALLEL_MIN_TARGETS: Final = 8
+
+
+#: Registrars of further ``ledger`` actions, from packages above this one (the daemon adds
+#: ``export`` and ``verify --store``): each gets the actions and the ``verify`` parser.
+_EXTENSIONS: list[Callable[[Any, argparse.ArgumentParser], None]] = []
+
+
+def extend(registrar: Callable[[Any, argparse.ArgumentParser], None]) -> None:
+    """Add ``ledger`` actions (or ``verify`` options) when the parser is built."""
+    if registrar not in _EXTENSIONS:
+        _EXTENSIONS.append(registrar)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -62,6 +74,8 @@ def add_parser(subparsers: Any) -> None:
     show.add_argument("path", type=Path, metavar="PATH")
     show.add_argument("--json", action="store_true", help="print the raw JSON lines")
     show.set_defaults(handler=_show_command)
+    for registrar in _EXTENSIONS:
+        registrar(actions, verify)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -169,6 +169,41 @@ class SessionLedgers:
         )
 
     @classmethod
+    def adopt(
+        cls,
+        *,
+        root: Path,
+        tier: str,
+        session_id: str,
+        lines: Iterable[SealedLine],
+        clock: Clock = wall_clock_us,
+    ) -> int:
+        """Write a session's ledgers from the lines a shared store anchored (a daemon taking the
+        session over from another host): missing files are created, lines the files already
+        hold are skipped, every other line must continue the chain (`LedgerWriter.restore`).
+        Returns how many lines were appended; the ledgers are closed again (open them with
+        `open`)."""
+        session_dir = session_dir_for(root, tier, session_id)
+        make_dirs(session_ledger_paths(session_dir)[0].parent)
+        ledgers = cls._open_writers(
+            session_dir,
+            tier=tier,
+            session_id=session_id,
+            syncer=None,
+            work_order_id=None,
+            clock=clock,
+            require_existing=False,
+        )
+        try:
+            kept = list(lines)
+            exec_id, evidence_id = ledgers.exec.ledger_id, ledgers.evidence.ledger_id
+            appended = ledgers.exec.restore(x for x in kept if x.ledger_id == exec_id)
+            appended += ledgers.evidence.restore(x for x in kept if x.ledger_id == evidence_id)
+        finally:
+            ledgers.close()
+        return appended
+
+    @classmethod
     def _open_writers(
         cls,
         session_dir: Path,

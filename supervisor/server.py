@@ -78,6 +78,7 @@ from supervisor.sdnotify import (
     watchdog_loop,
 )
 from supervisor.store.protocol import TurnStore
+from supervisor.store.fleet import FleetStore
 from supervisor.store.sqlite import open_sqlite_store
 from supervisor.turns.context import CoreSettings
 from supervisor.turns.core import TurnCore
@@ -214,6 +215,13 @@ def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
     return exc
+
+
+def fleet_of(store: TurnStore) -> FleetStore | None:
+    """The store's fleet side when it is shared by several daemons (PostgreSQL)."""
+    from supervisor.store.postgres import PostgresTurnStore
+
+    return store if isinstance(store, PostgresTurnStore) else None
 
 
 def retry_options(config: Config) -> RetryOptions:
@@ -406,8 +414,11 @@ class Daemon:
                         retry=retry_options(config),
                         process_slots=self._process_slots,
                         default_timeout_ms=config.sandbox.default_timeout_ms,
+                        lease_ms=config.store.lease_ms,
                     ),
                     events=metrics,
+                    fleet=fleet_of(store),
+                    fleet_poll_s=config.store.poll_ms / 1000,
                 )
                 self.scheduler, self.hub = core, hub
                 metrics.watch(

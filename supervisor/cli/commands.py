@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import supervisor.cli.ledger_commands  # noqa: F401  (registers `hunter ledger export`, `verify --store`)
 from supervisor.cli.client import DEFAULT_ROOT
 from supervisor.cli.daemon_commands import (
     add_check_ledgers_parser,

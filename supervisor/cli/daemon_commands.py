@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -73,6 +74,8 @@ def format_status(status: dict[str, Any]) -> str:
         total = int(status.get("in_flight_total", len(rows)))
         if total > len(rows):
             lines.append(f"({len(rows)} oldest of {total} active turns shown)")
+    if status.get("daemons"):
+        lines += ["", format_daemons(status["daemons"])]
     if status["executors"]:
         lines += ["", format_executors(status["executors"])]
         total = int(status.get("executors_total", len(status["executors"])))
@@ -82,6 +85,23 @@ def format_status(status: dict[str, Any]) -> str:
                 " lists all)"
             )
     return "\n".join(lines)
+
+
+def format_daemons(daemons: Sequence[dict[str, Any]]) -> str:
+    """The daemons sharing the store (several hosts on PostgreSQL), with their heartbeats."""
+    now_us = time.time_ns() // 1000
+    rows = [
+        (
+            d["owner"],
+            d["host"],
+            d["pid"],
+            f"{max(0, now_us - int(d['heartbeat_us'])) / 1e6:.1f}s ago",
+            d["turns_held"],
+            d["sessions_homed"],
+        )
+        for d in daemons
+    ]
+    return table(("DAEMON", "HOST", "PID", "HEARTBEAT", "TURNS HELD", "SESSIONS"), rows)
 
 
 def format_executors(executors: Sequence[dict[str, Any]]) -> str:

@@ -361,6 +361,27 @@ class StoreSettings:
             maximum=64,
         ),
     )
+    lease_ms: int = field(
+        default=30_000,
+        metadata=_meta(
+            doc="How long a daemon's claim on a turn, and its home of a session, hold without a "
+            "heartbeat (renewed every third of it). With several daemons on PostgreSQL this is "
+            "the time before a dead or paused daemon's work is taken over.",
+            kind="int",
+            minimum=300,
+            maximum=3_600_000,
+        ),
+    )
+    poll_ms: int = field(
+        default=500,
+        metadata=_meta(
+            doc="With several daemons on PostgreSQL: how often a daemon looks for work nobody "
+            "holds when no notification woke it earlier (LISTEN/NOTIFY wakes it at once).",
+            kind="int",
+            minimum=10,
+            maximum=60_000,
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

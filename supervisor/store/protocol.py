@@ -209,11 +209,12 @@ class Accepted:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClaimFilter:
     """Which runnable turns a daemon can take: instruction turns only for command types its
-    executors support, process turns only for sessions whose sandbox it can run. ``None`` means
-    any."""
+    executors support, process turns only for sessions whose sandbox it can run, and (a daemon
+    in a fleet) turns of any kind only of the sessions it homes. ``None`` means any."""
 
     command_types: frozenset[str] | None = None
     process_sessions: frozenset[str] | None = None
+    sessions: frozenset[str] | None = None
     kinds: frozenset[TurnKind] = frozenset(TurnKind)
 
 

@@ -18,6 +18,7 @@ from sandbox.policy.attempts import AttemptDecision, RetryOptions
 from sandbox.policy.lifecycle import TurnState
 from supervisor.logging import get_logger
 from supervisor.store.protocol import Claim, PendingWrite, TurnEnding, TurnRecord, TurnStore
+from supervisor.turns.anchors import LedgerAnchors, Tail
 from supervisor.turns.sessions import DaemonSessions
 from supervisor.turns.starts import DeferredStarts
 from supervisor.turns.tracker import ActiveTurn, Tracker
@@ -63,6 +64,8 @@ class TurnDeps:
     process_limiter: anyio.CapacityLimiter
     starts: DeferredStarts = field(default_factory=DeferredStarts)
     draining: bool = False
+    #: in a fleet (a shared store): what of the ledger files the store holds
+    anchors: LedgerAnchors | None = None
 
 
 def merge_attempts(
@@ -245,6 +248,10 @@ async def end_turn(
         lines: Sequence[SealedLine] = deps.sessions.record_end(with_ending(turn, ending, attempts))
     else:  # the sandbox runtime sealed them (or, for a rejection, already wrote them)
         lines = sealed
+    tail: Tail | None = None
+    if deps.anchors is not None and sealed is not None:
+        # In a fleet the runtime's own lines (violations, a rejection's pair) go with it.
+        lines, tail = await deps.anchors.with_pending(deps.sessions.get(turn.session_id), lines)
     try:
         finished = await deps.store.finish(
             claim, ending, attempts, ledger_lines=lines, started=started
@@ -258,6 +265,10 @@ async def end_turn(
                 reason="the store refused or failed the turn's ending",
             )
         raise
+    if deps.anchors is not None:
+        if tail is not None:
+            deps.anchors.advance(tail)
+        deps.anchors.noted(lines)
     if lines:
         deps.sessions.flush(turn.session_id)
     active.claim = None

@@ -48,6 +48,7 @@ from supervisor.errors import (
     UnknownTurnError,
 )
 from supervisor.logging import get_logger
+from supervisor.store.fleet import DaemonRecord, FleetStore
 from supervisor.store.protocol import (
     Claim,
     NewSession,
@@ -60,8 +61,10 @@ from supervisor.store.protocol import (
     TurnRecord,
     TurnStore,
 )
+from supervisor.turns.anchors import LedgerAnchors
 from supervisor.turns.context import CoreSettings, TurnDeps
 from supervisor.turns.escalations import Escalations
+from supervisor.turns.fleet import Fleet, FleetHooks
 from supervisor.turns.instruction import HubLike
 from supervisor.turns.recovery import catch_up_ledgers, roll_forward
 from supervisor.turns.requests import TurnRequest
@@ -110,6 +113,8 @@ class TurnCore:
         settings: CoreSettings | None = None,
         owner: str | None = None,
         events: TurnEvents | None = None,
+        fleet: FleetStore | None = None,
+        fleet_poll_s: float = 0.5,
     ) -> None:
         settings = settings or CoreSettings()
         self._hub = hub
@@ -127,7 +132,20 @@ class TurnCore:
         self._submitting: dict[str, int] = {}
         self._closing: set[str] = set()
         self._runner = TurnRunner(self._deps, hub)
-        self._escalations = Escalations(self._deps, start=self._runner.start)
+        self._escalations = Escalations(
+            self._deps, start=self._runner.start, fleet=fleet is not None
+        )
+        self._fleet: Fleet | None = None
+        if fleet is not None:
+            self._deps.anchors = LedgerAnchors(fleet, self._deps.owner)
+            hooks = FleetHooks(
+                start=lambda turn, claim: self._runner.start(turn, claim, recovered=True),
+                resolve=self._escalations.resolve,
+                served=self._served,
+                info=lambda: self.statistics().to_dict(),
+                stop_turns=self._stop_session_turns,
+            )
+            self._fleet = Fleet(self._deps, fleet, self._deps.anchors, hooks, poll_s=fleet_poll_s)
 
     # -- settings and views -----------------------------------------------------------------
 
@@ -173,7 +191,10 @@ class TurnCore:
         try:
             async with anyio.create_task_group() as tg:
                 self._runner.attach(tg)
-                await self._recover()
+                if self._fleet is not None:  # homes and turns come from the fleet's rounds
+                    await tg.start(self._fleet.run)
+                else:
+                    await self._recover()
                 tg.start_soon(self._renew_leases, name="lease-renewal")
                 tg.start_soon(self._sync_ledgers, name="ledger-sync")
                 tg.start_soon(self._deps.starts.run, name="attempt-starts")
@@ -241,6 +262,28 @@ class TurnCore:
                     if self._runner.unpark(claim.turn_id):
                         self._deps.tracker.remove(active)
 
+    def _served(self) -> frozenset[str]:
+        return frozenset(c.value for c in ExecutorCommandType if self._hub.serving(c) > 0)
+
+    def _stop_session_turns(self, session_id: str) -> None:
+        """The session's home moved to another daemon: its turns here stop (the store would
+        refuse their writes)."""
+        for turn_id in self._deps.tracker.in_session(session_id):
+            active = self._deps.tracker.get(turn_id)
+            if active is None:
+                continue
+            active.claim = None
+            if active.scope is not None:
+                active.scope.cancel()
+            if self._runner.unpark(turn_id):
+                self._deps.tracker.remove(active)
+
+    async def daemons(self) -> list[DaemonRecord] | None:
+        """Every daemon sharing the store, with its last heartbeat (None: no fleet)."""
+        if self._fleet is None:
+            return None
+        return await self._fleet.store.daemons()
+
     async def _sync_ledgers(self) -> None:
         """Sync the ledger files in rounds and trim the lines the store kept for them (a
         turn's lines are durable in the store from its ending's commit on)."""
@@ -249,11 +292,25 @@ class TurnCore:
             await anyio.sleep(interval)
             try:
                 marks = await self._deps.sessions.sync_ledgers()
-                if marks:
+                if marks and self._deps.anchors is not None:
+                    await self._anchor_behind(marks)
+                elif marks:
                     await self._deps.store.trim_ledger_lines(marks)
                     self._deps.sessions.trimmed(marks)
             except Exception as exc:  # the lines stay kept; the next round tries again
                 self._log.error("ledger_sync_round_failed", error=str(exc))
+
+    async def _anchor_behind(self, marks: dict[str, int]) -> None:
+        """In a fleet: send the store what the files hold past it (lines the runtime wrote
+        outside a turn's ending; normally none)."""
+        anchors = self._deps.anchors
+        assert anchors is not None
+        behind = {lid.rsplit("/", 1)[0] for lid, seq in marks.items() if anchors.behind(lid, seq)}
+        for session_id in sorted(behind):
+            session = self._deps.sessions.get(session_id)
+            if session is not None:
+                await anchors.anchor(session)
+        self._deps.sessions.trimmed(marks)
 
     async def drain(self, grace_s: float) -> bool:
         """Stop starting attempts; wait up to *grace_s* for running ones. True when none is left."""
@@ -302,6 +359,8 @@ class TurnCore:
             session.close()
             raise
         self._deps.sessions.add(session)
+        if self._fleet is not None:
+            await self._fleet.home_opened(session)
         self._log.info(
             "session_opened", session_id=record.session_id, package_id=package_id, tier=tier
         )
@@ -323,6 +382,8 @@ class TurnCore:
         finally:
             self._closing.discard(session_id)
         await self._deps.sessions.close(session_id)
+        if self._fleet is not None:
+            await self._fleet.closed(session_id)
         self._log.info("session_closed", session_id=session_id)
         return record
 
@@ -354,6 +415,8 @@ class TurnCore:
             if existing is not None:
                 return existing, False
         session = self._deps.sessions.get(sid)
+        if session is None and self._fleet is not None and sid not in self._closing:
+            return await self._submit_elsewhere(request)
         if session is None or sid in self._closing:
             record = await self.get_session(sid)
             if record.state is not SessionState.OPEN or sid in self._closing:
@@ -405,6 +468,38 @@ class TurnCore:
             )
         return turn, accepted.created
 
+    async def _submit_elsewhere(self, request: TurnRequest) -> tuple[TurnRecord, bool]:
+        """In a fleet, a turn of a session homed by another daemon: accepted here, durably and
+        unclaimed; the home claims it (woken by the store) and runs it."""
+        sid = request.session_id
+        try:
+            accepted = await self._deps.store.accept(
+                NewTurn(
+                    session_id=sid,
+                    kind=request.kind,
+                    spec=request.to_spec(),
+                    idempotency_key=request.idempotency_key,
+                )
+            )
+        except SessionClosedError:
+            raise RequestError(
+                "session_closed", f"session {sid} is closed; open a new one", session_id=sid
+            ) from None
+        except UnknownSessionError:
+            await self.get_session(sid)  # raises the clear error
+            raise
+        if accepted.created:
+            self._deps.tracker.accepted()
+            self._log.info(
+                "turn_accepted",
+                session_id=sid,
+                turn_number=accepted.turn.turn_number,
+                turn_id=accepted.turn.turn_id,
+                kind=accepted.turn.kind.value,
+                home="elsewhere",
+            )
+        return accepted.turn, accepted.created
+
     def _admit(self, request: TurnRequest) -> None:
         assert request.instruction is not None
         command_type = request.instruction.command_type
@@ -431,6 +526,8 @@ class TurnCore:
             code = error_code(exc, default="turn_rejected")
             if code == "capability_violation":
                 self._deps.tracker.intake_refused(str(getattr(exc, "capability", "")))
+            if self._deps.anchors is not None:  # the violation entry reaches the store first
+                await self._deps.anchors.anchor(session)
             raise RequestError(code, str(exc), session_id=request.session_id) from exc
 
     async def get_turn(self, turn_id: int) -> TurnRecord:
@@ -457,6 +554,8 @@ class TurnCore:
         with anyio.move_on_after(limit):
             while True:
                 active = self._deps.tracker.get(turn_id)
+                if active is None and self._fleet is not None:
+                    return await self._wait_elsewhere(turn_id, until)
                 if active is None or active.settled or active.state in until:
                     break
                 if until:
@@ -465,6 +564,21 @@ class TurnCore:
                     await active.wait_settled()
         return await self.get_turn(turn_id)
 
+    async def _wait_elsewhere(self, turn_id: int, until: frozenset[TurnState]) -> TurnRecord:
+        """A turn another daemon runs (or will): its state is read from the store, every 10 ms
+        at first, then less often (up to 250 ms)."""
+        delay = 0.01
+        while True:
+            turn = await self.get_turn(turn_id)
+            if turn.final or turn.state is TurnState.ESCALATED or turn.state in until:
+                return turn
+            active = self._deps.tracker.get(turn_id)
+            if active is not None:  # claimed here meanwhile
+                await active.wait_settled()
+                return await self.get_turn(turn_id)
+            await anyio.sleep(delay)
+            delay = min(0.25, delay * 1.5)
+
     async def cancel_turn(self, turn_id: int) -> TurnRecord:
         turn = await self.get_turn(turn_id)
         if turn.final:
@@ -472,7 +586,7 @@ class TurnCore:
         active = self._deps.tracker.get(turn_id)
         if active is None:
             if turn.state is TurnState.ESCALATED:
-                return await self._escalations.resolve(turn, Resolution.CANCEL)
+                return await self._resolve(turn, Resolution.CANCEL)
             raise RequestError("not_cancellable", f"turn {turn_id} is not active", turn_id=turn_id)
         if self._runner.unpark(turn_id):  # no task: end it here
             try:
@@ -521,4 +635,21 @@ class TurnCore:
                 "bad_request", "action: must be 'retry' or 'terminate'", field="action"
             )
         turn = await self.get_turn(turn_id)
-        return await self._escalations.resolve(turn, Resolution(action))
+        return await self._resolve(turn, Resolution(action))
+
+    async def _resolve(self, turn: TurnRecord, resolution: Resolution) -> TurnRecord:
+        """Here, or (in a fleet, an ending of a session homed elsewhere) by asking the home,
+        which writes the ending's ledger entries; waits up to 10 s for it."""
+        fleet = self._fleet
+        if (
+            fleet is None
+            or resolution is Resolution.RETRY
+            or fleet.is_home(turn.session_id)
+            or turn.state is not TurnState.ESCALATED
+        ):
+            return await self._escalations.resolve(turn, resolution)
+        await fleet.store.request_resolution(turn.turn_id, resolution)
+        self._log.info("resolution_requested", turn_id=turn.turn_id, action=resolution.value)
+        with anyio.move_on_after(10):
+            return await self._wait_elsewhere(turn.turn_id, frozenset())
+        return await self.get_turn(turn.turn_id)

@@ -41,9 +41,17 @@ def _not_escalated(turn_id: int, state: str, *, busy: bool = False) -> RequestEr
 class Escalations:
     """Lists and resolves escalated turns; *start* runs a turn claimed again after a retry."""
 
-    def __init__(self, deps: TurnDeps, *, start: Callable[[TurnRecord, Claim], None]) -> None:
+    def __init__(
+        self,
+        deps: TurnDeps,
+        *,
+        start: Callable[[TurnRecord, Claim], None],
+        fleet: bool = False,
+    ) -> None:
         self._deps = deps
         self._start = start
+        #: in a fleet the session's home claims a retried turn (woken by the store)
+        self._fleet = fleet
         self._resolving: set[int] = set()
         self._log = get_logger("supervisor.turns")
 
@@ -90,6 +98,8 @@ class Escalations:
             deps.tracker.ended(resolved, ledger_lines=lines)
             return resolved
         # retry: claim it again and run it here with a fresh attempt budget
+        if self._fleet:
+            return await deps.store.get_turn(turn.turn_id)
         for claim in await deps.store.claim(deps.owner, limit=64, lease_ms=deps.settings.lease_ms):
             if deps.tracker.get(claim.turn_id) is None:
                 self._start(claim.turn, claim)

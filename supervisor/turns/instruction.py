@@ -66,6 +66,10 @@ class HubLike(Protocol):
         waiting in its queue (negative when more wait than there are slots)."""
         ...
 
+    def serving(self, command_type: ExecutorCommandType) -> int:
+        """Connected executors that serve the command type (whatever their status)."""
+        ...
+
     @property
     def queue_wait_s(self) -> float:
         """How long an attempt waits in the hub for a slot before it times out."""

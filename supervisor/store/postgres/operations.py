@@ -295,6 +295,9 @@ async def claim_turns(
         if only.process_sessions is not None:
             args.append(sorted(only.process_sessions))
             where.append(f"(kind <> 'process' OR session_id = ANY(${len(args)}::text[]))")
+        if only.sessions is not None:
+            args.append(sorted(only.sessions))
+            where.append(f"session_id = ANY(${len(args)}::text[])")
     rows = await conn.fetch(
         "UPDATE turns SET owner = $1, token = token + 1, lease_until_us = $2 WHERE turn_id IN"
         f" (SELECT turn_id FROM turns WHERE {' AND '.join(where)} ORDER BY turn_id LIMIT $4"

@@ -274,6 +274,10 @@ def claim_turns(
             sessions = sorted(only.process_sessions)
             where.append(f"(kind != 'process' OR session_id IN ({_marks(sessions)}))")
             args.extend(sessions)
+        if only.sessions is not None:
+            homed = sorted(only.sessions)
+            where.append(f"session_id IN ({_marks(homed)})")
+            args.extend(homed)
     args.append(limit)
     rows = conn.execute(
         "UPDATE turns SET owner = ?, token = token + 1, lease_until_us = ? WHERE turn_id IN"

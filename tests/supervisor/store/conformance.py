@@ -268,7 +268,8 @@ class TurnStoreConformance:
             assert taken[0].turn.state is TurnState.WAITING_RETRY
 
     async def test_claim_filter(self, open_store: StoreFactory) -> None:
-        """ClaimFilter limits instruction turns by command type, process turns by session."""
+        """ClaimFilter limits instruction turns by command type, process turns by session, and
+        turns of any kind to the sessions a daemon homes."""
         async with open_store() as store:
             await session(store)
             await session(store, "S2")
@@ -290,6 +291,8 @@ class TurnStoreConformance:
             assert await take(
                 ClaimFilter(command_types=none, process_sessions=frozenset({"S2"}))
             ) == [proc2]
+            s2_read = (await store.accept(instruction("S2", command="READ"))).turn.turn_id
+            assert await take(ClaimFilter(sessions=frozenset({"S2"}))) == [s2_read]
             assert await take(ClaimFilter(kinds=frozenset({TurnKind.PROCESS}))) == [proc1]
             assert await take(ClaimFilter(kinds=frozenset({TurnKind.PROCESS}))) == []
             assert await take(ClaimFilter()) == [read]

@@ -1,0 +1,117 @@
+"""A fleet daemon's ledger anchoring: every line its sessions' ledger files get also reaches the
+shared store, the ledger of record, before anything after it is acknowledged.
+
+Most lines get there with their turn's ending (`TurnStore.finish`, one transaction). The sandbox
+runtime also writes lines of its own straight to the files: the ``session_opened`` pair, the
+violation entries of a refused request or of a running process turn, a rejection's pair. Those
+are read back from the files (from the byte offset anchored so far) and sent with the next
+ending of the session, or on their own (`anchor`) at the points where the daemon acknowledges
+them (a session opened, a request refused) and in the ledger sync round as a safety net. The
+store keeps a line once and refuses a different one at a kept seq, so sending a line twice is
+harmless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio.to_thread
+
+from ledger.entries import SealedLine
+from ledger.tail import read_sealed_lines
+from supervisor.store.fleet import FleetStore
+from supervisor.turns.sessions import SessionLike
+
+__all__ = ["LedgerAnchors", "Tail"]
+
+
+@dataclass(frozen=True, slots=True)
+class Tail:
+    """Lines the files hold past the anchored offsets, and the offsets after them."""
+
+    session_id: str
+    lines: tuple[SealedLine, ...]
+    offsets: tuple[tuple[str, int], ...]
+
+
+def _paths(session: SessionLike) -> tuple[tuple[str, Path], tuple[str, Path]]:
+    exec_id, evidence_id = session.ledger_ids
+    exec_path = session.exec_ledger_path
+    return (exec_id, exec_path), (evidence_id, exec_path.with_name("evidence.jsonl"))
+
+
+class LedgerAnchors:
+    """Byte offsets up to which each loaded ledger file is anchored in the shared store."""
+
+    def __init__(self, store: FleetStore, owner: str) -> None:
+        self._store = store
+        self._owner = owner
+        self._offsets: dict[str, int] = {}
+        #: the highest seq known to be in the store, per ledger (skips idle sync rounds)
+        self._high: dict[str, int] = {}
+
+    def adopted(self, session: SessionLike) -> None:
+        """The session's files were just built from (or checked against) the store: all of
+        what they hold is anchored."""
+        for ledger_id, path in _paths(session):
+            self._offsets[ledger_id] = path.stat().st_size
+
+    def forget(self, session: SessionLike) -> None:
+        for ledger_id in session.ledger_ids:
+            self._offsets.pop(ledger_id, None)
+            self._high.pop(ledger_id, None)
+
+    def behind(self, ledger_id: str, seq: int) -> bool:
+        """True when the file's durable *seq* is past what the store is known to hold."""
+        return seq > self._high.get(ledger_id, 0)
+
+    async def pending(self, session: SessionLike) -> Tail:
+        """The whole lines the session's files hold past the anchored offsets (a worker
+        thread)."""
+        wanted = [
+            (ledger_id, path, self._offsets.get(ledger_id, 0))
+            for ledger_id, path in _paths(session)
+        ]
+
+        def read() -> Tail:
+            lines: list[SealedLine] = []
+            offsets: list[tuple[str, int]] = []
+            for ledger_id, path, offset in wanted:
+                found, end = read_sealed_lines(path, ledger_id, offset)
+                lines.extend(found)
+                offsets.append((ledger_id, end))
+            return Tail(session.session_id, tuple(lines), tuple(offsets))
+
+        return await anyio.to_thread.run_sync(read)
+
+    def advance(self, tail: Tail) -> None:
+        """*tail*'s lines are in the store now."""
+        for ledger_id, end in tail.offsets:
+            if ledger_id in self._offsets or end:
+                self._offsets[ledger_id] = max(self._offsets.get(ledger_id, 0), end)
+        self.noted(tail.lines)
+
+    def noted(self, lines: Iterable[SealedLine]) -> None:
+        for x in lines:
+            if x.seq > self._high.get(x.ledger_id, 0):
+                self._high[x.ledger_id] = x.seq
+
+    async def anchor(self, session: SessionLike) -> int:
+        """Send what the files hold past the anchored offsets; how many lines were sent."""
+        tail = await self.pending(session)
+        if tail.lines:
+            await self._store.anchor_ledger_lines(self._owner, tail.lines)
+        self.advance(tail)
+        return len(tail.lines)
+
+    async def with_pending(
+        self, session: SessionLike | None, lines: Sequence[SealedLine]
+    ) -> tuple[Sequence[SealedLine], Tail | None]:
+        """*lines* (an ending's) with the lines the files hold that the store may not have yet:
+        they commit together."""
+        if session is None:
+            return lines, None
+        tail = await self.pending(session)
+        return (*tail.lines, *lines), tail
