@@ -1,10 +1,12 @@
-"""Promotion: move a turn's declared outputs into the session workspace, atomically per file.
+"""Promotion: move a turn's declared outputs into the session workspace, all or nothing.
 
 Called only after the realized writes matched the declaration exactly and every process of
 the turn is gone. Each file is opened with ``O_NOFOLLOW`` and must still be the inode that
-was enumerated and hashed (``dev``/``ino``, one link). On the same filesystem it is renamed
-into place; otherwise it is copied to a temporary file beside the destination, hashed while
-copying (the hash must equal the enumerated one), ``fsync``-ed and renamed into place. The
+was enumerated and hashed (``dev``/``ino``, one link). Every output is first staged beside
+its destination (renamed there on the same filesystem; otherwise copied to a temporary file,
+hashed while copying -- the hash must equal the enumerated one -- and ``fsync``-ed); only when
+all are staged are they renamed into place. Any failure (a changed file, ENOSPC) rolls back:
+the workspace is left as it was. The
 promoted file belongs to the supervisor (not the turn's uid) and loses set-id bits.
 Destination directories are created as needed; a destination path whose resolved parent
 leaves the workspace is refused.
@@ -62,7 +64,9 @@ def _copy_fd(src: int, dst: int) -> str:
     digest = hashlib.sha256()
     while chunk := os.read(src, 1 << 20):
         digest.update(chunk)
-        os.write(dst, chunk)
+        view = memoryview(chunk)
+        while view:  # a short write (a nearly full disk) is not the end: ENOSPC comes next
+            view = view[os.write(dst, view) :]
     return digest.hexdigest()
 
 
@@ -77,13 +81,47 @@ def _copy_checked(src: int, out: int, write: RealizedWrite) -> None:
         raise PromotionError(f"{write.path}: content changed since enumeration")
 
 
-def _promote_one(src_dir: Path, write: RealizedWrite, workspace: Path) -> PromotedOutput:
+@dataclass(slots=True)
+class _Staged:
+    """One output made ready beside its destination, not yet in place."""
+
+    write: RealizedWrite
+    src: Path
+    tmp: Path
+    dest: Path
+    moved: bool  # same filesystem: the source itself was renamed to ``tmp``
+    backup: Path | None = None  # the destination's previous file while the commit runs
+    placed: bool = False
+
+
+def _temp_beside(dest: Path, tag: str) -> Path:
+    return dest.parent / f".{dest.name}.hunter-{tag}-{secrets.token_hex(4)}"
+
+
+def _make_parents(dest_parent: Path, workspace: Path, created: list[Path]) -> None:
+    """Create the missing directories of *dest_parent* (recorded in *created*, outermost
+    first, so that a failed promotion removes them again)."""
+    missing = []
+    for parent in (dest_parent, *dest_parent.parents):
+        if parent == workspace or os.path.lexists(parent):
+            break
+        missing.append(parent)
+    for directory in reversed(missing):
+        directory.mkdir()
+        created.append(directory)
+
+
+def _stage_one(
+    src_dir: Path, write: RealizedWrite, workspace: Path, created: list[Path]
+) -> _Staged:
     dest = workspace / write.path
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    _make_parents(dest.parent, workspace, created)
     real_parent = Path(os.path.realpath(dest.parent))
     if real_parent != workspace and workspace not in real_parent.parents:
         raise PromotionError(f"{write.path}: destination leaves the workspace ({real_parent})")
     dest = real_parent / dest.name
+    if os.path.isdir(dest) and not os.path.islink(dest):
+        raise PromotionError(f"{write.path}: the destination is a directory")
     src = src_dir / write.path
     fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
@@ -91,27 +129,59 @@ def _promote_one(src_dir: Path, write: RealizedWrite, workspace: Path) -> Promot
         if (st.st_ino, st.st_dev) != (write.inode, write.device) or st.st_nlink != 1:
             raise PromotionError(f"{write.path}: changed since it was enumerated")
         mode = stat.S_IMODE(st.st_mode) & 0o777 & ~0o022
+        tmp = _temp_beside(dest, "new")
         if st.st_dev == os.stat(real_parent).st_dev:
             os.fchown(fd, os.geteuid(), os.getegid())
             os.fchmod(fd, mode)
             os.fsync(fd)
-            os.rename(src, dest)
-            if os.lstat(dest).st_ino != st.st_ino:
+            os.rename(src, tmp)
+            staged = _Staged(write, src, tmp, dest, moved=True)
+            if os.lstat(tmp).st_ino != st.st_ino:
                 raise PromotionError(f"{write.path}: replaced during promotion")
-        else:
-            tmp = real_parent / f".{dest.name}.hunter-{secrets.token_hex(4)}"
-            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-            try:
-                _copy_checked(fd, out, write)
-                os.rename(tmp, dest)
-            except BaseException:  # never leave the temporary copy beside the destination
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
-                raise
+            return staged
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+        try:
+            _copy_checked(fd, out, write)
+        except BaseException:  # never leave the temporary copy beside the destination
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        return _Staged(write, src, tmp, dest, moved=False)
     finally:
         os.close(fd)
-    _fsync_dir(real_parent)
-    return PromotedOutput(write.path, str(dest), write.sha256, write.size)
+
+
+def _commit(staged: list[_Staged]) -> None:
+    """Rename every staged file into place (a previous file kept aside until all are in)."""
+    for item in staged:
+        if os.path.lexists(item.dest):
+            item.backup = _temp_beside(item.dest, "old")
+            os.rename(item.dest, item.backup)
+        os.rename(item.tmp, item.dest)
+        item.placed = True
+    for parent in dict.fromkeys(item.dest.parent for item in staged):
+        _fsync_dir(parent)
+    for item in staged:
+        if item.backup is not None:
+            with contextlib.suppress(OSError):
+                item.backup.unlink()
+
+
+def _roll_back(staged: list[_Staged], created: list[Path]) -> None:
+    """Undo a promotion that failed part of the way: the workspace is as it was."""
+    for item in reversed(staged):
+        with contextlib.suppress(OSError):
+            if item.placed:
+                os.rename(item.dest, item.tmp)
+            if item.backup is not None:
+                os.rename(item.backup, item.dest)
+            if item.moved:
+                os.rename(item.tmp, item.src)
+            else:
+                item.tmp.unlink()
+    for directory in reversed(created):
+        with contextlib.suppress(OSError):
+            directory.rmdir()
 
 
 def promote_outputs(
@@ -121,14 +191,30 @@ def promote_outputs(
     *,
     done: list[PromotedOutput] | None = None,
 ) -> tuple[PromotedOutput, ...]:
-    """Promote each realized write of ``src_dir`` (``output/<sid>``) into *workspace*.
+    """Promote every realized write of ``src_dir`` (``output/<sid>``) into *workspace*, all or
+    nothing.
 
-    Each promoted file is also appended to *done* as soon as it is in place, so a caller
-    still knows what reached the workspace when a later file fails.
+    First every output is staged beside its destination (moved there on the same filesystem,
+    otherwise copied, hash-checked and fsynced); only when all are staged are they renamed into
+    place. A failure at any point (a changed file, a full disk) removes what was staged, puts
+    back any file that was replaced and any directory created: the workspace is unchanged and
+    the error is raised (`PromotionError` for a refused output, the ``OSError`` for I/O).
+    The promoted files are appended to *done* once all of them are in place.
     """
     ws = Path(os.path.realpath(workspace))
     ws.mkdir(parents=True, exist_ok=True)
-    promoted = [] if done is None else done
-    for write in writes:
-        promoted.append(_promote_one(src_dir, write, ws))
+    staged: list[_Staged] = []
+    created: list[Path] = []
+    try:
+        for write in writes:
+            staged.append(_stage_one(src_dir, write, ws, created))
+        _commit(staged)
+    except BaseException:
+        _roll_back(staged, created)
+        raise
+    promoted = [
+        PromotedOutput(s.write.path, str(s.dest), s.write.sha256, s.write.size) for s in staged
+    ]
+    if done is not None:
+        done.extend(promoted)
     return tuple(promoted)

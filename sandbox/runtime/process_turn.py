@@ -19,6 +19,7 @@ each other in one class, so none is missed.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import hashlib
 import time
@@ -67,6 +68,7 @@ __all__ = [
     "CAPABILITY_REJECTED",
     "DECLARATION_INVALID",
     "PROMOTION_FAILED",
+    "PROMOTION_IO_FAILED",
     "SANDBOX_UNAVAILABLE",
     "SPAWN_FAILED",
     "TURN_CANCELLED",
@@ -97,6 +99,7 @@ DECLARATION_INVALID: Final = "DECLARATION_INVALID"
 CAPABILITY_REJECTED: Final = "CAPABILITY_REJECTED"
 SANDBOX_UNAVAILABLE: Final = "SANDBOX_UNAVAILABLE"
 PROMOTION_FAILED: Final = "PROMOTION_FAILED"
+PROMOTION_IO_FAILED: Final = "PROMOTION_IO_FAILED"
 TURN_CANCELLED: Final = "TURN_CANCELLED"
 TURN_ERROR: Final = "TURN_ERROR"
 
@@ -638,7 +641,7 @@ class ProcessTurn:
                     [realized[d.path] for d in declared if not d.is_scratch],
                     self.session.workspace,
                 )
-            except (PromotionError, OSError) as exc:
+            except PromotionError as exc:
                 v = capability_violation(
                     self.session.session_id,
                     turn,
@@ -654,6 +657,17 @@ class ProcessTurn:
                     PROMOTION_FAILED,
                     str(exc),
                     fault_type=ExecutionFaultType.SECURITY_VIOLATION,
+                )
+            except OSError as exc:  # an I/O fault (disk full ...), not a violation: nothing
+                # was promoted (promotion is all or nothing); a full disk is for a person
+                full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+                decision = AttemptDecision(
+                    Verdict.ESCALATE if full else Verdict.TERMINATE,
+                    PROMOTION_IO_FAILED,
+                    f"promotion failed: {exc}",
+                    fault_type=(
+                        ExecutionFaultType.RESOURCE_EXHAUSTED if full else ExecutionFaultType.CRASH
+                    ),
                 )
         if decision.record_entropy and entropy_detector is not None and phase is not None:
             entropy_detector.record(

@@ -637,8 +637,8 @@ async def test_exact_match_promotes_outputs(session: Session) -> None:
     ]
 
 
-async def test_partial_promotion_records_what_reached_the_workspace(session: Session) -> None:
-    """When a later output cannot be promoted, the ones already in place are still recorded."""
+async def test_promotion_is_all_or_nothing(session: Session) -> None:
+    """When a later output cannot be promoted, none is: the workspace is unchanged."""
     (session.workspace / "sub" / "b.txt" / "keep").mkdir(parents=True)  # blocks the rename
     result = await sh(
         session,
@@ -647,11 +647,12 @@ async def test_partial_promotion_records_what_reached_the_workspace(session: Ses
     )
     assert result.status == "violation"
     assert result.reason_code == "PROMOTION_FAILED"
-    assert (session.workspace / "a.txt").read_text() == "hello\n"
-    assert (session.workspace / "sub" / "b.txt").is_dir()
-    assert [p.path for p in result.promoted_outputs] == ["a.txt"]
+    assert not (session.workspace / "a.txt").exists()
+    assert (session.workspace / "sub" / "b.txt" / "keep").is_dir()
+    assert sorted(os.listdir(session.workspace / "sub")) == ["b.txt"]
+    assert result.promoted_outputs == ()
     evidence = assert_recorded(session, 1, "violation")
-    assert [p["path"] for p in evidence["promoted_outputs"]] == ["a.txt"]
+    assert evidence["promoted_outputs"] == []
 
 
 async def test_undeclared_write_blocks_promotion(session: Session) -> None:
