@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import errno
 import json
+import shutil
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import psutil
 import pytest
 
@@ -246,3 +248,80 @@ async def test_fork_bomb_is_resource_exhausted_every_time_and_leaves_nothing(
             assert result.status == "escalated"
             assert attempt.resource_events["pids_max"] > 0
             assert processes_of_uid(session.uid) == []
+
+
+# -- privilege: setuid binaries, ptrace, the terminal ------------------------------------------
+
+
+async def test_setuid_root_binary_gives_no_privilege(
+    runtime: Runtime, install: Installer, world: Path
+) -> None:
+    """A setuid-root copy of ``id`` that the turn may execute runs with the turn's uid, not
+    root (PR_SET_NO_NEW_PRIVS before execve)."""
+    bindir = world / "suid"
+    bindir.mkdir(mode=0o755)
+    binary = bindir / "id"
+    shutil.copy2("/usr/bin/id", binary)
+    binary.chmod(0o4755)
+    install(
+        "suid",
+        capabilities={
+            "read": [],
+            "write": ["**"],
+            "execute": [f"{bindir}/*", "/usr/bin/*", "/bin/*"],
+            "forbidden": [],
+        },
+    )
+    with runtime.open_session("suid") as session:
+        result = await session.run_process_turn(
+            [str(binary)], declared_outputs=[], timeout_ms=TIMEOUT_MS
+        )
+        assert result.status == "succeeded", result.stderr
+        assert f"uid={session.uid}" in result.stdout
+        assert "euid=0" not in result.stdout
+        assert "uid=0(" not in result.stdout
+
+
+async def test_ptrace_of_a_process_outside_is_denied(session: Session) -> None:
+    """PTRACE_ATTACH to a process of the turn's own uid outside the sandbox fails (it is not
+    in the turn's PID namespace, and Landlock forbids tracing outside the domain); the target
+    is never stopped."""
+    target = await anyio.open_process(
+        ["sleep", "60"], user=session.uid, group=session.gid, extra_groups=[]
+    )
+    try:
+        code = (
+            "import ctypes, sys\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "rc = libc.ptrace(16, int(sys.argv[1]), None, None)\n"  # PTRACE_ATTACH
+            "print(rc, ctypes.get_errno())\n"
+        )
+        result = await py(session, code, str(target.pid))
+        rc, err = result.stdout.split()
+        assert rc == "-1", result.stdout
+        assert int(err) in (errno.ESRCH, errno.EPERM)
+        assert psutil.Process(target.pid).status() != psutil.STATUS_STOPPED
+    finally:
+        target.kill()
+        await target.wait()
+        await target.aclose()
+
+
+async def test_no_terminal_to_inject_into(session: Session) -> None:
+    """No tty reaches the turn (TIOCSTI injection, bubblewrap CVE-2017-5226): stdin is
+    /dev/null and there is no controlling terminal."""
+    code = (
+        "import fcntl, os, termios\n"
+        "try:\n"
+        "    fcntl.ioctl(0, termios.TIOCSTI, b'x'); print('injected')\n"
+        "except OSError as e:\n"
+        "    print('stdin', e.errno)\n"
+        "try:\n"
+        "    os.open('/dev/tty', os.O_RDWR); print('tty')\n"
+        "except OSError as e:\n"
+        "    print('tty', e.errno)\n"
+    )
+    result = await py(session, code)
+    lines = result.stdout.split("\n")
+    assert lines[0] == f"stdin {errno.ENOTTY}", result.stdout
+    assert lines[1] in (f"tty {errno.ENXIO}", f"tty {errno.EACCES}")
