@@ -22,6 +22,7 @@ from sandbox.policy.envelopes import ExecutorCommandType
 from sandbox.policy.lifecycle import TurnKind, TurnState
 from supervisor.errors import StaleClaimError
 from supervisor.logging import get_logger
+from supervisor.store.fleet import StaleHomeError
 from supervisor.store.protocol import Claim, TurnEnding, TurnRecord
 from supervisor.turns.context import TurnDeps, end_turn, now_us
 from supervisor.turns.instruction import HubLike, run_instruction_turn
@@ -219,6 +220,8 @@ class TurnRunner:
             self._log.warning(
                 "stale_result_refused", token=exc.token, current_token=exc.current_token
             )
+        except StaleHomeError as exc:  # in a fleet: the session moved to another daemon
+            self._log.warning("stale_result_refused", session_home=exc.home, reason=str(exc))
         except Exception as exc:  # a bug or a broken dependency ends this turn, not the daemon
             self._log.exception("turn_failed", error_type=type(exc).__name__, error=str(exc))
             await self._end_error(turn, active, exc)
