@@ -77,8 +77,8 @@ from supervisor.sdnotify import (
     watchdog_interval,
     watchdog_loop,
 )
-from supervisor.store.protocol import TurnStore
 from supervisor.store.fleet import FleetStore
+from supervisor.store.protocol import TurnStore
 from supervisor.store.sqlite import open_sqlite_store
 from supervisor.turns.context import CoreSettings
 from supervisor.turns.core import TurnCore

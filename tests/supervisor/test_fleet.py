@@ -5,9 +5,9 @@ past its lease and resumed.
 What a user would notice is checked: every acknowledged turn ends exactly once and succeeds,
 the sessions of the lost daemons are taken over and their turns finished elsewhere, the paused
 daemon finds its claims gone when it wakes and records nothing (a late write would be refused by
-the fencing token: `tests/supervisor/store/test_postgres_fleet.py`), `hunter status` lists the daemons with their
-heartbeats, and the ledgers exported from the store verify, against the store too. The takeover
-time is printed.
+the fencing token: `tests/supervisor/store/test_postgres_fleet.py`), `hunter status` lists the
+daemons with their heartbeats, and the ledgers exported from the store verify, against the store
+too. The takeover time is printed.
 """
 
 from __future__ import annotations
