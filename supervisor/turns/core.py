@@ -292,25 +292,13 @@ class TurnCore:
             await anyio.sleep(interval)
             try:
                 marks = await self._deps.sessions.sync_ledgers()
-                if marks and self._deps.anchors is not None:
-                    await self._anchor_behind(marks)
+                if marks and self._fleet is not None:
+                    await self._fleet.anchor_behind(marks)
                 elif marks:
                     await self._deps.store.trim_ledger_lines(marks)
                     self._deps.sessions.trimmed(marks)
             except Exception as exc:  # the lines stay kept; the next round tries again
                 self._log.error("ledger_sync_round_failed", error=str(exc))
-
-    async def _anchor_behind(self, marks: dict[str, int]) -> None:
-        """In a fleet: send the store what the files hold past it (lines the runtime wrote
-        outside a turn's ending; normally none)."""
-        anchors = self._deps.anchors
-        assert anchors is not None
-        behind = {lid.rsplit("/", 1)[0] for lid, seq in marks.items() if anchors.behind(lid, seq)}
-        for session_id in sorted(behind):
-            session = self._deps.sessions.get(session_id)
-            if session is not None:
-                await anchors.anchor(session)
-        self._deps.sessions.trimmed(marks)
 
     async def drain(self, grace_s: float) -> bool:
         """Stop starting attempts; wait up to *grace_s* for running ones. True when none is left."""
@@ -416,7 +404,12 @@ class TurnCore:
                 return existing, False
         session = self._deps.sessions.get(sid)
         if session is None and self._fleet is not None and sid not in self._closing:
-            return await self._submit_elsewhere(request)
+            try:
+                return await self._fleet.accept_elsewhere(request)
+            except SessionClosedError:
+                raise RequestError(
+                    "session_closed", f"session {sid} is closed; open a new one", session_id=sid
+                ) from None
         if session is None or sid in self._closing:
             record = await self.get_session(sid)
             if record.state is not SessionState.OPEN or sid in self._closing:
@@ -467,38 +460,6 @@ class TurnCore:
                 kind=turn.kind.value,
             )
         return turn, accepted.created
-
-    async def _submit_elsewhere(self, request: TurnRequest) -> tuple[TurnRecord, bool]:
-        """In a fleet, a turn of a session homed by another daemon: accepted here, durably and
-        unclaimed; the home claims it (woken by the store) and runs it."""
-        sid = request.session_id
-        try:
-            accepted = await self._deps.store.accept(
-                NewTurn(
-                    session_id=sid,
-                    kind=request.kind,
-                    spec=request.to_spec(),
-                    idempotency_key=request.idempotency_key,
-                )
-            )
-        except SessionClosedError:
-            raise RequestError(
-                "session_closed", f"session {sid} is closed; open a new one", session_id=sid
-            ) from None
-        except UnknownSessionError:
-            await self.get_session(sid)  # raises the clear error
-            raise
-        if accepted.created:
-            self._deps.tracker.accepted()
-            self._log.info(
-                "turn_accepted",
-                session_id=sid,
-                turn_number=accepted.turn.turn_number,
-                turn_id=accepted.turn.turn_id,
-                kind=accepted.turn.kind.value,
-                home="elsewhere",
-            )
-        return accepted.turn, accepted.created
 
     def _admit(self, request: TurnRequest) -> None:
         assert request.instruction is not None
@@ -555,7 +516,7 @@ class TurnCore:
             while True:
                 active = self._deps.tracker.get(turn_id)
                 if active is None and self._fleet is not None:
-                    return await self._wait_elsewhere(turn_id, until)
+                    return await self._fleet.wait_elsewhere(turn_id, until, self.get_turn)
                 if active is None or active.settled or active.state in until:
                     break
                 if until:
@@ -563,21 +524,6 @@ class TurnCore:
                 else:
                     await active.wait_settled()
         return await self.get_turn(turn_id)
-
-    async def _wait_elsewhere(self, turn_id: int, until: frozenset[TurnState]) -> TurnRecord:
-        """A turn another daemon runs (or will): its state is read from the store, every 10 ms
-        at first, then less often (up to 250 ms)."""
-        delay = 0.01
-        while True:
-            turn = await self.get_turn(turn_id)
-            if turn.final or turn.state is TurnState.ESCALATED or turn.state in until:
-                return turn
-            active = self._deps.tracker.get(turn_id)
-            if active is not None:  # claimed here meanwhile
-                await active.wait_settled()
-                return await self.get_turn(turn_id)
-            await anyio.sleep(delay)
-            delay = min(0.25, delay * 1.5)
 
     async def cancel_turn(self, turn_id: int) -> TurnRecord:
         turn = await self.get_turn(turn_id)
@@ -648,8 +594,4 @@ class TurnCore:
             or turn.state is not TurnState.ESCALATED
         ):
             return await self._escalations.resolve(turn, resolution)
-        await fleet.store.request_resolution(turn.turn_id, resolution)
-        self._log.info("resolution_requested", turn_id=turn.turn_id, action=resolution.value)
-        with anyio.move_on_after(10):
-            return await self._wait_elsewhere(turn.turn_id, frozenset())
-        return await self.get_turn(turn.turn_id)
+        return await fleet.ask_home(turn, resolution, self.get_turn)

@@ -36,11 +36,13 @@ import anyio.to_thread
 
 from ledger import IntegrityError, session_dir_for
 from ledger.session import SessionLedgers
+from sandbox.policy.lifecycle import TurnState
 from supervisor.logging import get_logger
 from supervisor.store.fleet import FleetStore, SessionHome
-from supervisor.store.protocol import Claim, ClaimFilter, Resolution, TurnRecord
+from supervisor.store.protocol import Claim, ClaimFilter, NewTurn, Resolution, TurnRecord
 from supervisor.turns.anchors import LedgerAnchors
 from supervisor.turns.context import TurnDeps
+from supervisor.turns.requests import TurnRequest
 from supervisor.turns.sessions import SessionLike
 
 __all__ = ["Fleet", "FleetHooks"]
@@ -253,6 +255,76 @@ class Fleet:
             return (await self._deps.store.get_session(session_id)).tier
         except Exception:
             return "default"
+
+    async def anchor_behind(self, marks: Mapping[str, int]) -> None:
+        """The ledger sync round's safety net: send the store what the files hold past it
+        (lines the runtime wrote outside a turn's ending; normally none)."""
+        anchors = self._anchors
+        behind = {lid.rsplit("/", 1)[0] for lid, seq in marks.items() if anchors.behind(lid, seq)}
+        for session_id in sorted(behind):
+            session = self._deps.sessions.get(session_id)
+            if session is not None:
+                await anchors.anchor(session)
+        self._deps.sessions.trimmed(marks)
+
+    # -- turns of sessions homed elsewhere ---------------------------------------------------
+
+    async def accept_elsewhere(self, request: TurnRequest) -> tuple[TurnRecord, bool]:
+        """A turn of a session homed by another daemon: accepted here, durably and unclaimed;
+        the home claims it (woken by the store) and runs it. Store errors propagate."""
+        accepted = await self._deps.store.accept(
+            NewTurn(
+                session_id=request.session_id,
+                kind=request.kind,
+                spec=request.to_spec(),
+                idempotency_key=request.idempotency_key,
+            )
+        )
+        if accepted.created:
+            self._deps.tracker.accepted()
+            self._log.info(
+                "turn_accepted",
+                session_id=request.session_id,
+                turn_number=accepted.turn.turn_number,
+                turn_id=accepted.turn.turn_id,
+                kind=accepted.turn.kind.value,
+                home="elsewhere",
+            )
+        return accepted.turn, accepted.created
+
+    async def wait_elsewhere(
+        self,
+        turn_id: int,
+        until: frozenset[TurnState],
+        get_turn: Callable[[int], Awaitable[TurnRecord]],
+    ) -> TurnRecord:
+        """A turn another daemon runs (or will): its state is read from the store, every 10 ms
+        at first, then less often (up to 250 ms), until final, escalated or in *until*."""
+        delay = 0.01
+        while True:
+            turn = await get_turn(turn_id)
+            if turn.final or turn.state is TurnState.ESCALATED or turn.state in until:
+                return turn
+            active = self._deps.tracker.get(turn_id)
+            if active is not None:  # claimed here meanwhile
+                await active.wait_settled()
+                return await get_turn(turn_id)
+            await anyio.sleep(delay)
+            delay = min(0.25, delay * 1.5)
+
+    async def ask_home(
+        self,
+        turn: TurnRecord,
+        resolution: Resolution,
+        get_turn: Callable[[int], Awaitable[TurnRecord]],
+    ) -> TurnRecord:
+        """Ask the session's home to carry out *resolution* (it writes the ending's ledger
+        entries); waits up to 10 s for it, then returns the turn as it is."""
+        await self._store.request_resolution(turn.turn_id, resolution)
+        self._log.info("resolution_requested", turn_id=turn.turn_id, action=resolution.value)
+        with anyio.move_on_after(10):
+            return await self.wait_elsewhere(turn.turn_id, frozenset(), get_turn)
+        return await get_turn(turn.turn_id)
 
     # -- claims -----------------------------------------------------------------------------
 
