@@ -31,6 +31,7 @@ __all__ = [
     "SchemaVersionError",
     "SessionClosedError",
     "StaleClaimError",
+    "StoreUnavailableError",
     "UnknownSessionError",
     "UnknownTurnError",
 ]
@@ -101,6 +102,11 @@ class IntakeError(Exception):
 
 class IntakeClosedError(IntakeError):
     """Raised when an operation reaches an intake (or committer) that was already closed."""
+
+
+class StoreUnavailableError(IntakeError):
+    """Raised when the turn store's server cannot be reached for longer than a read waits
+    (writes wait for it instead: they are never dropped)."""
 
 
 class SchemaVersionError(IntakeError):

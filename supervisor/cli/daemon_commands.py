@@ -50,6 +50,13 @@ def format_status(status: dict[str, Any]) -> str:
         "",
         table(("STATE", "TURNS"), sorted(status["turns_by_state"].items())),
     ]
+    store = status.get("store") or {}
+    if store.get("available") is False:
+        lines.insert(
+            2,
+            f"STORE UNAVAILABLE (writes wait; outages {store.get('outages')}):"
+            f" {store.get('last_error', '')}",
+        )
     queued = hub.get("queued_by_command") or {}
     lines += [
         "",

@@ -244,6 +244,11 @@ class StoreStatistics:
     operations: int
     largest_batch: int
     stale_writes_refused: int
+    #: False while the store's server cannot be reached (writes wait; see the engine)
+    available: bool = True
+    #: times the server became unreachable since start, and the last error seen
+    outages: int = 0
+    last_error: str = ""
 
 
 T_co = TypeVar("T_co", covariant=True)

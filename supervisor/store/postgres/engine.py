@@ -40,9 +40,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Generic, TypeVar
+from typing import TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import anyio
@@ -54,10 +55,17 @@ import supervisor.store.postgres.operations as ops
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import FINAL_STATES, TurnState
-from supervisor.errors import IntakeClosedError, StaleClaimError
+from supervisor.errors import IntakeClosedError, StaleClaimError, StoreUnavailableError
 from supervisor.logging import get_logger
 from supervisor.store.fleet import DaemonRecord, LedgerHead, SessionHome
 from supervisor.store.postgres import fleet_ops
+from supervisor.store.postgres.batches import (
+    BatchAttempt,
+    Op,
+    PendingOp,
+    connection_lost,
+    try_batch,
+)
 from supervisor.store.postgres.schema import check_schema, migrate
 from supervisor.store.protocol import (
     Accepted,
@@ -83,6 +91,8 @@ T = TypeVar("T")
 _log = get_logger("supervisor.store")
 #: how often a batch aborted by a deadlock or serialization failure runs again
 _BATCH_RETRIES = 5
+#: how often a read is tried, on a new connection after the first one was lost
+_READ_TRIES = 3
 
 
 def describe_dsn(dsn: str) -> str:
@@ -94,76 +104,6 @@ def describe_dsn(dsn: str) -> str:
     database = parts.path.lstrip("/") or "(default database)"
     user = parts.username or (query.get("user") or ["(default user)"])[0]
     return f"postgresql database {database} on {host}:{port} as {user}"
-
-
-class _Op(Generic[T_co]):
-    """One queued write: run in a batch by the committer, its outcome read by its caller."""
-
-    __slots__ = ("_fn", "_result", "abandoned", "done", "error", "on_commit")
-
-    def __init__(
-        self,
-        fn: Callable[[asyncpg.Connection], Awaitable[T_co]],
-        on_commit: Callable[[T_co], None] | None = None,
-    ) -> None:
-        self._fn = fn
-        self.on_commit = on_commit
-        self._result: tuple[T_co] | None = None
-        self.error: BaseException | None = None
-        self.done = anyio.Event()
-        self.abandoned = False
-
-    async def execute(self, conn: asyncpg.Connection) -> bool:
-        """Run the op; False when it raised (its error is kept). A deadlock or serialization
-        failure is the batch's, not the op's: it propagates (the batch runs again)."""
-        try:
-            self._result = (await self._fn(conn),)
-        except asyncpg.TransactionRollbackError:
-            raise
-        except Exception as exc:  # handed to this op's caller, never to its neighbours
-            self.error = exc
-            return False
-        return True
-
-    def reset(self) -> None:
-        self._result = None
-        self.error = None
-
-    def committed(self) -> None:
-        if self.on_commit is not None and self.error is None and self._result is not None:
-            try:
-                self.on_commit(self._result[0])
-            except Exception:  # the caller's hook must not stop the committer
-                _log.exception("store_commit_hook_failed")
-
-    def fail(self, error: BaseException) -> None:
-        self._result = None
-        self.error = error
-
-    def result(self) -> T_co:
-        if self.error is not None:
-            raise self.error
-        if self._result is None:
-            raise IntakeClosedError("turn store stopped before this write committed")
-        return self._result[0]
-
-
-class _PendingOp(Generic[T_co]):
-    """`PendingWrite` over a queued op."""
-
-    __slots__ = ("_op",)
-
-    def __init__(self, op: _Op[T_co]) -> None:
-        self._op = op
-
-    async def result(self) -> T_co:
-        op = self._op
-        try:
-            await op.done.wait()
-        except BaseException:  # cancelled: the op is skipped if its batch has not started
-            op.abandoned = True
-            raise
-        return op.result()
 
 
 class PostgresTurnStore:
@@ -190,7 +130,7 @@ class PostgresTurnStore:
         self._max_batch = max_batch
         self._read_connections = read_connections
         self._connect_timeout_s = connect_timeout_s
-        self._send, self._receive = anyio.create_memory_object_stream[_Op[object]](math.inf)
+        self._send, self._receive = anyio.create_memory_object_stream[Op[object]](math.inf)
         self._writer: asyncpg.Connection | None = None
         #: idle read connections (a connection runs one query at a time: taken, used, put back)
         self._readers: list[asyncpg.Connection] = []
@@ -206,6 +146,10 @@ class PostgresTurnStore:
         self._retried_batches = 0
         self._work = anyio.Event()
         self._listener: asyncpg.Connection | None = None
+        #: the writer's connection is down since this monotonic time (None: it is up)
+        self._down_since: float | None = None
+        self._outages = 0
+        self._last_error = ""
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -238,7 +182,10 @@ class PostgresTurnStore:
             self._state = "open"
         try:
             task_status.started()
-            await self._commit_loop()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._keep_listener, name="store-listener")
+                await self._commit_loop()
+                tg.cancel_scope.cancel()
         finally:
             self._state = "closed"
             self._send.close()
@@ -281,8 +228,8 @@ class PostgresTurnStore:
         self._idle_receive.close()
         self._stopped.set()
 
-    def _drain(self) -> list[_Op[object]]:
-        left: list[_Op[object]] = []
+    def _drain(self) -> list[Op[object]]:
+        left: list[Op[object]] = []
         while True:
             try:
                 left.append(self._receive.receive_nowait())
@@ -306,6 +253,9 @@ class PostgresTurnStore:
             operations=self._operations,
             largest_batch=self._largest,
             stale_writes_refused=self._stale,
+            available=self._down_since is None,
+            outages=self._outages,
+            last_error=self._last_error,
         )
 
     # -- the committer --------------------------------------------------------------------
@@ -314,9 +264,9 @@ class PostgresTurnStore:
         self,
         fn: Callable[[asyncpg.Connection], Awaitable[T]],
         on_commit: Callable[[T], None] | None = None,
-    ) -> _Op[T]:
+    ) -> Op[T]:
         self._check_open()
-        op = _Op(fn, on_commit)
+        op = Op(fn, on_commit)
         try:
             self._send.send_nowait(op)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
@@ -324,7 +274,7 @@ class PostgresTurnStore:
         return op
 
     async def _write(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
-        return await _PendingOp(self._enqueue(fn)).result()
+        return await PendingOp(self._enqueue(fn)).result()
 
     async def _commit_loop(self) -> None:
         async for first in self._receive:
@@ -339,7 +289,7 @@ class PostgresTurnStore:
                 with anyio.CancelScope(shield=True):
                     await self._commit(live)
 
-    async def _commit(self, batch: list[_Op[object]]) -> None:
+    async def _commit(self, batch: list[Op[object]]) -> None:
         try:
             await self._run_batch(batch)
         except Exception as exc:  # the transaction failed: nothing of the batch was written
@@ -356,54 +306,90 @@ class PostgresTurnStore:
                 op.committed()
         await anyio.lowlevel.checkpoint()
 
-    async def _run_batch(self, batch: list[_Op[object]]) -> None:
+    async def _run_batch(self, batch: list[Op[object]]) -> None:
         """Run *batch* in one transaction, each op all-or-nothing; again, whole, after a
-        deadlock or serialization failure."""
-        conn = self._writer
-        if conn is None:
-            raise IntakeClosedError(f"turn store {self.where} is closed")
-        for retry in range(_BATCH_RETRIES):
+        deadlock or serialization failure, and after a lost connection whose transaction did
+        not commit (`batches`: never lost, never applied twice)."""
+        retries = 0
+        while True:
+            conn = await self._connected_writer()
+            attempt = BatchAttempt()
             try:
-                await self._try_batch(conn, batch)
+                await try_batch(conn, batch, attempt)
             except asyncpg.TransactionRollbackError:
-                if retry == _BATCH_RETRIES - 1:
+                retries += 1
+                if retries == _BATCH_RETRIES:
                     raise
                 self._retried_batches += 1
                 for op in batch:
                     op.reset()
-                await anyio.sleep(0.001 * 2**retry)
-            else:
-                return
-
-    @staticmethod
-    async def _try_batch(conn: asyncpg.Connection, batch: list[_Op[object]]) -> None:
-        tx = conn.transaction()
-        await tx.start()
-        try:
-            failed = False
-            for op in batch:
-                if not await op.execute(conn):
-                    failed = True
-                    break
-            if failed:
-                await tx.rollback()
-                if len(batch) == 1:
-                    return
-                tx = conn.transaction()
-                await tx.start()
+                await anyio.sleep(0.001 * 2**retries)
+                continue
+            except Exception as exc:
+                if not connection_lost(exc, conn):
+                    raise
+                self._writer_lost(conn, exc)
+                if attempt.xid is not None and await self._committed(attempt.xid):
+                    self._writer_up()
+                    return  # the COMMIT landed; only its answer was lost
                 for op in batch:
                     op.reset()
-                    savepoint = conn.transaction()
-                    await savepoint.start()
-                    if await op.execute(conn):
-                        await savepoint.commit()
-                    else:
-                        await savepoint.rollback()
-            await tx.commit()
-        except BaseException:
-            if conn.is_in_transaction():
-                await tx.rollback()
-            raise
+                continue
+            self._writer_up()
+            return
+
+    async def _connected_writer(self) -> asyncpg.Connection:
+        """The writer's connection, reconnecting with backoff (50 ms doubling to 2 s) while
+        the server is unreachable; the batch waits (nothing acknowledged is lost meanwhile)."""
+        delay = 0.05
+        while self._writer is None or self._writer.is_closed():
+            if self._state not in {"open", "closing"}:
+                raise IntakeClosedError(f"turn store {self.where} is closed")
+            try:
+                self._writer = await asyncpg.connect(self._dsn, timeout=self._connect_timeout_s)
+            except Exception as exc:  # still down: wait and try again
+                self._writer_lost(None, exc)
+                await anyio.sleep(delay)
+                delay = min(2.0, delay * 2)
+        return self._writer
+
+    async def _committed(self, xid: int) -> bool:
+        """Whether transaction *xid* (its answer lost with the connection) committed."""
+        conn = await self._connected_writer()
+        status = await conn.fetchval("SELECT txid_status($1)", xid)
+        return bool(status == "committed")
+
+    def _writer_lost(self, conn: asyncpg.Connection | None, exc: BaseException) -> None:
+        if conn is not None:
+            conn.terminate()
+            self._writer = None
+        self._last_error = f"{type(exc).__name__}: {exc}"
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            self._outages += 1
+            _log.error("store_unavailable", store=self.where, error=self._last_error)
+
+    def _writer_up(self) -> None:
+        if self._down_since is not None:
+            down_s = time.monotonic() - self._down_since
+            self._down_since = None
+            _log.warning("store_reconnected", store=self.where, down_s=round(down_s, 3))
+
+    async def _keep_listener(self) -> None:
+        """Keep the ``LISTEN`` connection up (reconnecting every second while it is down);
+        polling covers the notifications missed meanwhile."""
+        while True:
+            await anyio.sleep(1.0)
+            if self._listener is not None and not self._listener.is_closed():
+                continue
+            try:
+                listener = await asyncpg.connect(self._dsn, timeout=self._connect_timeout_s)
+                await listener.add_listener(ops.WORK_CHANNEL, self._notified)
+            except Exception as exc:  # still down
+                self._last_error = f"{type(exc).__name__}: {exc}"
+                continue
+            self._listener = listener
+            self._work.set()  # look for what was missed
 
     async def _read(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         self._check_open()
@@ -412,12 +398,41 @@ class PostgresTurnStore:
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise IntakeClosedError(f"turn store {self.where} is closed") from None
         try:
-            async with conn.transaction(isolation="repeatable_read", readonly=True):
-                return await fn(conn)
+            for tries in range(_READ_TRIES):
+                try:
+                    async with conn.transaction(isolation="repeatable_read", readonly=True):
+                        return await fn(conn)
+                except Exception as exc:
+                    if not connection_lost(exc, conn) or tries == _READ_TRIES - 1:
+                        raise
+                    conn = await self._reconnect_reader(conn, exc)
+            raise AssertionError("unreachable")
         finally:
             # when closing, the connection is being closed instead
             with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                 self._idle_send.send_nowait(conn)
+
+    async def _reconnect_reader(
+        self, old: asyncpg.Connection, exc: BaseException
+    ) -> asyncpg.Connection:
+        """A new connection in place of a lost reader (reads are retried: they change
+        nothing). Gives up with `StoreUnavailableError` after about 10 s."""
+        old.terminate()
+        delay = 0.05
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                conn = await asyncpg.connect(self._dsn, timeout=self._connect_timeout_s)
+            except Exception as again:
+                if time.monotonic() > deadline:
+                    raise StoreUnavailableError(
+                        f"turn store {self.where} is unreachable: {again}"
+                    ) from exc
+                await anyio.sleep(delay)
+                delay = min(2.0, delay * 2)
+                continue
+            self._readers = [conn if r is old else r for r in self._readers]
+            return conn
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -479,7 +494,7 @@ class PostgresTurnStore:
         *,
         on_commit: Callable[[Claim], None] | None = None,
     ) -> PendingWrite[Claim]:
-        return _PendingOp(self._enqueue(lambda c: ops.start_attempt(c, claim, attempt), on_commit))
+        return PendingOp(self._enqueue(lambda c: ops.start_attempt(c, claim, attempt), on_commit))
 
     async def record_attempt(
         self,

@@ -278,3 +278,23 @@ def database_for(key: Path | str) -> str:
         shared_cluster().psql(f"CREATE DATABASE {name}")
         _databases[str(key)] = name
     return shared_cluster().dsn(name)
+
+
+def crash_and_restart(cluster: PgCluster, *, down_s: float = 0.0) -> None:
+    """Stop the server as a crash would (``-m immediate``: no checkpoint, every connection
+    cut), wait *down_s*, start it again (crash recovery replays the WAL)."""
+    _run(
+        [str(cluster.bin_dir / "pg_ctl"), "-D", str(cluster.data), "-m", "immediate", "-w", "stop"],
+        user=cluster.run_as,
+        timeout=40,
+    )
+    time.sleep(down_s)
+    _run(
+        [
+            str(cluster.bin_dir / "pg_ctl"),
+            *("-D", str(cluster.data), "-l", str(cluster.root / "server.log")),
+            *("-w", "-t", str(_START_TIMEOUT_S), "start"),
+        ],
+        user=cluster.run_as,
+        timeout=_START_TIMEOUT_S + 10,
+    )
