@@ -17,7 +17,7 @@ Design notes
 ------------
 * **A method returns only after its transaction committed** (the server's ``fsync`` and
   ``synchronous_commit`` decide what that survives; keep both on).
-* **One writer connection, group commit.** Callers put an `_Op` on a memory object stream and
+* **One writer connection, group commit.** Callers put an `Op` on a memory object stream and
   wait on its `anyio.Event`; one committer task takes everything queued (up to ``max_batch``) and
   runs it in one transaction on the one writer connection, in the order issued. So the writes
   of one daemon commit in order (`start_attempt_soon` relies on it), and a batch costs one
@@ -33,7 +33,15 @@ Design notes
   behind a commit.
 * A caller cancelled while its op is still queued marks it abandoned and the committer skips
   it; once the op is in a batch the write happens or not as a whole, as ever.
-* The SQL and its checks are in `operations`; the tables and versions in `schema`.
+* **Outages.** A lost connection never fails a write: the committer reconnects with backoff
+  and runs the batch again unless its transaction is found committed (`batches`). Reads retry
+  on a new connection for about 10 s, then raise `StoreUnavailableError`. `statistics` says
+  whether the server is reachable.
+* The SQL and its checks are in `operations` (the fleet's in `fleet_ops`); the tables and
+  versions in `schema`; the queued ops and one batch's transaction in `batches`.
+* About 680 lines, past the usual 600: the `TurnStore` and `FleetStore` methods are one-line
+  delegations kept in one class (one connection set, one committer); the committer and the
+  connection handling around it (reconnects, the lost-commit check) share its state.
 """
 
 from __future__ import annotations
