@@ -218,7 +218,7 @@ async def _row(base: Path, bench: ModuleType, count: int, dsn: str | None) -> di
 async def run_all() -> None:
     bench = _executor_bench()
     base = Path(tempfile.mkdtemp(prefix="hh-bench-fleet-"))
-    os.chmod(base, 0o711)  # noqa: PTH101  (process turns run as another uid)
+    os.chmod(base, 0o711)
     cluster: PgCluster = await anyio.to_thread.run_sync(start_cluster)
     started = time.perf_counter()
     rows: dict[str, dict[str, float]] = {}
