@@ -23,6 +23,7 @@ import structlog
 from sandbox.capabilities import CompiledCapabilities, compile_capabilities, has_glob
 from sandbox.confine import landlock, seccomp
 from sandbox.confine.cgroups import TurnCgroup
+from sandbox.confine.mounts import mount_session_disk, unmount_session_disk
 from sandbox.confine.spawn import close_quietly, new_network_namespace
 from sandbox.errors import SandboxUnavailableError
 from sandbox.packages import Package
@@ -45,6 +46,8 @@ _DEV_NULL_ACCESS: Final = int(
 )
 _MAX_CARVE_RULES: Final = 4096
 _FILTER: Final = seccomp.build_filter()
+#: Less free space than this on the session disk after a turn means it hit the bound.
+_DISK_FULL_SLACK: Final = 64 << 10
 
 
 def _forbidden_may_match_beneath(caps: CompiledCapabilities, root: str) -> bool:
@@ -130,6 +133,9 @@ class SessionArea:
         self.capabilities = capabilities
         self.tmp_dir = runtime.root / "tmp" / session_id
         self.output_dir = runtime.root / "output" / session_id
+        #: the session disk (confine/mounts.py) when the runtime mounts one
+        self.disk_dir = runtime.root / "state" / "disks" / session_id
+        self.disk_mounted = False
         self.uid = self.gid = -1
         self.netns_fd = -1
         self.ruleset_fd = -1
@@ -142,6 +148,29 @@ class SessionArea:
         """Take the session's uid and prepare its directories (``close`` undoes both)."""
         self.uid, self.gid = self.runtime.allocate_uid(self.session_id)
         self.prepare()
+        if self.runtime.levels.get("disk") == "tmpfs":
+            self._mount_disk()
+
+    def _areas(self) -> dict[str, Path]:
+        return {"tmp": self.tmp_dir, "output": self.output_dir}
+
+    def _mount_disk(self) -> None:
+        """Put ``tmp/<sid>`` and ``output/<sid>`` on one tmpfs of ``disk_mb`` (a hard bound)."""
+        limits = self.package.manifest.limits
+        size = (limits.disk_mb or self.runtime.config.disk_mb) << 20
+        mount_session_disk(
+            self.disk_dir, self._areas(), size_bytes=size, uid=self.uid, gid=self.gid
+        )
+        self.disk_mounted = True
+        self._invalidate_ruleset()  # the rules are bound to the (new) directory inodes
+        self.prepare()
+
+    def disk_full(self) -> bool:
+        """Whether the session disk has (almost) no space left: a turn hit the hard bound."""
+        if not self.disk_mounted:
+            return False
+        st = os.statvfs(self.disk_dir)
+        return st.f_bavail * st.f_frsize < _DISK_FULL_SLACK
 
     def close(self) -> None:
         """Release the fds, the cgroup, the directories and the uid (idempotent).
@@ -158,6 +187,9 @@ class SessionArea:
         self.netns_fd = self.ruleset_fd = -1
         self.drop_cgroup()
         try:
+            if self.disk_mounted:
+                self.disk_mounted = False
+                unmount_session_disk(self.disk_dir, self._areas())
             for area in (self.tmp_dir, self.output_dir):
                 remove_directory(area)
         except OSError as exc:

@@ -247,6 +247,7 @@ async def run_confined(
         or sig == _SIGXFSZ
         or exit_code == 128 + _SIGXFSZ  # a shell reporting a child killed by SIGXFSZ
         or surface.total_bytes > disk_limit
+        or area.disk_full()  # the session disk (a tmpfs of disk_mb) is full: ENOSPC was hit
         # a file (or the captured output) that reached RLIMIT_FSIZE was cut off by it
         or max((w.size for w in surface.writes), default=0) >= fsize
         or capture_max >= fsize

@@ -10,8 +10,9 @@ same root takes them back before any session is opened or resumed (`reclaim_left
 2. processes: every process running as a uid that owns one of this root's sandbox directories
    (a sandbox uid of the runtime's configuration), unless it is in another runtime's leaf;
 3. scratch: ``tmp/<sid>`` and ``output/<sid>`` of every session, removed (never followed
-   symlinks). A session still open is resumed later with fresh, empty ones: its ledgers
-   (``planes/``) and its workspace are never touched.
+   symlinks; a session disk mounted on them and its tmpfs in ``state/disks`` detached). A
+   session still open is resumed later with fresh, empty ones: its ledgers (``planes/``) and
+   its workspace are never touched.
 
 Only what carries this root's mark is touched: leaves of other runtimes sharing
 ``hunter-turns``, other uids and anything outside ``<root>/tmp`` and ``<root>/output`` are not.
@@ -28,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox.confine.cgroups import CgroupLayout, reclaim_cgroups
+from sandbox.confine.mounts import mounts_under, unmount
 from sandbox.confine.procs import kill_uid_processes
-from sandbox.runtime.area import remove_directory
+from sandbox.runtime.area import empty_directory, remove_directory
 from sandbox.session_ids import is_session_id
 
 __all__ = ["AREAS", "Leftovers", "reclaim_leftovers"]
@@ -129,11 +131,23 @@ def reclaim_leftovers(
     scratch_bytes = 0
     for path, _uid in areas:
         try:
+            if os.path.ismount(path):  # on a session disk (confine/mounts.py)
+                scratch_bytes += empty_directory(path)
+                unmount(path)
             scratch_bytes += remove_directory(path)
         except OSError as exc:
             errors.append(f"{path}: {exc.strerror or exc}")
             continue
         scratch_dirs += 1
+    disks = root / "state" / "disks"
+    try:
+        for point in mounts_under(disks):
+            unmount(Path(point))
+        if disks.is_dir():
+            for entry in os.listdir(disks):
+                remove_directory(disks / entry)
+    except OSError as exc:
+        errors.append(f"{disks}: {exc.strerror or exc}")
     return Leftovers(
         cgroups=cgroups.cgroups,
         processes=cgroups.processes + processes,

@@ -103,6 +103,9 @@ class RuntimeConfig:
     nofile: int = 1024
     kill_grace_s: float = 2.0
     launcher: Literal["auto", "native", "python"] = "auto"
+    #: ``tmpfs``: each session's ``tmp/`` and ``output/`` on one tmpfs of ``disk_mb`` (a hard
+    #: bound, root only); ``none``: only ``RLIMIT_FSIZE`` and the post-run ``disk_mb`` check
+    session_disk: Literal["tmpfs", "none"] = "tmpfs"
     system_read_paths: tuple[str, ...] = DEFAULT_SYSTEM_READ_PATHS
     loader_paths: tuple[str, ...] = DEFAULT_LOADER_PATHS
     denied_paths: tuple[str, ...] = ()
@@ -281,6 +284,9 @@ class Runtime:
         if levels["tree_kill"] != "cgroup.kill":
             missing["cgroup_kill"] = "no cgroup v2 cgroup.kill (setsid escapes are possible)"
         levels["file_size"] = "rlimit"
+        levels["disk"] = (
+            "tmpfs" if is_root and self.config.session_disk == "tmpfs" else "post-run-check"
+        )
         no_notif = seccomp.user_notif_available()
         levels["unix_sockets"] = "unavailable" if no_notif else seccomp.SECCOMP_MECHANISM
         if no_notif:
