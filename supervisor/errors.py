@@ -31,6 +31,7 @@ __all__ = [
     "SchemaVersionError",
     "SessionClosedError",
     "StaleClaimError",
+    "StoreIntegrityError",
     "StoreUnavailableError",
     "UnknownSessionError",
     "UnknownTurnError",
@@ -102,6 +103,21 @@ class IntakeError(Exception):
 
 class IntakeClosedError(IntakeError):
     """Raised when an operation reaches an intake (or committer) that was already closed."""
+
+
+class StoreIntegrityError(IntakeError):
+    """A row of the turn store that is not what its columns promise (a bad state, a wrong
+    type, unreadable JSON): written by something other than hunter, or damaged. It names the
+    row; the daemon reports it and goes on."""
+
+    def __init__(self, table: str, key: object, problem: str) -> None:
+        self.table = table
+        self.key = key
+        self.problem = problem
+        super().__init__(f"turn store row {table}[{key!r}] is invalid: {problem}")
+
+    def __reduce__(self) -> tuple[type[StoreIntegrityError], tuple[str, object, str]]:
+        return (type(self), (self.table, self.key, self.problem))
 
 
 class StoreUnavailableError(IntakeError):

@@ -58,7 +58,7 @@ import anyio.to_thread
 
 from ledger import session_dir_for
 from sandbox.policy.lifecycle import TurnState
-from supervisor.errors import RequestError
+from supervisor.errors import RequestError, StoreIntegrityError
 from supervisor.executors.hub import ExecutorHub
 from supervisor.logging import get_logger
 from supervisor.store.protocol import TurnRecord
@@ -333,6 +333,13 @@ class ControlServer:
             result = await self._dispatch(op, request.params)
         except RequestError as exc:
             return {"id": request.id, "ok": False, "error": exc.to_wire()}
+        except StoreIntegrityError as exc:  # a damaged or foreign row: named, no traceback
+            self._log.error("store_row_invalid", op=op, table=exc.table, key=str(exc.key))
+            return {
+                "id": request.id,
+                "ok": False,
+                "error": {"code": "store_integrity", "message": f"{op}: {exc}"},
+            }
         except Exception as exc:
             self._log.exception("control_request_failed", op=op)
             return {

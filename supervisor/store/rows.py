@@ -2,20 +2,23 @@
 
 Both engines select their columns in the order of the SQLite engine's column lists
 (`supervisor.store.sqlite.schema`: ``TURN_COLUMNS``, ``ATTEMPT_COLUMNS``,
-``SESSION_COLUMNS``). A row that does not have the types its columns promise is a bug or a
-hostile file: the asserts stop it before it becomes a record.
+``SESSION_COLUMNS``). A row that does not have the types or values its columns promise (a
+state no hunter writes, a number where text belongs, JSON that does not parse) was written by
+something else or damaged: it raises `StoreIntegrityError` naming the table, the row's key and
+the field, and never becomes a record.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Final
+from typing import Final, TypeVar
 
 import orjson
 
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import TurnKind, TurnState
+from supervisor.errors import StoreIntegrityError
 from supervisor.store.protocol import SessionRecord, SessionState, TurnRecord
 
 __all__ = ["attempt_from_row", "dumps", "loads", "session_from_row", "turn_from_row"]
@@ -44,14 +47,39 @@ def loads(blob: bytes) -> Mapping[str, object]:
     return MappingProxyType(value)
 
 
+T = TypeVar("T")
+
+
+class _Bad(Exception):
+    """One field of a row is wrong (turned into `StoreIntegrityError` by the converter)."""
+
+
+def _typed(value: object, kind: type[T], field: str) -> T:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise _Bad(f"{field}: expected {kind.__name__}, found {type(value).__name__}")
+    return value
+
+
+def _key(row: Sequence[object]) -> object:
+    return row[0] if row else None
+
+
 def session_from_row(row: Sequence[object]) -> SessionRecord:
+    """A `sessions` row (`SESSION_COLUMNS`) as a record."""
+    try:
+        return _session(row)
+    except (_Bad, ValueError, TypeError) as exc:
+        raise StoreIntegrityError("sessions", _key(row), str(exc)) from None
+
+
+def _session(row: Sequence[object]) -> SessionRecord:
     sid, package, tier, work_order, workspace, state, opened, closed, turns = row
-    assert isinstance(sid, str)
-    assert isinstance(package, str)
-    assert isinstance(tier, str)
-    assert isinstance(state, str)
-    assert isinstance(opened, int)
-    assert isinstance(turns, int)
+    sid = _typed(sid, str, "session_id")
+    package = _typed(package, str, "package_id")
+    tier = _typed(tier, str, "tier")
+    state = _typed(state, str, "state")
+    opened = _typed(opened, int, "opened_us")
+    turns = _typed(turns, int, "turns")
     return SessionRecord(
         session_id=sid,
         package_id=package,
@@ -65,23 +93,29 @@ def session_from_row(row: Sequence[object]) -> SessionRecord:
     )
 
 
-def _text(value: object) -> str | None:
-    assert value is None or isinstance(value, str)
-    return value
+def _text(value: object, field: str = "a text column") -> str | None:
+    return None if value is None else _typed(value, str, field)
 
 
-def _int(value: object) -> int | None:
-    assert value is None or isinstance(value, int)
-    return value
+def _int(value: object, field: str = "an integer column") -> int | None:
+    return None if value is None else _typed(value, int, field)
 
 
 def attempt_from_row(row: Sequence[object]) -> AttemptRecord:
     """An `attempts` row (`ATTEMPT_COLUMNS`) as a record."""
+    try:
+        return _attempt(row)
+    except (_Bad, ValueError, TypeError) as exc:
+        key = f"{row[0]}/{row[2]}" if len(row) > 2 else _key(row)
+        raise StoreIntegrityError("attempts", key, str(exc)) from None
+
+
+def _attempt(row: Sequence[object]) -> AttemptRecord:
     extra = row[16]
-    assert extra is None or isinstance(extra, bytes)
-    attempt, started = row[2], row[3]
-    assert isinstance(attempt, int)
-    assert isinstance(started, int)
+    if extra is not None:
+        extra = _typed(extra, bytes, "extra")
+    attempt = _typed(row[2], int, "attempt")
+    started = _typed(row[3], int, "started_us")
     return AttemptRecord(
         attempt=attempt,
         started_us=started,
@@ -109,20 +143,28 @@ def turn_from_row(
 ) -> TurnRecord:
     """A `turns` row (`TURN_COLUMNS`) and its attempts as a record (*spec*: the turn's spec
     when the caller has it already parsed)."""
-    raw_spec, result = row[4], row[16]
-    assert isinstance(raw_spec, bytes)
-    assert result is None or isinstance(result, bytes)
-    turn_id, session_id, number, kind, state = row[0], row[1], row[2], row[3], row[6]
-    assert isinstance(turn_id, int)
-    assert isinstance(session_id, str)
-    assert isinstance(number, int)
-    assert isinstance(kind, str)
-    assert isinstance(state, str)
-    attempt, accepted, updated, token = row[7], row[8], row[9], row[18]
-    assert isinstance(attempt, int)
-    assert isinstance(accepted, int)
-    assert isinstance(updated, int)
-    assert isinstance(token, int)
+    try:
+        return _turn(row, attempts, spec)
+    except (_Bad, ValueError, TypeError) as exc:
+        raise StoreIntegrityError("turns", _key(row), str(exc)) from None
+
+
+def _turn(
+    row: Sequence[object],
+    attempts: tuple[AttemptRecord, ...],
+    spec: Mapping[str, object] | None,
+) -> TurnRecord:
+    raw_spec = _typed(row[4], bytes, "spec")
+    result = None if row[16] is None else _typed(row[16], bytes, "result")
+    turn_id = _typed(row[0], int, "turn_id")
+    session_id = _typed(row[1], str, "session_id")
+    number = _typed(row[2], int, "turn_number")
+    kind = _typed(row[3], str, "kind")
+    state = _typed(row[6], str, "state")
+    attempt = _typed(row[7], int, "attempt")
+    accepted = _typed(row[8], int, "accepted_us")
+    updated = _typed(row[9], int, "updated_us")
+    token = _typed(row[18], int, "token")
     return TurnRecord(
         turn_id=turn_id,
         session_id=session_id,

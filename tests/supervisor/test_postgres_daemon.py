@@ -22,6 +22,7 @@ import pytest
 from ledger import verify_root
 from supervisor.control.client import ControlClient
 from supervisor.demo.stack import DEMO_CONFIG, DemoStack, prepare_root
+from supervisor.errors import ControlClientError
 from tests.supervisor.store.pg_cluster import (
     PgCluster,
     database_for,
@@ -114,6 +115,23 @@ async def test_migrate_then_serve_instruction_turns(pg_cluster: PgCluster, root:
             ]
         assert [t["state"] for t in turns] == ["succeeded"] * 3
         assert all(t["attempts"][0]["executor_id"] == "ok-1" for t in turns)
+        # a row no hunter wrote: a clear error naming it, and the daemon goes on
+        database = dsn.partition("?")[0].rpartition("/")[2]
+        hostile = turns[0]["turn_id"]
+        pg_cluster.psql(
+            f"UPDATE turns SET state = 'bogus' WHERE turn_id = {hostile}", database=database
+        )
+        async with ControlClient(stack.control_socket) as client:
+            with pytest.raises(ControlClientError) as refused:  # a listing reads the store
+                await client.call("turns.list", session_id=sid)
+            assert refused.value.code == "store_integrity"
+            assert f"turns[{hostile}]" in str(refused.value)
+            assert (await client.call("turn.get", turn_id=turns[1]["turn_id"]))["turn"][
+                "state"
+            ] == ("succeeded")
+        pg_cluster.psql(
+            f"UPDATE turns SET state = 'succeeded' WHERE turn_id = {hostile}", database=database
+        )
         assert await stack.stop_daemon() == 0
     finally:
         await stack.aclose()

@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from sandbox.policy.lifecycle import TurnState
-from supervisor.errors import NotEscalatedError
+from supervisor.errors import NotEscalatedError, StoreIntegrityError
 from supervisor.store.fleet import StaleHomeError
 from supervisor.store.postgres import open_postgres_store
 from supervisor.store.protocol import Resolution, TurnEnding
@@ -23,6 +23,7 @@ from tests.supervisor.store.conformance import (
     line,
     session,
 )
+from tests.supervisor.store.pg_cluster import PgCluster
 
 
 async def test_a_session_has_one_home_and_a_lapsed_home_is_taken_over(pg_dsn: str) -> None:
@@ -137,3 +138,27 @@ async def test_a_turn_nobody_holds_wakes_the_other_daemons(pg_dsn: str) -> None:
             await anyio.sleep(0.1)
             await waker.accept(instruction())
         assert woke == [True]
+
+
+async def test_a_hostile_row_is_an_integrity_error_naming_it(
+    pg_dsn: str, pg_cluster: PgCluster
+) -> None:
+    """A row no hunter wrote (a state that does not exist, JSON that does not parse) raises
+    `StoreIntegrityError` naming the table, the row and the field; other rows read on."""
+    async with open_postgres_store(pg_dsn) as store:
+        await session(store)
+        bad = (await store.accept(instruction())).turn.turn_id
+        good = (await store.accept(instruction())).turn.turn_id
+        database = pg_dsn.partition("?")[0].rpartition("/")[2]
+        pg_cluster.psql(
+            f"UPDATE turns SET state = 'bogus' WHERE turn_id = {bad}", database=database
+        )
+        with pytest.raises(StoreIntegrityError, match=rf"turns\[{bad}\].*'bogus'"):
+            await store.get_turn(bad)
+        assert (await store.get_turn(good)).state is TurnState.ACCEPTED
+        pg_cluster.psql(
+            f"UPDATE turns SET state = 'accepted', spec = 'not json'::bytea WHERE turn_id = {bad}",
+            database=database,
+        )
+        with pytest.raises(StoreIntegrityError, match=rf"turns\[{bad}\]"):
+            await store.get_turn(bad)
