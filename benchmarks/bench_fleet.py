@@ -181,7 +181,25 @@ async def _pg_xacts(dsn: str) -> int:
         await conn.close()
 
 
-async def _row(base: Path, bench: ModuleType, count: int, dsn: str | None) -> dict[str, float]:
+def _server_cpu(cluster: PgCluster | None) -> float:
+    """CPU seconds of the PostgreSQL server so far (the postmaster and every backend)."""
+    if cluster is None:
+        return 0.0
+    pid = int((cluster.data / "postmaster.pid").read_text().split()[0])
+    total = 0.0
+    main = psutil.Process(pid)
+    for proc in [main, *main.children()]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+async def _row(
+    base: Path, bench: ModuleType, count: int, dsn: str | None, cluster: PgCluster | None
+) -> dict[str, float]:
     daemons = []
     try:
         for n in range(count):
@@ -191,7 +209,9 @@ async def _row(base: Path, bench: ModuleType, count: int, dsn: str | None) -> di
         procs = [psutil.Process(d.stack.daemon.pid) for d in daemons if d.stack.daemon]
         cpu0 = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
         x0 = await _pg_xacts(dsn) if dsn else 0
+        s0 = _server_cpu(cluster)
         done, elapsed = await _throughput(daemons)
+        s1 = _server_cpu(cluster)
         x1 = await _pg_xacts(dsn) if dsn else 0
         cpu1 = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
         after = [await _status(d) for d in daemons]
@@ -212,6 +232,7 @@ async def _row(base: Path, bench: ModuleType, count: int, dsn: str | None) -> di
         "writes_per_turn": ops / max(1, done),
         "pg_xacts_per_turn": (x1 - x0) / max(1, done),
         "daemon_cpu_ms_per_turn": (cpu1 - cpu0) * 1000 / max(1, done),
+        "server_cpu_ms_per_turn": (s1 - s0) * 1000 / max(1, done),
     }
 
 
@@ -223,7 +244,7 @@ async def run_all() -> None:
     started = time.perf_counter()
     rows: dict[str, dict[str, float]] = {}
     try:
-        rows["sqlite, 1 daemon"] = await _row(base, bench, 1, None)
+        rows["sqlite, 1 daemon"] = await _row(base, bench, 1, None, None)
         for count in (1, 2, 3):
             conn = await asyncpg.connect(cluster.dsn())
             try:
@@ -233,7 +254,7 @@ async def run_all() -> None:
             dsn = cluster.dsn(f"fleet{count}")
             await migrate_database(dsn)
             rows[f"postgres, {count} daemon{'s' if count > 1 else ''}"] = await _row(
-                base, bench, count, dsn
+                base, bench, count, dsn, cluster
             )
     finally:
         await anyio.to_thread.run_sync(stop_cluster, cluster)
@@ -242,7 +263,7 @@ async def run_all() -> None:
     out(f"fleet benchmark (python {sys.version.split()[0]}, {os.cpu_count()} cpus)\n")
     out(
         f"{'engine, daemons':22} {'turns/s':>9} {'vs base':>8} {'p50 us':>9} {'commits/t':>10}"
-        f" {'writes/t':>9} {'pg xact/t':>10} {'cpu ms/t':>9}\n"
+        f" {'writes/t':>9} {'pg xact/t':>10} {'cpu ms/t':>9} {'pg cpu/t':>9}\n"
     )
     base_row = rows["sqlite, 1 daemon"]
     for name, row in rows.items():
