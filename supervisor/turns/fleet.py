@@ -322,8 +322,14 @@ class Fleet:
         entries); waits up to 10 s for it, then returns the turn as it is."""
         await self._store.request_resolution(turn.turn_id, resolution)
         self._log.info("resolution_requested", turn_id=turn.turn_id, action=resolution.value)
+        delay = 0.01
         with anyio.move_on_after(10):
-            return await self.wait_elsewhere(turn.turn_id, frozenset(), get_turn)
+            while True:
+                current = await get_turn(turn.turn_id)
+                if current.state is not TurnState.ESCALATED:
+                    return current
+                await anyio.sleep(delay)
+                delay = min(0.25, delay * 1.5)
         return await get_turn(turn.turn_id)
 
     # -- claims -----------------------------------------------------------------------------

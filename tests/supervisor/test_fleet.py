@@ -258,3 +258,52 @@ async def test_three_daemons_survive_a_kill_and_a_pause(pg_cluster: PgCluster, b
         for stack in stacks.values():
             with anyio.CancelScope(shield=True):
                 await stack.aclose()
+
+
+async def test_process_turns_and_escalations_across_daemons(
+    pg_cluster: PgCluster, base: Path
+) -> None:
+    """A process turn submitted to a daemon that is not its session's home runs at the home (in
+    its sandbox) and escalates; a person resolves it from the other daemon; the home carries
+    the decision out, with the ending's ledger entries, and the chain exports and verifies."""
+    dsn = database_for(base)
+    stacks: dict[str, DemoStack] = {}
+    try:
+        stacks["a"] = await _daemon(base, "a", dsn, ["ok"])
+        stacks["b"] = await _daemon(base, "b", dsn, ["ok"])
+        sock_a, sock_b = stacks["a"].control_socket, stacks["b"].control_socket
+        sid = str((await call_once(sock_a, "session.open", package_id="demo"))["session_id"])
+        submitted = await call_once(
+            sock_b,
+            "turn.submit",
+            session_id=sid,
+            kind="process",
+            argv=["python3", "-c", "b = bytearray(512 << 20)"],
+            declared_outputs=[],
+        )
+        turn_id = int(submitted["turn"]["turn_id"])
+        parked = await _final(stacks["b"], turn_id)
+        assert parked["state"] == "escalated", parked
+        listed = await call_once(sock_b, "escalations.list")
+        assert turn_id in [t["turn_id"] for t in listed["escalations"]]
+        resolved = await call_once(
+            sock_b, "escalations.resolve", turn_id=turn_id, action="terminate"
+        )
+        assert resolved["turn"]["state"] == "terminated"
+        assert resolved["turn"]["reason_code"] == "OPERATOR_TERMINATED"
+        out = base / "export"
+        assert _hunter("ledger", "export", "--root", str(out), "--dsn", dsn).returncode == 0
+        verified = _hunter("ledger", "verify", "--root", str(out), "--store", "--dsn", dsn)
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+        exec_file = next(out.glob(f"planes/*/sessions/{sid}/ledger/exec.jsonl"))
+        statuses = [
+            json.loads(line).get("status")
+            for line in exec_file.read_text(encoding="utf-8").splitlines()
+            if json.loads(line).get("kind") == "turn"
+        ]
+        assert statuses[-1] == "terminated"
+        assert "escalated" in statuses  # the escalation's entry, then the ending's
+    finally:
+        for stack in stacks.values():
+            with anyio.CancelScope(shield=True):
+                await stack.aclose()
