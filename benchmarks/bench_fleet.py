@@ -221,6 +221,10 @@ async def _row(
     commits = sum(
         a["store"]["commits"] - b["store"]["commits"] for a, b in zip(after, before, strict=True)
     )
+    trips = sum(
+        a["store"].get("round_trips", 0) - b["store"].get("round_trips", 0)
+        for a, b in zip(after, before, strict=True)
+    )
     ops = sum(
         a["store"]["operations"] - b["store"]["operations"]
         for a, b in zip(after, before, strict=True)
@@ -231,6 +235,7 @@ async def _row(
         "commits_per_turn": commits / max(1, done),
         "writes_per_turn": ops / max(1, done),
         "pg_xacts_per_turn": (x1 - x0) / max(1, done),
+        "round_trips_per_turn": trips / max(1, done),
         "daemon_cpu_ms_per_turn": (cpu1 - cpu0) * 1000 / max(1, done),
         "server_cpu_ms_per_turn": (s1 - s0) * 1000 / max(1, done),
     }
@@ -263,7 +268,7 @@ async def run_all() -> None:
     out(f"fleet benchmark (python {sys.version.split()[0]}, {os.cpu_count()} cpus)\n")
     out(
         f"{'engine, daemons':22} {'turns/s':>9} {'vs base':>8} {'p50 us':>9} {'commits/t':>10}"
-        f" {'writes/t':>9} {'pg xact/t':>10} {'cpu ms/t':>9} {'pg cpu/t':>9}\n"
+        f" {'writes/t':>9} {'pg xact/t':>10} {'trips/t':>8} {'cpu ms/t':>9} {'pg cpu/t':>9}\n"
     )
     base_row = rows["sqlite, 1 daemon"]
     for name, row in rows.items():

@@ -91,6 +91,10 @@ class NewSession:
     tier: str = "default"
     work_order_id: str | None = None
     workspace: str | None = None
+    #: the tenant label its turns queue under (None: the session is its own tenant)
+    tenant: str | None = None
+    #: its weight among tenants when turns wait for a slot (None: 1)
+    priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,6 +109,8 @@ class SessionRecord:
     closed_us: int | None
     #: turns accepted in this session so far (the next turn number is ``turns + 1``)
     turns: int
+    tenant: str | None = None
+    priority: int | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -117,6 +123,8 @@ class SessionRecord:
             "opened_us": self.opened_us,
             "closed_us": self.closed_us,
             "turns": self.turns,
+            "tenant": self.tenant,
+            "priority": self.priority,
         }
 
 
@@ -249,6 +257,8 @@ class StoreStatistics:
     #: times the server became unreachable since start, and the last error seen
     outages: int = 0
     last_error: str = ""
+    #: statements sent to a database server (PostgreSQL; 0 for the embedded engine)
+    round_trips: int = 0
 
 
 T_co = TypeVar("T_co", covariant=True)

@@ -158,6 +158,7 @@ class PostgresTurnStore:
         self._down_since: float | None = None
         self._outages = 0
         self._last_error = ""
+        self._round_trips = 0
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -170,13 +171,13 @@ class PostgresTurnStore:
             raise RuntimeError(f"turn store {self.where}: run() was already called")
         self._state = "starting"
         try:
-            self._writer = await asyncpg.connect(self._dsn, timeout=self._connect_timeout_s)
+            self._writer = await self._connect()
             if self._migrate:
                 await migrate(self._writer, self.where)
             else:
                 await check_schema(self._writer, self.where)
             for _ in range(self._read_connections):
-                reader = await asyncpg.connect(self._dsn, timeout=self._connect_timeout_s)
+                reader = await self._connect()
                 self._readers.append(reader)
                 self._idle_send.send_nowait(reader)
             self._listener = await asyncpg.connect(self._dsn, timeout=self._connect_timeout_s)
@@ -228,6 +229,15 @@ class PostgresTurnStore:
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
                 conn.terminate()
 
+    async def _connect(self) -> asyncpg.Connection:
+        """A writer or reader connection; its statements are counted (round trips)."""
+        conn = await asyncpg.connect(self._dsn, timeout=self._connect_timeout_s)
+        conn.add_query_logger(self._count_round_trip)
+        return conn
+
+    def _count_round_trip(self, _query: object) -> None:
+        self._round_trips += 1
+
     def _shut(self) -> None:
         self._state = "closed"
         self._send.close()
@@ -264,6 +274,7 @@ class PostgresTurnStore:
             available=self._down_since is None,
             outages=self._outages,
             last_error=self._last_error,
+            round_trips=self._round_trips,
         )
 
     # -- the committer --------------------------------------------------------------------
@@ -354,7 +365,7 @@ class PostgresTurnStore:
             if self._state not in {"open", "closing"}:
                 raise IntakeClosedError(f"turn store {self.where} is closed")
             try:
-                self._writer = await asyncpg.connect(self._dsn, timeout=self._connect_timeout_s)
+                self._writer = await self._connect()
             except Exception as exc:  # still down: wait and try again
                 self._writer_lost(None, exc)
                 await anyio.sleep(delay)
@@ -430,7 +441,7 @@ class PostgresTurnStore:
         deadline = time.monotonic() + 10
         while True:
             try:
-                conn = await asyncpg.connect(self._dsn, timeout=self._connect_timeout_s)
+                conn = await self._connect()
             except Exception as again:
                 if time.monotonic() > deadline:
                     raise StoreUnavailableError(
