@@ -411,10 +411,12 @@ class ControlServer:
         spec = request.instruction
         if spec is None or self._hub.serving(spec.command_type):
             return []
-        wait_s = self._hub.settings.queue_wait_s
+        queue_s = self._hub.settings.queue_wait_s
+        wait_s = min(queue_s, spec.timeout_ms / 1000)
         return [
             f"no connected executor serves {spec.command_type.value}: the turn waits up to"
-            f" executors.queue_wait_s={wait_s:g}s for one, then its attempt times out"
+            f" {wait_s:g}s for one (executors.queue_wait_s={queue_s:g}s, at most its timeout),"
+            " then ends NO_CAPABLE_EXECUTOR"
         ]
 
     async def _turn_get(self, params: TurnRef) -> object:

@@ -25,10 +25,11 @@ from supervisor.logging import get_logger
 from supervisor.store.fleet import StaleHomeError
 from supervisor.store.protocol import Claim, TurnEnding, TurnRecord
 from supervisor.turns.context import TurnDeps, end_turn, now_us
-from supervisor.turns.instruction import HubLike, run_instruction_turn
+from supervisor.turns.instruction import HubLike, run_instruction_turn, slot_wait_s
 from supervisor.turns.parking import Parked, ParkedTurns
 from supervisor.turns.process import run_process_turn
 from supervisor.turns.requests import TurnRequest, parse_turn_request
+from supervisor.turns.slot_deadlines import SlotDeadlines
 from supervisor.turns.tracker import ActiveTurn
 
 __all__ = ["TurnRunner", "error_code"]
@@ -78,6 +79,7 @@ class TurnRunner:
         # Instruction turns waiting for an executor slot, without a task (see `parking`), and
         # per command type the turns started whose envelope is not yet with the hub.
         self._parked = ParkedTurns()
+        self._due = SlotDeadlines()  # each parked turn's own bound (its timeout_ms)
         self._launching: collections.Counter[ExecutorCommandType] = collections.Counter()
         self._feed: anyio.Event | None = None
 
@@ -106,7 +108,10 @@ class TurnRunner:
         if command is not None and turn.state is TurnState.ACCEPTED:
             free = self._hub.free_slots(command) - self._launching[command]
             if self._parked.count(command) or free <= 0:  # FIFO: never overtake parked turns
-                self._parked.park(command, turn, claim, time.monotonic())
+                now = time.monotonic()
+                self._parked.park(command, turn, claim, now)
+                bound_s = slot_wait_s(self._hub, self._request(turn).instruction)
+                self._due.add(turn.turn_id, now + bound_s)
                 return
         self._launch(turn, active, recovered, command)
 
@@ -163,7 +168,13 @@ class TurnRunner:
                 for parked in self._parked.pop(command, max(0, free)):
                     self._unpark(parked)
             overdue = self._parked.overdue(now=time.monotonic(), max_wait_s=self._hub.queue_wait_s)
-            for parked in overdue:  # they meet the hub's own "no executor" timeout
+            for turn_id in self._due.due(time.monotonic()):  # past their own timeout_ms
+                due = self._parked.remove(turn_id)
+                if due is not None:
+                    overdue.append(due)
+            if not len(self._parked):
+                self._due.clear()
+            for parked in overdue:  # they meet the hub's "no slot" / "no capable executor" end
                 self._unpark(parked)
 
     def _request(self, turn: TurnRecord) -> TurnRequest:
