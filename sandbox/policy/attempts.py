@@ -9,7 +9,8 @@ The combination, in order:
 
 * deny by default: an outcome, phase or options object that is not what it claims to be is
   TERMINATE with a ``DENY_*`` code; the attempt context is checked by the Phase-21 engine;
-* SUCCESS -> SUCCEED; REFUSED -> TERMINATE, never retried;
+* SUCCESS -> SUCCEED; REFUSED -> TERMINATE, never retried; NO_EXECUTOR (no connected executor
+  serves the command type) -> TERMINATE ``NO_CAPABLE_EXECUTOR``, never retried;
 * a FAILURE whose exit code is transient (seed 003: 124-128, or a signal) is the Phase-21 fault
   it stands for (124 TIMEOUT, 125-128 CRASH) and goes through the fault path;
 * FAULT -> ``decide_sandbox_outcome``; its RETRY is then gated by the phase: automatic retry only
@@ -22,6 +23,9 @@ The combination, in order:
   (``attempt_number < max_attempts``); on the last attempt the verdict is EXHAUSTED with
   ``record_entropy=True``; in RED/REFACTOR it is TERMINATE ``PHASE_NOT_RETRYABLE``; with no
   phase Phase-21 has no rule for it, so it is TERMINATE ``FAILURE_NOT_RETRIED``.
+
+A RETRY waits ``RetryOptions.delay_ms`` (the backoff), or, when the outcome carries the
+executor's ``retry_after_ms``, that many milliseconds instead, capped at ``max_delay_ms``.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ __all__ = [
     "Verdict",
     "decide_attempt",
     "outcome_from_response",
+    "retry_delay_ms",
 ]
 
 _UNSPECIFIED_ID: Final = "unspecified"
@@ -152,16 +157,24 @@ class OutcomeKind(Enum):
     FAILURE = "FAILURE"
     FAULT = "FAULT"
     REFUSED = "REFUSED"
+    #: no connected executor serves the command type (the attempt never reached one)
+    NO_EXECUTOR = "NO_EXECUTOR"
 
 
 @dataclass(frozen=True, slots=True)
 class AttemptOutcome:
-    """The outcome of one attempt (not validated here: ``decide_attempt`` denies bad ones)."""
+    """The outcome of one attempt (not validated here: ``decide_attempt`` denies bad ones).
+
+    ``retry_after_ms``: the executor's own say on how long to wait before a retry (a FAILURE or
+    ERROR response's ``retry_after_ms``); a RETRY decision waits that long instead of the
+    computed backoff, capped at ``RetryOptions.max_delay_ms`` (Temporal's ``next_retry_delay``).
+    """
 
     kind: OutcomeKind
     exit_code: int | None = None
     fault_type: ExecutionFaultType | None = None
     message: str = ""
+    retry_after_ms: int | None = None
 
     @classmethod
     def success(cls) -> AttemptOutcome:
@@ -182,6 +195,11 @@ class AttemptOutcome:
     def refused(cls, message: str = "") -> AttemptOutcome:
         """The executor refused the instruction."""
         return cls(OutcomeKind.REFUSED, message=message)
+
+    @classmethod
+    def no_executor(cls, message: str = "") -> AttemptOutcome:
+        """No connected executor serves the command type: the attempt reached none."""
+        return cls(OutcomeKind.NO_EXECUTOR, message=message)
 
     @classmethod
     def from_exit_code(
@@ -279,6 +297,14 @@ def _deny(code: str, reason: str, fault_type: ExecutionFaultType | None = None) 
     )
 
 
+def retry_delay_ms(options: RetryOptions, attempt_number: int, retry_after_ms: object) -> int:
+    """The wait before the attempt after *attempt_number*: the executor's *retry_after_ms* when
+    it is a non-negative int (capped at ``max_delay_ms``), else the backoff schedule."""
+    if _is_int(retry_after_ms) and cast("int", retry_after_ms) >= 0:
+        return min(cast("int", retry_after_ms), options.max_delay_ms)
+    return options.delay_ms(attempt_number)
+
+
 def _phase_name(phase: AgentPhase | None) -> str:
     return "no phase" if phase is None else f"phase {phase.value}"
 
@@ -290,6 +316,7 @@ def _decide_fault(
     context: SandboxContext,
     phase: AgentPhase | None,
     options: RetryOptions,
+    retry_after_ms: object = None,
 ) -> AttemptDecision:
     fault = FaultReport(
         fault_id=f"{context.instruction_id}#{context.attempt_number}",
@@ -317,7 +344,7 @@ def _decide_fault(
             Verdict.RETRY,
             result.reason_code,
             result.reason_description,
-            delay_ms=options.delay_ms(context.attempt_number),
+            delay_ms=retry_delay_ms(options, context.attempt_number, retry_after_ms),
             fault_type=known,
             sandbox_decision=result.decision,
             retry_policy=result.retry_policy,
@@ -379,6 +406,7 @@ def decide_attempt(
             context=context,
             phase=phase,
             options=options,
+            retry_after_ms=outcome.retry_after_ms,
         )
     problem = context_problem(context)
     if problem is not None:
@@ -392,6 +420,12 @@ def decide_attempt(
         return AttemptDecision(Verdict.SUCCEED, rc.ATTEMPT_SUCCEEDED, "attempt succeeded")
     if kind is OutcomeKind.REFUSED:
         return _deny(rc.EXECUTOR_REFUSED, "executor refused the instruction: not retried")
+    if kind is OutcomeKind.NO_EXECUTOR:
+        return _deny(
+            rc.NO_CAPABLE_EXECUTOR,
+            "no connected executor serves the command type: not retried (a retry would wait "
+            "for one the same way)",
+        )
     # A persistent failure (seed 003's PersistentError).
     failed = f"failed with exit code {outcome.exit_code}"
     if phase is None:
@@ -413,7 +447,7 @@ def decide_attempt(
             Verdict.RETRY,
             rc.PERSISTENT_FAILURE_RETRY,
             f"{failed} on attempt {attempt_number} of {options.max_attempts}: retry",
-            delay_ms=options.delay_ms(context.attempt_number),
+            delay_ms=retry_delay_ms(options, context.attempt_number, outcome.retry_after_ms),
             retry_policy=RetryPolicy.RETRY_LIMITED,
         )
     return AttemptDecision(

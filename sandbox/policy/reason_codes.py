@@ -44,6 +44,7 @@ EXECUTOR_REFUSED: Final = "EXECUTOR_REFUSED"  # executor answered REFUSED: TERMI
 DENY_OUTCOME_MALFORMED: Final = "DENY_OUTCOME_MALFORMED"  # bad/inconsistent outcome
 DENY_PHASE_UNKNOWN: Final = "DENY_PHASE_UNKNOWN"  # phase neither None nor an AgentPhase
 DENY_OPTIONS_INVALID: Final = "DENY_OPTIONS_INVALID"  # options is not a RetryOptions
+NO_CAPABLE_EXECUTOR: Final = "NO_CAPABLE_EXECUTOR"  # no connected executor serves it: TERMINATE
 
 # --- Phase-20 executor responses (seed 001 section 6, executor_safety.py) --------------------
 RESPONSE_ACCEPTED: Final = "RESPONSE_ACCEPTED"  # passed every rule: allowed

@@ -41,6 +41,8 @@ import anyio
 import anyio.abc
 import structlog
 
+from sandbox.policy import reason_codes as rc
+from sandbox.policy.attempts import AttemptOutcome
 from sandbox.policy.envelopes import (
     ExecutorCommandType,
     ExecutorInstructionEnvelope,
@@ -71,6 +73,11 @@ __all__ = [
     "QueueFullError",
     "open_executor_listener",
 ]
+
+
+def _no_capable_executor(detail: str) -> Verdict:
+    """No connected executor serves the command: the attempt reached none (NO_EXECUTOR)."""
+    return Verdict(AttemptOutcome.no_executor(detail), rc.NO_CAPABLE_EXECUTOR, detail)
 
 
 class _Host:
@@ -229,7 +236,10 @@ class ExecutorHub:
         response, or after the deadline once the executor answered the ``cancel`` (or
         ``cancel_grace_s`` passed, in which case the executor is marked ERROR).
         ``queue_wait_s``: how long it may wait for a slot (default ``settings.queue_wait_s``;
-        less for a turn that already waited parked in the turn core).
+        less for a turn that already waited parked in the turn core). The wait never exceeds
+        the instruction's own ``timeout_ms``: a one-second instruction is not queued for a
+        minute. When it ends with no connected executor serving the command type at all, the
+        outcome is NO_EXECUTOR (reason ``NO_CAPABLE_EXECUTOR``), not a TIMEOUT.
         """
         started = time.monotonic()
         self._attempts_started += 1
@@ -244,6 +254,7 @@ class ExecutorHub:
                 )
             else:
                 wait_s = self.settings.queue_wait_s if queue_wait_s is None else queue_wait_s
+                wait_s = min(wait_s, envelope.timeout_ms / 1000)
                 report = await self._queued_attempt(envelope, started, max(0.0, wait_s))
         finally:
             self._active_attempts -= 1
@@ -336,11 +347,15 @@ class ExecutorHub:
             if self._is_closing():
                 verdict = hub_closed()
                 event = "attempt_dropped"
-            else:  # the wait as configured (a parked turn waited its first part in the core)
-                verdict = queue_wait_expired(
-                    self._dispatcher.timeout_detail(command, self.settings.queue_wait_s)
-                )
-                event = "attempt_timed_out"
+            else:  # the wait as bounded (a parked turn waited its first part in the core)
+                bound_s = min(self.settings.queue_wait_s, envelope.timeout_ms / 1000)
+                detail = self._dispatcher.timeout_detail(command, bound_s)
+                if self._dispatcher.connected(command):
+                    verdict = queue_wait_expired(detail)
+                    event = "attempt_timed_out"
+                else:
+                    verdict = _no_capable_executor(detail)
+                    event = "attempt_no_executor"
             self._log.warning(
                 event,
                 instruction_id=iid,

@@ -30,7 +30,7 @@ from supervisor.turns.context import LoopHooks, TurnDeps, end_turn, now_us
 from supervisor.turns.requests import InstructionSpec, TurnRequest, iso_now
 from supervisor.turns.tracker import ActiveTurn
 
-__all__ = ["HubAttemptLike", "HubLike", "run_instruction_turn"]
+__all__ = ["HubAttemptLike", "HubLike", "run_instruction_turn", "slot_wait_s"]
 
 
 class HubAttemptLike(Protocol):
@@ -82,6 +82,14 @@ class HubLike(Protocol):
         ...
 
 
+def slot_wait_s(hub: HubLike, spec: InstructionSpec | None) -> float:
+    """How long an attempt of *spec* may wait for an executor slot (parked, then in the hub):
+    the hub's queue wait, never longer than the instruction's own ``timeout_ms``."""
+    if spec is None:
+        return hub.queue_wait_s
+    return min(hub.queue_wait_s, spec.timeout_ms / 1000)
+
+
 @dataclass(frozen=True, slots=True)
 class _Sent:
     envelope: Mapping[str, object]
@@ -128,8 +136,8 @@ async def run_instruction_turn(
     """Run the turn's attempts to its ending (final or escalated); None when a drain stopped
     it before an attempt (it stays accepted / waiting_retry for the restart). *dispatched* is
     called just before an envelope goes to the hub (the core's launch count). *queue_waited_s*:
-    how long the turn already waited parked for a slot; its first attempt waits the rest of the
-    hub's queue wait, not all of it again."""
+    how long the turn already waited parked for a slot; its first attempt waits the rest of its
+    bound (`slot_wait_s`), not all of it again."""
     spec = request.instruction
     if spec is None:
         msg = f"turn {turn.turn_id} is not an instruction turn"
@@ -141,8 +149,8 @@ async def run_instruction_turn(
         envelope = _envelope(spec, attempt, execution_id)
         dispatched()
         nonlocal queue_waited_s
-        wait = None if not queue_waited_s else max(0.0, hub.queue_wait_s - queue_waited_s)
-        queue_waited_s = 0.0  # a retry waits the hub's full queue wait again
+        wait = max(0.0, slot_wait_s(hub, spec) - queue_waited_s)
+        queue_waited_s = 0.0  # a retry waits its full bound again
         report = await _start_and_send(hooks, hub, envelope, wait)
         active.executor_id = report.executor_id
         detail = ": ".join(p for p in (report.safety_reason_code, report.detail) if p)

@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from sandbox.policy.attempts import OutcomeKind
-from sandbox.policy.envelopes import ExecutorCommandType
+from sandbox.policy.envelopes import ExecutorCommandType, ExecutorStatus
 from sandbox.policy.faults import ExecutionFaultType
 from supervisor.executors.dispatch import Dispatcher
 from supervisor.executors.hub import AttemptReport, HubReason, QueueFullError
@@ -37,13 +37,41 @@ async def test_least_loaded_executor_gets_the_next_instruction(socket_dir: Path)
 
 
 async def test_queue_wait_is_bounded_without_executors(socket_dir: Path) -> None:
-    """With no executor for the command, the attempt ends TIMEOUT after queue_wait_s."""
+    """With no executor for the command, the attempt waits queue_wait_s, then ends NO_EXECUTOR
+    (reason NO_CAPABLE_EXECUTOR), not as an executor TIMEOUT."""
     async with running_hub(socket_dir, queue_wait_s=0.2) as h:
         report = await h.hub.run_attempt(instruction("SCROLL"))
-    assert fault_type_of(report) is ExecutionFaultType.TIMEOUT
-    assert report.safety_reason_code == HubReason.QUEUE_WAIT_EXPIRED
+    assert report.outcome.kind is OutcomeKind.NO_EXECUTOR
+    assert fault_type_of(report) is None
+    assert report.safety_reason_code == "NO_CAPABLE_EXECUTOR"
     assert report.detail == "no executor supporting SCROLL was connected within queue_wait_s=0.2s"
     assert report.queued_ms >= 200
+
+
+async def test_queue_wait_is_bounded_by_the_instructions_timeout(socket_dir: Path) -> None:
+    """A 100 ms instruction waits for a slot 100 ms, not the configured 30 s."""
+    async with running_hub(socket_dir, queue_wait_s=30.0) as h:
+        with anyio.fail_after(10):
+            report = await h.hub.run_attempt(instruction("SCROLL", timeout_ms=100))
+    assert report.outcome.kind is OutcomeKind.NO_EXECUTOR
+    assert report.detail == "no executor supporting SCROLL was connected within queue_wait_s=0.1s"
+    assert 100 <= report.queued_ms < 10_000
+
+
+async def test_busy_executor_wait_is_bounded_by_the_timeout(socket_dir: Path) -> None:
+    """With a capable executor whose slot is taken, a 200 ms instruction waits 200 ms for it and
+    ends TIMEOUT (QUEUE_WAIT_EXPIRED): someone serves it, it was only busy."""
+    async with running_hub(socket_dir, queue_wait_s=30.0) as h:
+        await h.spawn("busy-1", "hang")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(h.hub.run_attempt, instruction(timeout_ms=20_000))
+            await h.hub.wait_for_executor("busy-1", status=ExecutorStatus.BUSY)
+            with anyio.fail_after(10):
+                report = await h.hub.run_attempt(instruction(timeout_ms=200))
+            tg.cancel_scope.cancel()
+    assert fault_type_of(report) is ExecutionFaultType.TIMEOUT
+    assert report.safety_reason_code == HubReason.QUEUE_WAIT_EXPIRED
+    assert "queue_wait_s=0.2s" in report.detail
 
 
 async def test_a_shorter_queue_wait_for_one_attempt(socket_dir: Path) -> None:
@@ -52,7 +80,7 @@ async def test_a_shorter_queue_wait_for_one_attempt(socket_dir: Path) -> None:
     async with running_hub(socket_dir, queue_wait_s=5.0) as h:
         with anyio.fail_after(2):
             report = await h.hub.run_attempt(instruction("SCROLL"), queue_wait_s=0.05)
-    assert fault_type_of(report) is ExecutionFaultType.TIMEOUT
+    assert report.outcome.kind is OutcomeKind.NO_EXECUTOR
     assert report.detail == "no executor supporting SCROLL was connected within queue_wait_s=5s"
     assert 50 <= report.queued_ms < 2000
 

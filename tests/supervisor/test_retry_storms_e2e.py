@@ -1,0 +1,122 @@
+"""End to end, retry storms and the "no executor" wait: a real `hunter serve`, real executors.
+
+Synchronisation is by what the daemon reports (`turn.wait`, `executors.wait`), never by
+sleeping. The configs here use the production queue wait (60 s), so a turn that waits for it
+would make `turn.wait` time out: the bounds are what the tests check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledger import verify_root
+from supervisor.control.client import ControlClient
+from supervisor.demo.stack import DEMO_CONFIG, DemoStack, prepare_root
+
+pytestmark = pytest.mark.slow
+
+#: The production queue wait: an attempt that waited it would outlast every `turn.wait` here.
+SLOW_QUEUE_CONFIG = DEMO_CONFIG.replace("queue_wait_s = 3.0", "queue_wait_s = 60.0")
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="hh-storm-"))
+    path.chmod(0o711)
+    try:
+        yield path / "r"
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def daemon(root: Path, config_text: str = SLOW_QUEUE_CONFIG) -> AsyncIterator[DemoStack]:
+    """A running daemon on a fresh root; its ledgers are verified when the test is done."""
+    config = prepare_root(root, fresh=True, config_text=config_text)
+    s = DemoStack(root=root, config_path=config)
+    try:
+        await s.start_daemon()
+        yield s
+    finally:
+        await s.aclose()
+    report = verify_root(root, workers=1)
+    assert report.ok, report.errors
+
+
+@pytest.fixture
+async def stack(root: Path) -> AsyncIterator[DemoStack]:
+    """A running daemon with the production queue wait."""
+    async with daemon(root) as s:
+        yield s
+
+
+async def chaos(s: DemoStack, executor_id: str, command: str, behaviour: str) -> None:
+    await s.start_executor(
+        executor_id,
+        [
+            "supervisor.examples.chaos_executor",
+            "--commands",
+            command,
+            "--behaviour",
+            behaviour,
+            "--no-reconnect",
+        ],
+    )
+
+
+async def session(client: ControlClient) -> str:
+    return str((await client.call("session.open", package_id="demo"))["session_id"])
+
+
+async def submit(client: ControlClient, sid: str, **params: Any) -> int:
+    params.setdefault("declared_outputs", [])
+    params.setdefault("kind", "instruction")
+    submitted = await client.call("turn.submit", session_id=sid, **params)
+    return int(submitted["turn"]["turn_id"])
+
+
+async def wait(client: ControlClient, turn_id: int, timeout_s: float = 20) -> dict[str, Any]:
+    result = await client.call("turn.wait", turn_id=turn_id, timeout_s=timeout_s)
+    turn = dict(result["turn"])
+    assert turn["state"] not in {"accepted", "running", "waiting_retry"}, turn
+    return turn
+
+
+async def test_no_capable_executor_ends_within_the_turns_timeout(stack: DemoStack) -> None:
+    """A one-second instruction nobody serves ends after about a second, once, with its own
+    reason code, not after three 60 s queue waits as an executor TIMEOUT."""
+    async with ControlClient(stack.control_socket) as client:
+        sid = await session(client)
+        turn_id = await submit(client, sid, command_type="SCROLL", timeout_ms=1000, phase="GREEN")
+        turn = await wait(client, turn_id, timeout_s=20)
+    assert turn["state"] == "terminated"
+    assert turn["reason_code"] == "NO_CAPABLE_EXECUTOR"
+    assert turn["fault_type"] is None
+    (attempt,) = turn["attempts"]
+    assert attempt["outcome"] == "NO_EXECUTOR"
+    assert attempt["decision"] == "TERMINATE"
+    assert (turn["finished_us"] - turn["accepted_us"]) < 10_000_000
+
+
+async def test_busy_capable_executor_waits_at_most_the_timeout(stack: DemoStack) -> None:
+    """With a capable executor whose only slot is taken, a one-second instruction waits for a
+    slot at most a second per attempt (then the usual TIMEOUT policy), not 60 s."""
+    await chaos(stack, "busy", "SCROLL", "hang")
+    async with ControlClient(stack.control_socket) as client:
+        sid = await session(client)
+        hog = await submit(client, sid, command_type="SCROLL", timeout_ms=60_000)
+        await client.call("turn.wait", turn_id=hog, until=["running"], timeout_s=20)
+        turn_id = await submit(client, sid, command_type="SCROLL", timeout_ms=1000)
+        turn = await wait(client, turn_id, timeout_s=25)
+        await client.call("turn.cancel", turn_id=hog)
+    assert turn["state"] == "timeout"
+    assert [a["fault_type"] for a in turn["attempts"]] == ["TIMEOUT"] * 3
+    assert all("QUEUE_WAIT_EXPIRED" in (a["detail"] or "") for a in turn["attempts"])
+    assert all("queue_wait_s=1s" in (a["detail"] or "") for a in turn["attempts"])
