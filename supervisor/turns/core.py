@@ -143,7 +143,7 @@ class TurnCore:
                 resolve=self._escalations.resolve,
                 served=self._served,
                 info=lambda: self.statistics().to_dict(),
-                stop_turns=self._stop_session_turns,
+                unpark=self._runner.unpark,
             )
             self._fleet = Fleet(self._deps, fleet, self._deps.anchors, hooks, poll_s=fleet_poll_s)
 
@@ -265,19 +265,6 @@ class TurnCore:
     def _served(self) -> frozenset[str]:
         return frozenset(c.value for c in ExecutorCommandType if self._hub.serving(c) > 0)
 
-    def _stop_session_turns(self, session_id: str) -> None:
-        """The session's home moved to another daemon: its turns here stop (the store would
-        refuse their writes)."""
-        for turn_id in self._deps.tracker.in_session(session_id):
-            active = self._deps.tracker.get(turn_id)
-            if active is None:
-                continue
-            active.claim = None
-            if active.scope is not None:
-                active.scope.cancel()
-            if self._runner.unpark(turn_id):
-                self._deps.tracker.remove(active)
-
     async def daemons(self) -> list[DaemonRecord] | None:
         """Every daemon sharing the store, with its last heartbeat (None: no fleet)."""
         if self._fleet is None:
@@ -357,6 +344,8 @@ class TurnCore:
     async def close_session(self, session_id: str) -> SessionRecord:
         await self.get_session(session_id)
         busy = self._deps.tracker.in_session(session_id)
+        if not busy and self._fleet is not None:  # its turns may be on another daemon
+            busy = await self._fleet.unfinished(session_id)
         if busy or self._submitting.get(session_id):
             what = f"unfinished turns {busy}" if busy else "a turn being submitted"
             raise RequestError(

@@ -50,6 +50,10 @@ __all__ = ["Fleet", "FleetHooks"]
 #: Homes taken over per round (each costs a ledger rebuild), turns claimed per round.
 _HOMES_PER_ROUND = 16
 _TURNS_PER_ROUND = 256
+#: A session with turns in these states cannot be closed from any daemon.
+_UNFINISHED = frozenset(
+    {TurnState.ACCEPTED, TurnState.RUNNING, TurnState.WAITING_RETRY, TurnState.ESCALATED}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +68,8 @@ class FleetHooks:
     served: Callable[[], frozenset[str]]
     #: what the heartbeat says about this daemon
     info: Callable[[], Mapping[str, object]]
-    #: stop the turns of a session this daemon no longer homes
-    stop_turns: Callable[[str], None]
+    #: take a parked turn off its queue (True when it was parked: it has no task to cancel)
+    unpark: Callable[[int], bool]
 
 
 def _now_us() -> int:
@@ -240,7 +244,7 @@ class Fleet:
 
     async def _drop(self, session_id: str, *, reason: str) -> None:
         self._homes.pop(session_id, None)
-        self._hooks.stop_turns(session_id)
+        self._stop_turns(session_id)
         session = self._deps.sessions.get(session_id)
         if session is not None:
             self._anchors.forget(session)
@@ -249,6 +253,20 @@ class Fleet:
             tier = await self._tier(session_id)
             await anyio.to_thread.run_sync(_move_aside, self._deps.settings.root, tier, session_id)
         self._log.warning("session_home_lost", session_id=session_id, reason=reason)
+
+    def _stop_turns(self, session_id: str) -> None:
+        """The session's home moved to another daemon: its turns here stop (the store would
+        refuse their writes)."""
+        tracker = self._deps.tracker
+        for turn_id in tracker.in_session(session_id):
+            active = tracker.get(turn_id)
+            if active is None:
+                continue
+            active.claim = None
+            if active.scope is not None:
+                active.scope.cancel()
+            if self._hooks.unpark(turn_id):
+                tracker.remove(active)
 
     async def _tier(self, session_id: str) -> str:
         try:
@@ -268,6 +286,13 @@ class Fleet:
         self._deps.sessions.trimmed(marks)
 
     # -- turns of sessions homed elsewhere ---------------------------------------------------
+
+    async def unfinished(self, session_id: str) -> list[int]:
+        """Turns of the session not yet final in the store, wherever they run (up to 100)."""
+        page = await self._deps.store.list_turns(
+            session_id=session_id, states=_UNFINISHED, limit=100
+        )
+        return [t.turn_id for t in page.turns]
 
     async def accept_elsewhere(self, request: TurnRequest) -> tuple[TurnRecord, bool]:
         """A turn of a session homed by another daemon: accepted here, durably and unclaimed;
