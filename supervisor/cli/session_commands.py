@@ -25,6 +25,10 @@ def _cmd_session_open(args: argparse.Namespace) -> int:
             params["work_order_id"] = args.work_order
         if args.workspace:
             params["workspace"] = workspace
+        if args.tenant:
+            params["tenant"] = args.tenant
+        if args.priority is not None:
+            params["priority"] = args.priority
         session = await client.call("session.open", **params)
         out(to_json(session) if args.json else session["session_id"])
         return EXIT_OK
@@ -48,10 +52,19 @@ def _cmd_session_list(args: argparse.Namespace) -> int:
             out(to_json(result))
         else:
             rows = [
-                (s["session_id"], s["package_id"], s["tier"], s["state"], s["turns"])
+                (
+                    s["session_id"],
+                    s["package_id"],
+                    s["tier"],
+                    s.get("tenant") or "-",
+                    s.get("priority") or "-",
+                    s["state"],
+                    s["turns"],
+                )
                 for s in result["sessions"]
             ]
-            out(table(("SESSION", "PACKAGE", "TIER", "STATE", "TURNS"), rows))
+            header = ("SESSION", "PACKAGE", "TIER", "TENANT", "PRIORITY", "STATE", "TURNS")
+            out(table(header, rows))
         return EXIT_OK
 
     return run_client(args, body)
@@ -66,6 +79,18 @@ def add_session_parser(subparsers: Any) -> None:
     o.add_argument("--tier", default="default")
     o.add_argument("--work-order", metavar="ID")
     o.add_argument("--workspace", metavar="DIR", help="where promoted outputs go")
+    o.add_argument(
+        "--tenant",
+        metavar="LABEL",
+        help="turns of one tenant's sessions share one place in the fair order (default: the"
+        " session is its own tenant)",
+    )
+    o.add_argument(
+        "--priority",
+        type=int,
+        metavar="1-10",
+        help="the tenant's weight in that order: this many turns start per round (default 1)",
+    )
     o.add_argument("--json", action="store_true")
     client_options(o)
     o.set_defaults(handler=_cmd_session_open)

@@ -378,6 +378,8 @@ class ControlServer:
             tier=params.tier or "default",
             work_order_id=params.work_order_id,
             workspace=params.workspace,
+            tenant=params.tenant,
+            priority=params.priority,
         )
         return row.to_dict()
 

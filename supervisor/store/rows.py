@@ -73,7 +73,7 @@ def session_from_row(row: Sequence[object]) -> SessionRecord:
 
 
 def _session(row: Sequence[object]) -> SessionRecord:
-    sid, package, tier, work_order, workspace, state, opened, closed, turns = row
+    sid, package, tier, work_order, workspace, state, opened, closed, turns, tenant, priority = row
     sid = _typed(sid, str, "session_id")
     package = _typed(package, str, "package_id")
     tier = _typed(tier, str, "tier")
@@ -90,6 +90,8 @@ def _session(row: Sequence[object]) -> SessionRecord:
         opened_us=opened,
         closed_us=_int(closed),
         turns=turns,
+        tenant=_text(tenant, "tenant"),
+        priority=_int(priority, "priority"),
     )
 
 

@@ -307,6 +307,8 @@ class TurnCore:
         tier: str = "default",
         work_order_id: str | None = None,
         workspace: str | None = None,
+        tenant: str | None = None,
+        priority: int | None = None,
     ) -> SessionRecord:
         if self._deps.draining:
             raise RequestError("draining", "the daemon is draining; open the session after restart")
@@ -328,12 +330,14 @@ class TurnCore:
                     tier=tier,
                     work_order_id=work_order_id,
                     workspace=workspace,
+                    tenant=tenant,
+                    priority=priority,
                 )
             )
         except BaseException:
             session.close()
             raise
-        self._deps.sessions.add(session)
+        self._deps.sessions.add(session, record)
         if self._fleet is not None:
             await self._fleet.home_opened(session)
         self._log.info(

@@ -109,7 +109,8 @@ class TurnRunner:
             free = self._hub.free_slots(command) - self._launching[command]
             if self._parked.count(command) or free <= 0:  # FIFO: never overtake parked turns
                 now = time.monotonic()
-                self._parked.park(command, turn, claim, now)
+                share = self._deps.sessions.share(turn.session_id)  # fair order (`fairness`)
+                self._parked.park(command, turn, claim, now, share)
                 bound_s = slot_wait_s(self._hub, self._request(turn).instruction)
                 self._due.add(turn.turn_id, now + bound_s)
                 return
@@ -154,8 +155,9 @@ class TurnRunner:
             self._feed.set()
 
     async def feed_parked(self) -> None:
-        """Start parked turns as executor slots free up (woken when a turn of this daemon ends,
-        and every 50 ms for executors that connect or become ready)."""
+        """Start parked turns as executor slots free up, in fair order across tenants (woken
+        when a turn of this daemon ends, and every 50 ms for executors that connect or become
+        ready)."""
         while True:
             self._feed = anyio.Event()
             with anyio.move_on_after(0.05):

@@ -26,6 +26,7 @@ from sandbox.policy.attempts import AgentPhase, RetryOptions
 from sandbox.policy.lifecycle import TurnState
 from supervisor.logging import get_logger
 from supervisor.store.protocol import SessionRecord, TurnRecord
+from supervisor.turns.fairness import Share, share_of
 
 __all__ = [
     "DaemonSessions",
@@ -164,6 +165,8 @@ class DaemonSessions:
         self._locks: dict[str, anyio.Lock] = {}
         #: ledger id -> the durable seq last trimmed in the store
         self._synced: dict[str, int] = {}
+        #: session id -> its tenant and priority, for the fair order of parked turns
+        self._shares: dict[str, Share] = {}
         self._log = get_logger("supervisor.turns.sessions")
 
     def __len__(self) -> int:
@@ -195,8 +198,15 @@ class DaemonSessions:
             )
         )
 
-    def add(self, session: SessionLike) -> None:
+    def add(self, session: SessionLike, record: SessionRecord | None = None) -> None:
         self._sessions[session.session_id] = session
+        if record is not None:
+            self._shares[session.session_id] = _share(record)
+
+    def share(self, session_id: str) -> Share:
+        """Whose turns the session's are when they wait for a slot (`fairness`)."""
+        share = self._shares.get(session_id)
+        return share if share is not None else share_of(session_id, tenant=None, priority=None)
 
     async def resume(self, record: SessionRecord) -> bool:
         """Load a session the store says is open (after a restart); False if it cannot be."""
@@ -215,6 +225,7 @@ class DaemonSessions:
             self._log.error("session_resume_failed", session_id=record.session_id, error=str(exc))
             return False
         self._sessions[record.session_id] = session
+        self._shares[record.session_id] = _share(record)
         return True
 
     async def close(self, session_id: str) -> None:
@@ -222,6 +233,7 @@ class DaemonSessions:
         for ledger_id in session.ledger_ids if session is not None else ():
             self._synced.pop(ledger_id, None)
         self._locks.pop(session_id, None)
+        self._shares.pop(session_id, None)
         if session is not None:
             await anyio.to_thread.run_sync(session.close)
 
@@ -243,6 +255,7 @@ class DaemonSessions:
             session.close()
         self._sessions.clear()
         self._locks.clear()
+        self._shares.clear()
 
     def record_end(self, turn: TurnRecord) -> tuple[SealedLine, ...]:
         """Seal the turn's exec and evidence lines for an ending the daemon decided; the caller
@@ -338,6 +351,10 @@ class DaemonSessions:
     async def restore(self, session: SessionLike, lines: Sequence[SealedLine]) -> int:
         """Write back the lines a crash kept from the session's files (a worker thread)."""
         return await anyio.to_thread.run_sync(session.restore_ledgers, lines)
+
+
+def _share(record: SessionRecord) -> Share:
+    return share_of(record.session_id, tenant=record.tenant, priority=record.priority)
 
 
 async def verify_ledgers(root: Path, records: Sequence[SessionRecord]) -> dict[str, object]:

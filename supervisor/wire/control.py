@@ -78,6 +78,12 @@ _Id = Annotated[str, Meta(min_length=1, max_length=256)]
 _Path = Annotated[str, Meta(min_length=1, max_length=4096)]
 _Seconds = Annotated[float, Meta(ge=0, le=_MAX_WAIT_S)]
 _Text = Annotated[str, Meta(max_length=65_536)]
+#: A tenant label: letters, digits and ``. _ : @ -``, starting with a letter or digit.
+_Tenant = Annotated[
+    str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
+]
+#: A session's weight among tenants (`supervisor.turns.fairness.MAX_PRIORITY` is the bound).
+_Priority = Annotated[int, Meta(ge=1, le=10)]
 
 
 class RequestDecodeError(RequestError):
@@ -126,6 +132,10 @@ class SessionOpenParams(Struct, frozen=True):
     tier: _Id | None = None
     work_order_id: _Id | None = None
     workspace: _Path | None = None
+    #: turns of sessions with one tenant share one place in the fair order (none: its own)
+    tenant: _Tenant | None = None
+    #: the weight of the session's tenant in that order: 1 (the default) to 10
+    priority: _Priority | None = None
 
 
 class SessionRef(Struct, frozen=True):

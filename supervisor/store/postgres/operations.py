@@ -123,7 +123,7 @@ def _row(record: asyncpg.Record) -> tuple[object, ...]:
 async def open_session(conn: Conn, new: NewSession) -> SessionRecord:
     row = await conn.fetchrow(
         f"INSERT INTO sessions({SESSION_COLUMNS})"
-        " VALUES ($1, $2, $3, $4, $5, 'open', $6, NULL, 0)"
+        " VALUES ($1, $2, $3, $4, $5, 'open', $6, NULL, 0, $7, $8)"
         f" ON CONFLICT (session_id) DO NOTHING RETURNING {SESSION_COLUMNS}",
         new.session_id,
         new.package_id,
@@ -131,6 +131,8 @@ async def open_session(conn: Conn, new: NewSession) -> SessionRecord:
         new.work_order_id,
         new.workspace,
         _now_us(),
+        new.tenant,
+        new.priority,
     )
     if row is None:
         raise ValueError(f"session {new.session_id!r} already exists")

@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 #: The schema this code reads and writes. Raise it and add a step to `_MIGRATIONS` on a change.
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 _VERSION_KEY: Final = "turn_store_schema"
 #: ``pg_advisory_xact_lock`` key taken by `migrate` (any fixed number; "hunt" in ASCII)
 _MIGRATION_LOCK: Final = 0x68756E74
@@ -164,8 +164,15 @@ INSERT INTO ledger_heads(ledger_id, seq, entry_hash)
     ORDER BY ledger_id, seq DESC;
 """
 
+#: Version 3: a session's tenant label and priority (the fair order of parked turns); NULL for
+#: the sessions opened before.
+_V3: Final = """
+ALTER TABLE sessions ADD COLUMN tenant TEXT;
+ALTER TABLE sessions ADD COLUMN priority BIGINT;
+"""
+
 #: version -> the SQL that upgrades a database from that version to the next one.
-_MIGRATIONS: Final[Mapping[int, str]] = {0: _V1, 1: _V2}
+_MIGRATIONS: Final[Mapping[int, str]] = {0: _V1, 1: _V2, 2: _V3}
 
 TURN_COLUMNS: Final = (
     "turn_id, session_id, turn_number, kind, spec, idempotency_key, state, attempt, accepted_us,"
@@ -177,7 +184,8 @@ ATTEMPT_COLUMNS: Final = (
     " fault_type, exit_code, decision, reason_code, reason, detail, duration_ms, delay_ms, extra"
 )
 SESSION_COLUMNS: Final = (
-    "session_id, package_id, tier, work_order_id, workspace, state, opened_us, closed_us, turns"
+    "session_id, package_id, tier, work_order_id, workspace, state, opened_us, closed_us, turns,"
+    " tenant, priority"
 )
 
 

@@ -107,9 +107,19 @@ def _marks(values: Sequence[object]) -> str:
 def open_session(conn: sqlite3.Connection, new: NewSession) -> SessionRecord:
     try:
         rows = conn.execute(
-            f"INSERT INTO sessions({SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, 'open', ?, NULL, 0)"
+            f"INSERT INTO sessions({SESSION_COLUMNS})"
+            " VALUES (?, ?, ?, ?, ?, 'open', ?, NULL, 0, ?, ?)"
             f" RETURNING {SESSION_COLUMNS}",
-            (new.session_id, new.package_id, new.tier, new.work_order_id, new.workspace, _now_us()),
+            (
+                new.session_id,
+                new.package_id,
+                new.tier,
+                new.work_order_id,
+                new.workspace,
+                _now_us(),
+                new.tenant,
+                new.priority,
+            ),
         ).fetchall()
     except sqlite3.IntegrityError:
         raise ValueError(f"session {new.session_id!r} already exists") from None

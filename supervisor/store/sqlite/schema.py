@@ -9,7 +9,8 @@ Design notes
 * **Versions only move forward.** Opening a file whose version is newer than this code's
   `SCHEMA_VERSION` raises `SchemaVersionError` naming the file, both versions and what to do:
   the newer daemon's tables may mean things this one cannot know. An older version is upgraded
-  by the steps in `_MIGRATIONS` inside one transaction (version 2 added ``ledger_lines``).
+  by the steps in `_MIGRATIONS` inside one transaction (version 2 added ``ledger_lines``, 3 the
+  sessions' ``tenant`` and ``priority``, NULL for the sessions opened before).
 * **Claims live on the turn row**: ``owner``, ``lease_until_us`` and ``token`` (only grows, one
   more on every claim). ``round`` counts escalation retries: attempts are keyed by
   ``(turn_id, round, attempt)`` so a fresh attempt budget numbers its attempts from 1 again and
@@ -45,7 +46,7 @@ __all__ = [
 ]
 
 #: The schema this code writes. Raise it (and add a step to `_MIGRATIONS`) on every change.
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 _VERSION_KEY: Final = "turn_store_schema"
 
 #: States a turn can still leave by itself (claimable, recoverable). ``escalated`` waits for a
@@ -67,7 +68,9 @@ CREATE TABLE IF NOT EXISTS sessions(
     state TEXT NOT NULL,
     opened_us INTEGER NOT NULL,
     closed_us INTEGER,
-    turns INTEGER NOT NULL DEFAULT 0
+    turns INTEGER NOT NULL DEFAULT 0,
+    tenant TEXT,
+    priority INTEGER
 );
 CREATE TABLE IF NOT EXISTS turns(
     turn_id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -136,6 +139,8 @@ _MIGRATIONS: Final[Mapping[int, str]] = {
     line BLOB NOT NULL,
     PRIMARY KEY(ledger_id, seq)
 ) WITHOUT ROWID;""",
+    2: """ALTER TABLE sessions ADD COLUMN tenant TEXT;
+ALTER TABLE sessions ADD COLUMN priority INTEGER;""",
 }
 
 TURN_COLUMNS: Final = (
@@ -148,7 +153,8 @@ ATTEMPT_COLUMNS: Final = (
     " fault_type, exit_code, decision, reason_code, reason, detail, duration_ms, delay_ms, extra"
 )
 SESSION_COLUMNS: Final = (
-    "session_id, package_id, tier, work_order_id, workspace, state, opened_us, closed_us, turns"
+    "session_id, package_id, tier, work_order_id, workspace, state, opened_us, closed_us, turns,"
+    " tenant, priority"
 )
 
 

@@ -135,6 +135,21 @@ class TurnStoreConformance:
             open_ = await store.list_sessions(state=SessionState.OPEN)
             assert [s.session_id for s in open_] == ["S1"]
 
+    async def test_session_tenant_and_priority(self, open_store: StoreFactory) -> None:
+        """A session's tenant label and priority read back (after a restart and a close too);
+        a session opened without them has neither."""
+        async with open_store() as store:
+            opened = await store.open_session(
+                NewSession(session_id="S1", package_id="demo", tenant="acme", priority=3)
+            )
+            await session(store, "S2")
+            assert (opened.tenant, opened.priority) == ("acme", 3)
+            assert opened.to_dict()["tenant"] == "acme"
+            assert (await store.close_session("S1")).tenant == "acme"
+        async with open_store() as store:
+            got = {s.session_id: (s.tenant, s.priority) for s in await store.list_sessions()}
+            assert got == {"S1": ("acme", 3), "S2": (None, None)}
+
     async def test_duplicate_session_refused(self, open_store: StoreFactory) -> None:
         """Opening a session id twice raises ValueError and keeps the first."""
         async with open_store() as store:

@@ -17,7 +17,8 @@ from supervisor.store.postgres import (
     migrate_database,
     open_postgres_store,
 )
-from supervisor.store.protocol import TurnEnding, TurnStore
+from supervisor.store.postgres import schema as pg_schema
+from supervisor.store.protocol import NewSession, TurnEnding, TurnStore
 from tests.supervisor.store.conformance import (
     LEASE_MS,
     SHORT_LEASE_MS,
@@ -155,6 +156,26 @@ async def test_schema_version_checks(pg_dsn: str) -> None:
             async with open_postgres_store(pg_dsn, migrate=migrate):
                 pass
         assert (err.value.found, err.value.supported) == (99, SCHEMA_VERSION)
+
+
+async def test_version_2_database_is_upgraded(pg_dsn: str) -> None:
+    """A database of schema 2 (sessions without a tenant) is migrated to 3: its sessions stay,
+    with no tenant or priority, and new sessions keep theirs."""
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute(pg_schema._MIGRATIONS[0] + pg_schema._MIGRATIONS[1])
+        await conn.execute(
+            "INSERT INTO hunter_meta(key, value) VALUES ('turn_store_schema', '2');"
+            "INSERT INTO sessions(session_id, package_id, tier, state, opened_us)"
+            " VALUES ('OLD', 'demo', 'default', 'open', 1)"
+        )
+    finally:
+        await conn.close()
+    assert await migrate_database(pg_dsn) == (2, SCHEMA_VERSION)
+    async with open_postgres_store(pg_dsn, migrate=False) as store:
+        await store.open_session(NewSession(session_id="NEW", package_id="demo", tenant="t"))
+        got = {s.session_id: (s.tenant, s.priority) for s in await store.list_sessions()}
+    assert got == {"OLD": (None, None), "NEW": ("t", None)}
 
 
 async def test_foreign_tables_refused(pg_cluster: PgCluster, tmp_path: Path) -> None:

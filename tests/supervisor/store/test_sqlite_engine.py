@@ -76,22 +76,26 @@ async def test_newer_schema_refused(tmp_path: Path) -> None:
 
 
 async def test_version_1_file_is_upgraded(tmp_path: Path) -> None:
-    """A file of schema 1 (before ledger lines rode in the ending's commit) is upgraded in
-    place on open; its sessions stay and the new table works."""
+    """A file of schema 1 (before ledger lines rode in the ending's commit, and sessions had
+    a tenant) is upgraded in place on open; its sessions stay and the new parts work."""
     path = tmp_path / "turns.sqlite3"
     await _with_session(path)
     conn = sqlite3.connect(path)
     with conn:
         conn.execute("DROP TABLE ledger_lines")
+        conn.execute("ALTER TABLE sessions DROP COLUMN tenant")
+        conn.execute("ALTER TABLE sessions DROP COLUMN priority")
         conn.execute("UPDATE meta SET value = '1' WHERE key = 'turn_store_schema'")
     conn.close()
     async with open_sqlite_store(path) as store:
-        assert [s.session_id for s in await store.list_sessions()] == ["S1"]
+        assert [(s.session_id, s.tenant) for s in await store.list_sessions()] == [("S1", None)]
         assert await store.ledger_lines(["S1/exec"]) == []
+        await store.open_session(NewSession(session_id="S2", package_id="demo", tenant="t"))
+        assert (await store.get_session("S2")).tenant == "t"
     conn = sqlite3.connect(path)
     version = conn.execute("SELECT value FROM meta WHERE key = 'turn_store_schema'").fetchone()
     conn.close()
-    assert int(version[0]) == SCHEMA_VERSION == 2
+    assert int(version[0]) == SCHEMA_VERSION == 3
 
 
 async def test_foreign_file_refused(tmp_path: Path) -> None:

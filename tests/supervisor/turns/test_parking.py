@@ -12,6 +12,7 @@ from sandbox.policy.envelopes import ExecutorCommandType
 from sandbox.policy.lifecycle import TurnKind, TurnState
 from supervisor.errors import RequestError
 from supervisor.store.protocol import Claim, TurnRecord
+from supervisor.turns.fairness import Share
 from supervisor.turns.parking import ParkedTurns
 from supervisor.turns.requests import parse_turn_request
 from tests.supervisor.turns.test_core import FakeHub, Rig, _instruction, _open, _verify, rig
@@ -171,3 +172,68 @@ async def test_in_flight_lists_the_oldest_first_up_to_a_limit(tmp_path: Path) ->
         assert len(r.scheduler.in_flight()) == 5
         assert hub.gate is not None
         hub.gate.set()
+
+
+async def _start_order(r: Rig, hub: FakeHub, submits: list[str]) -> list[str]:
+    """Submit one turn per entry (a session id) behind a closed gate with one slot; the order
+    in which their envelopes reached the hub, as session ids."""
+    turns = [await _submit(r, sid) for sid in submits]
+    await hub.started.wait()
+    assert hub.gate is not None
+    hub.gate.set()
+    for turn in turns:
+        assert (await r.scheduler.wait_turn(turn.turn_id, timeout_s=10)).state is (
+            TurnState.SUCCEEDED
+        )
+    by_instruction = {f"INS-{t.turn_id}-1": t.session_id for t in turns}
+    return [by_instruction[e.instruction_id] for e in hub.envelopes]
+
+
+async def test_a_flood_does_not_starve_another_tenant(tmp_path: Path) -> None:
+    """Tenant A queues five turns, then tenant B one: B's starts second after A's running one,
+    not after all of A's (round robin across tenants, oldest first within one)."""
+    hub = FakeHub(gate=anyio.Event(), slots=1)
+    async with rig(tmp_path, hub) as r:
+        a = (await r.scheduler.open_session(package_id="demo", tenant="a")).session_id
+        b = (await r.scheduler.open_session(package_id="demo", tenant="b")).session_id
+        order = await _start_order(r, hub, [a] * 5 + [b])
+    assert order == [a, a, b, a, a, a]
+
+
+async def test_sessions_of_one_tenant_share_its_turn(tmp_path: Path) -> None:
+    """Two sessions with one tenant label queue as one (oldest first between them), and a
+    session without a tenant is its own: it is not stuck behind them."""
+    hub = FakeHub(gate=anyio.Event(), slots=1)
+    async with rig(tmp_path, hub) as r:
+        a1 = (await r.scheduler.open_session(package_id="demo", tenant="a")).session_id
+        a2 = (await r.scheduler.open_session(package_id="demo", tenant="a")).session_id
+        solo = await _open(r)
+        order = await _start_order(r, hub, [a1, a1, a2, a2, a1, solo])
+    assert order == [a1, a1, solo, a2, a2, a1]
+
+
+async def test_priority_weights_a_tenant(tmp_path: Path) -> None:
+    """A session of priority 3 gets three starts in each round that a priority-1 one gets one."""
+    hub = FakeHub(gate=anyio.Event(), slots=1)
+    async with rig(tmp_path, hub) as r:
+        low = (await r.scheduler.open_session(package_id="demo")).session_id
+        high = (await r.scheduler.open_session(package_id="demo", priority=3)).session_id
+        order = await _start_order(r, hub, [low] * 4 + [high] * 6)
+    names = {low: "L", high: "H"}
+    assert "".join(names[s] for s in order) == "LLHHHLHHHL"
+
+
+def test_parked_turns_start_in_fair_order_at_scale() -> None:
+    """100,000 parked turns of one tenant and one of another: the other's starts next, the
+    overdue check still finds the oldest, and a removal is direct (`ParkedTurns` alone)."""
+    parked = ParkedTurns()
+    claim = Claim(turn=_turn(0), owner="A", token=1, lease_until_us=0)
+    for i in range(1, 100_001):
+        parked.park(READ, _turn(i), claim, float(i), Share("tenant:a"))
+    parked.park(READ, _turn(100_001), claim, 100_001.0, Share("tenant:b"))
+    assert len(parked) == 100_001
+    assert [p.turn.turn_id for p in parked.pop(READ, 3)] == [1, 100_001, 2]
+    assert parked.remove(50_000) is not None
+    assert parked.remove(50_000) is None
+    assert [p.turn.turn_id for p in parked.overdue(now=5.0, max_wait_s=1.0)] == [3, 4]
+    assert parked.count(READ) == len(parked) == 99_995
