@@ -464,7 +464,8 @@ def outcome_from_response(result: ExecutionSafetyResult) -> AttemptOutcome:
 
     Denied: an authority claim -> SECURITY_VIOLATION, anything else -> INVALID_RESPONSE.
     Allowed: SUCCESS -> success (PARTIAL fault when ``partial``), FAILURE -> failure without an
-    exit code, TIMEOUT -> TIMEOUT, ERROR -> CRASH, REFUSED -> refused.
+    exit code, TIMEOUT -> TIMEOUT, ERROR -> CRASH, REFUSED -> refused. A FAILURE's or ERROR's
+    ``retry_after_ms`` rides on the outcome (the wait before a retry); other types' is ignored.
     """
     response = result.response
     if not result.is_safe or response is None:
@@ -483,9 +484,16 @@ def outcome_from_response(result: ExecutionSafetyResult) -> AttemptOutcome:
             return AttemptOutcome.fault(ExecutionFaultType.PARTIAL, "partial output")
         return AttemptOutcome.success()
     if kind is ExecutorResponseType.FAILURE:
-        return AttemptOutcome.failure(None, message)
+        return AttemptOutcome(
+            OutcomeKind.FAILURE, message=message, retry_after_ms=response.retry_after_ms
+        )
     if kind is ExecutorResponseType.TIMEOUT:
         return AttemptOutcome.fault(ExecutionFaultType.TIMEOUT, message)
     if kind is ExecutorResponseType.ERROR:
-        return AttemptOutcome.fault(ExecutionFaultType.CRASH, message)
+        return AttemptOutcome(
+            OutcomeKind.FAULT,
+            fault_type=ExecutionFaultType.CRASH,
+            message=message,
+            retry_after_ms=response.retry_after_ms,
+        )
     return AttemptOutcome.refused(message)

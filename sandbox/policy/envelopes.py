@@ -119,6 +119,8 @@ class ExecutorResponseEnvelope:
     timestamp: str
     output: Mapping[str, object] = field(default_factory=_empty)
     partial: bool = False
+    #: the executor's say on how long to wait before a retry (FAILURE/ERROR); None: no say
+    retry_after_ms: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output", _frozen_mapping(self.output))

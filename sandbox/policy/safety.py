@@ -40,6 +40,7 @@ from sandbox.policy.errors import InstructionError
 
 __all__ = [
     "AUTHORITY_KEYS",
+    "MAX_RETRY_AFTER_MS",
     "MAX_TIMEOUT_MS",
     "InstructionError",
     "build_executor_instruction",
@@ -125,8 +126,12 @@ _RESPONSE_FIELDS: Final = frozenset(
         "timestamp",
         "output",
         "partial",
+        "retry_after_ms",
     }
 )
+#: The longest ``retry_after_ms`` a response may carry (one hour); the policy caps it further
+#: at ``RetryOptions.max_delay_ms``.
+MAX_RETRY_AFTER_MS: Final = 3_600_000
 _CAMEL_RE: Final = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
 
@@ -308,7 +313,7 @@ def response_to_wire(envelope: ExecutorResponseEnvelope) -> dict[str, object]:
         "timestamp": envelope.timestamp,
         "output": deep_thaw(envelope.output),
         "partial": envelope.partial,
-    }
+    } | ({} if envelope.retry_after_ms is None else {"retry_after_ms": envelope.retry_after_ms})
 
 
 @lru_cache(maxsize=4096)  # bounded: keys come from untrusted executors
@@ -433,6 +438,14 @@ def _validate(instruction: object, response: object) -> ExecutionSafetyResult:
         return _deny(rc.RESPONSE_FIELD_TYPE_INVALID, "output must be a JSON object")
     if not isinstance(partial, bool):
         return _deny(rc.RESPONSE_FIELD_TYPE_INVALID, "partial must be a boolean")
+    retry_after_ms = fields.get("retry_after_ms")
+    if retry_after_ms is not None and (
+        type(retry_after_ms) is not int or not 0 <= retry_after_ms <= MAX_RETRY_AFTER_MS
+    ):
+        return _deny(
+            rc.RESPONSE_FIELD_TYPE_INVALID,
+            f"retry_after_ms must be an integer in 0..{MAX_RETRY_AFTER_MS} or null",
+        )
     if evidence_hash != "" and _EVIDENCE_RE.fullmatch(evidence_hash) is None:
         return _deny(
             rc.RESPONSE_EVIDENCE_HASH_INVALID, "evidence_hash must be 64 lowercase hex digits"
@@ -447,6 +460,7 @@ def _validate(instruction: object, response: object) -> ExecutionSafetyResult:
         timestamp=timestamp,
         output=output,
         partial=partial,
+        retry_after_ms=retry_after_ms,
     )
     code = rc.RESPONSE_ACCEPTED_PARTIAL if partial else rc.RESPONSE_ACCEPTED
     return ExecutionSafetyResult(

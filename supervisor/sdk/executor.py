@@ -31,7 +31,7 @@ from sandbox.policy.envelopes import (
     ExecutorInstructionEnvelope,
     ExecutorResponseType,
 )
-from supervisor.wire.executor import MAX_EVIDENCE_BYTES
+from supervisor.wire.executor import MAX_EVIDENCE_BYTES, MAX_RETRY_AFTER_MS
 
 if TYPE_CHECKING:
     from supervisor.sdk.client import Connection
@@ -79,6 +79,14 @@ class Result:
     partial: bool = False
     #: the evidence bytes sent beside the response (None: only the hash is sent)
     evidence: bytes | None = None
+    #: FAILURE/ERROR: how long the daemon should wait before a retry (None: its own backoff)
+    retry_after_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        after = self.retry_after_ms
+        if after is not None and (type(after) is not int or not 0 <= after <= MAX_RETRY_AFTER_MS):
+            msg = f"retry_after_ms must be an int in 0..{MAX_RETRY_AFTER_MS}, got {after!r}"
+            raise ValueError(msg)
 
     @classmethod
     def success(
@@ -109,14 +117,29 @@ class Result:
         )
 
     @classmethod
-    def failure(cls, message: str, *, output: Mapping[str, object] | None = None) -> Result:
-        """FAILURE: the action was tried and did not work (e.g. selector matched nothing)."""
-        return cls(ExecutorResponseType.FAILURE, error_message=message, output=output or {})
+    def failure(
+        cls,
+        message: str,
+        *,
+        output: Mapping[str, object] | None = None,
+        retry_after_ms: int | None = None,
+    ) -> Result:
+        """FAILURE: the action was tried and did not work (e.g. selector matched nothing).
+        *retry_after_ms*: wait this long before a retry (e.g. a site's ``Retry-After``); the
+        daemon honours it up to its ``[retry] max_delay_ms``. Raises ``ValueError`` when it is
+        not an int in 0..``MAX_RETRY_AFTER_MS``."""
+        return cls(
+            ExecutorResponseType.FAILURE,
+            error_message=message,
+            output=output or {},
+            retry_after_ms=retry_after_ms,
+        )
 
     @classmethod
-    def error(cls, message: str) -> Result:
-        """ERROR: the executor itself broke (the daemon treats it as a CRASH fault)."""
-        return cls(ExecutorResponseType.ERROR, error_message=message)
+    def error(cls, message: str, *, retry_after_ms: int | None = None) -> Result:
+        """ERROR: the executor itself broke (the daemon treats it as a CRASH fault);
+        *retry_after_ms* as for `failure`."""
+        return cls(ExecutorResponseType.ERROR, error_message=message, retry_after_ms=retry_after_ms)
 
     @classmethod
     def refused(cls, message: str) -> Result:
@@ -138,7 +161,7 @@ class Result:
             "timestamp": utc_timestamp(),
             "output": dict(self.output),
             "partial": self.partial,
-        }
+        } | ({} if self.retry_after_ms is None else {"retry_after_ms": self.retry_after_ms})
 
 
 _HANDLERS: dict[ExecutorCommandType, str] = {c: c.value.lower() for c in ExecutorCommandType}

@@ -30,6 +30,7 @@ from typing import Annotated, Any, Final, TypeAlias
 import msgspec
 from msgspec import Meta
 
+from sandbox.policy import safety
 from sandbox.policy.envelopes import (
     ExecutorCommandType,
     ExecutorInstructionEnvelope,
@@ -42,6 +43,7 @@ from supervisor.wire.frames import decode_body
 
 __all__ = [
     "MAX_EVIDENCE_BYTES",
+    "MAX_RETRY_AFTER_MS",
     "MAX_SLOTS",
     "PROTOCOL_VERSION",
     "SUPPORTED_VERSIONS",
@@ -79,6 +81,9 @@ MAX_SLOTS: Final = 1024
 #: Upper bound on the evidence bytes a ``response`` may carry (base64 in its ``evidence``
 #: field: about 683 KiB of text, within the default 1 MiB frame).
 MAX_EVIDENCE_BYTES: Final = 512 * 1024
+#: Upper bound on a response's ``retry_after_ms`` (one hour). Checked with the other Phase-20
+#: response rules (``validate_executor_response``); named here for executors.
+MAX_RETRY_AFTER_MS: Final = safety.MAX_RETRY_AFTER_MS
 _EXECUTOR_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 _MAX_TEXT: Final = 4096
 

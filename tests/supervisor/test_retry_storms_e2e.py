@@ -120,3 +120,58 @@ async def test_busy_capable_executor_waits_at_most_the_timeout(stack: DemoStack)
     assert [a["fault_type"] for a in turn["attempts"]] == ["TIMEOUT"] * 3
     assert all("QUEUE_WAIT_EXPIRED" in (a["detail"] or "") for a in turn["attempts"])
     assert all("queue_wait_s=1s" in (a["detail"] or "") for a in turn["attempts"])
+
+
+async def retry_after_executor(
+    s: DemoStack, executor_id: str, *, answer: str, retry_after_ms: int, command: str = "READ"
+) -> None:
+    await s.start_executor(
+        executor_id,
+        [
+            "tests.supervisor.retry_after_executor",
+            "--command",
+            command,
+            "--answer",
+            answer,
+            "--retry-after-ms",
+            str(retry_after_ms),
+        ],
+    )
+
+
+RETRY_AFTER_CONFIG = DEMO_CONFIG.replace("max_delay_ms = 200", "max_delay_ms = 5000")
+
+
+async def test_executor_retry_after_is_the_wait_before_the_retry(root: Path) -> None:
+    """An ERROR answer with retry_after_ms=1500 makes the daemon wait 1.5 s (not its 50 ms
+    backoff) before the retry, which then succeeds."""
+    async with daemon(root, RETRY_AFTER_CONFIG) as s:
+        await retry_after_executor(s, "polite", answer="error", retry_after_ms=1500)
+        async with ControlClient(s.control_socket) as client:
+            sid = await session(client)
+            turn = await wait(
+                client, await submit(client, sid, command_type="READ", target_selector="h1")
+            )
+    assert turn["state"] == "succeeded"
+    first, second = turn["attempts"]
+    assert (first["fault_type"], first["decision"], first["delay_ms"]) == ("CRASH", "RETRY", 1500)
+    assert second["started_us"] - first["finished_us"] >= 1_400_000
+
+
+async def test_executor_retry_after_is_capped_by_max_delay(root: Path) -> None:
+    """A FAILURE in GREEN asking for a minute waits only `[retry] max_delay_ms` (200 ms here)."""
+    async with daemon(root, DEMO_CONFIG) as s:
+        await retry_after_executor(s, "greedy", answer="failure", retry_after_ms=60_000)
+        async with ControlClient(s.control_socket) as client:
+            sid = await session(client)
+            turn_id = await submit(
+                client, sid, command_type="READ", target_selector="h1", phase="GREEN"
+            )
+            turn = await wait(client, turn_id)
+    assert turn["state"] == "succeeded"
+    first, _ = turn["attempts"]
+    assert (first["outcome"], first["reason_code"], first["delay_ms"]) == (
+        "FAILURE",
+        "PERSISTENT_FAILURE_RETRY",
+        200,
+    )
