@@ -80,9 +80,11 @@ from supervisor.sdnotify import (
 from supervisor.store.fleet import FleetStore
 from supervisor.store.protocol import TurnStore
 from supervisor.store.sqlite import open_sqlite_store
+from supervisor.traces import FanOut, SpanExport, TurnTraces, open_traces
 from supervisor.turns.context import CoreSettings
 from supervisor.turns.core import TurnCore
 from supervisor.turns.sessions import RuntimeLike
+from supervisor.turns.tracker import TurnEvents
 
 __all__ = [
     "EXIT_ALREADY_RUNNING",
@@ -355,6 +357,7 @@ class Daemon:
         handle_signals: bool = True,
         runtime_factory: Callable[..., RuntimeLike] | None = None,
         process_slots: int | None = None,
+        traces: TurnTraces | None = None,
     ) -> None:
         self.config = config
         self._config_path = config_path
@@ -369,6 +372,9 @@ class Daemon:
         self.hub: ExecutorHub | None = None
         #: the daemon's Prometheus registry and event metrics (docs/metrics.md)
         self.metrics = DaemonMetrics()
+        #: spans of turns (`[tracing]`; tests hand in their own, on an in-memory exporter)
+        self._traces = traces
+        self._span_export: SpanExport | None = None
         self.ready = anyio.Event()
         #: set after each SIGHUP reload (then replaced), for tools and tests
         self.reloaded = anyio.Event()
@@ -416,7 +422,7 @@ class Daemon:
                         default_timeout_ms=config.sandbox.default_timeout_ms,
                         lease_ms=config.store.lease_ms,
                     ),
-                    events=metrics,
+                    events=self._events(config, metrics),
                     fleet=fleet_of(store),
                     fleet_poll_s=config.store.poll_ms / 1000,
                 )
@@ -442,6 +448,16 @@ class Daemon:
                     if callable(close):
                         close()
 
+    def _events(self, config: Config, metrics: DaemonMetrics) -> TurnEvents:
+        """The sinks of what happens to turns: the metrics, and the traces when configured."""
+        if self._traces is None and config.tracing.otlp_endpoint:
+            opened = open_traces(
+                config.tracing.otlp_endpoint, service_name=config.tracing.service_name
+            )
+            if opened is not None:
+                self._traces, self._span_export = opened
+        return metrics if self._traces is None else FanOut(metrics, self._traces)
+
     async def _serve(
         self,
         config: Config,
@@ -462,6 +478,8 @@ class Daemon:
             if self._handle_signals:  # first, so that a signal during start-up drains cleanly
                 await tg.start(self._signals, tg.cancel_scope)
             await tg.start(core.run)
+            if self._span_export is not None:
+                tg.start_soon(self._span_export.run, name="span-export")
             async with listeners.executors, listeners.control:
                 await tg.start(hub.serve, listeners.executors)
                 await tg.start(control.serve, listeners.control)

@@ -27,6 +27,7 @@ __all__ = [
     "LogLevel",
     "LogSettings",
     "MetricsSettings",
+    "TracingSettings",
     "RetrySettings",
     "SandboxSettings",
     "StoreEngine",
@@ -428,6 +429,26 @@ class MetricsSettings:
     )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TracingSettings:
+    """`[tracing]`: OpenTelemetry traces of turns (the `otel` extra; see docs/operations.md)."""
+
+    otlp_endpoint: str = field(
+        default="",
+        metadata=_meta(
+            doc="Where spans are sent over OTLP/HTTP (e.g. 'http://127.0.0.1:4318/v1/traces'): "
+            "a span per turn and per attempt. Empty: no traces. Needs `pip install "
+            "humanoid-hunter[otel]`.",
+            kind="str",
+            default_doc="unset (off)",
+        ),
+    )
+    service_name: str = field(
+        default="hunter",
+        metadata=_meta(doc="The `service.name` of the spans.", kind="str"),
+    )
+
+
 #: The `[section]` tables: section name -> its settings dataclass.
 SECTIONS: Final[dict[str, type]] = {
     "executors": ExecutorSettings,
@@ -436,6 +457,7 @@ SECTIONS: Final[dict[str, type]] = {
     "log": LogSettings,
     "store": StoreSettings,
     "metrics": MetricsSettings,
+    "tracing": TracingSettings,
 }
 
 
@@ -518,6 +540,7 @@ class Config:
     log: LogSettings = field(default_factory=LogSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    tracing: TracingSettings = field(default_factory=TracingSettings)
 
     def to_dict(self) -> dict[str, object]:
         """A plain, JSON- and TOML-friendly dict (for `hunter config show`).
