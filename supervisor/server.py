@@ -55,6 +55,7 @@ import anyio.to_thread
 
 from ledger import GroupSyncer
 from sandbox.policy.attempts import RetryOptions
+from sandbox.policy.budget import RESOLUTION_MS, BudgetLimits
 from supervisor.config import Config, ConfigError, diff_reloadable, load_config
 from supervisor.config.dsn import describe, to_uri, with_password
 from supervisor.control.server import ControlServer
@@ -238,6 +239,17 @@ def retry_options(config: Config) -> RetryOptions:
     )
 
 
+def budget_limits(config: Config) -> BudgetLimits:
+    """The daemon-wide retry budget of the ``[retry]`` section (``budget_*``)."""
+    r = config.retry
+    window_ms = round(r.budget_window_s * 1000)
+    return BudgetLimits(
+        ratio=r.budget_ratio,
+        window_ms=max(window_ms, RESOLUTION_MS) if r.budget_window_s > 0 else 0,
+        min_retries=r.budget_min_retries,
+    )
+
+
 def hub_settings(config: Config) -> HubSettings:
     e = config.executors
     return HubSettings(
@@ -418,6 +430,7 @@ class Daemon:
                     settings=CoreSettings(
                         root=config.root,
                         retry=retry_options(config),
+                        retry_budget=budget_limits(config),
                         process_slots=self._process_slots,
                         default_timeout_ms=config.sandbox.default_timeout_ms,
                         lease_ms=config.store.lease_ms,
@@ -579,6 +592,7 @@ class Daemon:
             self.scheduler.settings = dataclasses.replace(
                 self.scheduler.settings,
                 retry=retry_options(applied),
+                retry_budget=budget_limits(applied),
                 default_timeout_ms=applied.sandbox.default_timeout_ms,
             )
         if self.hub is not None and any(k.startswith("executors.") for k in diff.reloadable):

@@ -9,6 +9,9 @@ The loop also resumes a turn: after a crash or a lost lease, the interrupted att
 as ``interrupted`` and decided as a CRASH fault (`lifecycle.interrupted_outcome`) before any
 new attempt runs; a turn that was waiting for a retry passes ``resume_at_us`` to finish its
 backoff first.
+
+An optional `RetryGate` (the daemon-wide retry budget, `budget`) hears of every first attempt
+and may refuse a RETRY: the attempt is then decided `budget.over_budget` (TERMINATE) instead.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from sandbox.policy.attempts import (
     Verdict,
     decide_attempt,
 )
+from sandbox.policy.budget import over_budget
 from sandbox.policy.lifecycle import TurnState, final_state, interrupted_outcome
 
 __all__ = [
@@ -34,6 +38,7 @@ __all__ = [
     "AttemptReport",
     "AttemptRunner",
     "LoopEnd",
+    "RetryGate",
     "run_attempts",
 ]
 
@@ -76,6 +81,18 @@ class AttemptHooks(Protocol):
         """After an attempt decided RETRY, before the backoff."""
 
 
+class RetryGate(Protocol):
+    """Shared across turns (the daemon-wide retry budget): told of each turn's first attempt,
+    asked before each retry is scheduled."""
+
+    def first_attempt(self) -> None:
+        """A turn's first attempt is about to run."""
+
+    def allow_retry(self, decision: AttemptDecision) -> bool:
+        """True to schedule the retry *decision*; False ends the turn (`over_budget`)."""
+        ...
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoopEnd(Generic[P]):
     """How the loop ended: the state it leads to (final, or ``escalated``), the last decision
@@ -103,6 +120,7 @@ async def run_attempts(
     execution_id: str = "unspecified",
     instruction_id: Callable[[int], str] | None = None,
     should_continue: Callable[[], bool] = lambda: True,
+    retry_gate: RetryGate | None = None,
 ) -> LoopEnd[P] | None:
     """Run attempts from *first_attempt* until a decision other than RETRY; return how it ended.
 
@@ -129,6 +147,8 @@ async def run_attempts(
             record = AttemptRecord(
                 attempt=attempt_number, started_us=clock(), instruction_id=name(attempt_number)
             )
+            if retry_gate is not None and attempt_number == 1:
+                retry_gate.first_attempt()
             await hooks.attempt_started(record)
             report = await run(record)
             record = replace(
@@ -149,6 +169,12 @@ async def run_attempts(
             execution_id=execution_id,
             instruction_id=record.instruction_id or name(record.attempt),
         )
+        if (
+            decision.verdict is Verdict.RETRY
+            and retry_gate is not None
+            and not retry_gate.allow_retry(decision)
+        ):
+            decision = over_budget(decision)
         record = record.decided(outcome, decision, finished_us=clock())
         done.append(record)
         if decision.verdict is Verdict.RETRY:

@@ -64,6 +64,13 @@ def format_status(status: dict[str, Any]) -> str:
         f"  queued {sum(queued.values())}"
         + (f" ({', '.join(f'{k} {v}' for k, v in sorted(queued.items()))})" if queued else ""),
     ]
+    budget = status.get("retry_budget")
+    if budget and budget.get("enabled"):
+        lines.append(
+            f"retry budget: {budget['retries']} of {budget['allowance']} retries used in the"
+            f" window ({budget['first_attempts']} first attempts); refused"
+            f" {budget['refused_total']} since start"
+        )
     if status["in_flight"]:
         rows = [
             (

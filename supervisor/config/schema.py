@@ -220,6 +220,40 @@ class RetrySettings:
             reload=True,
         ),
     )
+    budget_ratio: float = field(
+        default=0.2,
+        metadata=_meta(
+            doc="Daemon-wide retry budget: instruction retries allowed per first attempt in the "
+            "window (0.2: at most one retry per five new turns, plus the minimum); a retry "
+            "over budget is not scheduled and the turn ends DAEMON_RETRY_BUDGET_EXHAUSTED.",
+            kind="float",
+            minimum=0.0,
+            maximum=100.0,
+            reload=True,
+        ),
+    )
+    budget_window_s: float = field(
+        default=10.0,
+        metadata=_meta(
+            doc="The retry budget's sliding window in seconds (0 turns the budget off; else at "
+            "least 0.1).",
+            kind="float",
+            minimum=0.0,
+            maximum=3600.0,
+            reload=True,
+        ),
+    )
+    budget_min_retries: int = field(
+        default=100,
+        metadata=_meta(
+            doc="Retries the budget allows in any window whatever the traffic (so a quiet "
+            "daemon still retries).",
+            kind="int",
+            minimum=0,
+            maximum=1_000_000,
+            reload=True,
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

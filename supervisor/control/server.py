@@ -483,6 +483,8 @@ class ControlServer:
             "hub": _plain(asdict(hub_stats)),
             "executors": [_executor(i) for i in executors[:_EXECUTORS_SHOWN]],
             "executors_total": len(executors),
+            # the daemon-wide retry budget's window (docs/policy.md "The retry budget")
+            "retry_budget": self._scheduler.retry_budget().to_dict(),
         }
 
     async def _executors_list(self, params: ExecutorsListParams) -> object:

@@ -15,6 +15,7 @@ import anyio
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.attempts import AttemptDecision, RetryOptions
+from sandbox.policy.budget import BudgetLimits, RetryBudget
 from sandbox.policy.lifecycle import TurnState
 from supervisor.logging import get_logger
 from supervisor.store.protocol import Claim, PendingWrite, TurnEnding, TurnRecord, TurnStore
@@ -50,6 +51,8 @@ class CoreSettings:
     lease_ms: int = 30_000
     #: how often the ledger files are synced (a turn's lines are durable in the store at once)
     ledger_sync_interval_s: float = 0.25
+    #: the daemon-wide retry budget of instruction turns (`[retry] budget_*`)
+    retry_budget: BudgetLimits = field(default_factory=BudgetLimits)
 
 
 @dataclass(slots=True)
@@ -66,6 +69,8 @@ class TurnDeps:
     draining: bool = False
     #: in a fleet (a shared store): what of the ledger files the store holds
     anchors: LedgerAnchors | None = None
+    #: first attempts and retries of instruction turns in the budget's window
+    retry_budget: RetryBudget = field(default_factory=RetryBudget)
 
 
 def merge_attempts(

@@ -38,6 +38,7 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
+from sandbox.policy.budget import BudgetStatistics
 from sandbox.policy.envelopes import ExecutorCommandType
 from sandbox.policy.lifecycle import TurnState
 from supervisor.errors import (
@@ -65,7 +66,7 @@ from supervisor.turns.anchors import LedgerAnchors
 from supervisor.turns.context import CoreSettings, TurnDeps
 from supervisor.turns.escalations import Escalations
 from supervisor.turns.fleet import Fleet, FleetHooks
-from supervisor.turns.instruction import HubLike
+from supervisor.turns.instruction import HubLike, monotonic_ms
 from supervisor.turns.recovery import catch_up_ledgers, roll_forward
 from supervisor.turns.requests import TurnRequest
 from supervisor.turns.runner import TurnRunner, error_code
@@ -160,6 +161,11 @@ class TurnCore:
     @property
     def draining(self) -> bool:
         return self._deps.draining
+
+    def retry_budget(self) -> BudgetStatistics:
+        """The daemon-wide retry budget's window now (`sandbox.policy.budget`)."""
+        deps = self._deps
+        return deps.retry_budget.statistics(monotonic_ms(), deps.settings.retry_budget)
 
     @property
     def owner(self) -> str:

@@ -9,15 +9,17 @@ may go to another executor. The turn's ledger entries are written before its end
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 import anyio
 
+from sandbox.policy import reason_codes as rc
 from sandbox.policy.attempt_loop import AttemptReport, LoopEnd, run_attempts
 from sandbox.policy.attempt_record import AttemptRecord
-from sandbox.policy.attempts import AttemptOutcome
+from sandbox.policy.attempts import AttemptDecision, AttemptOutcome
 from sandbox.policy.envelopes import (
     ExecutorCommandType,
     ExecutorInstructionEnvelope,
@@ -25,12 +27,20 @@ from sandbox.policy.envelopes import (
     deep_thaw,
 )
 from sandbox.policy.safety import build_executor_instruction, instruction_to_wire
+from supervisor.logging import get_logger
 from supervisor.store.protocol import TurnEnding, TurnRecord
 from supervisor.turns.context import LoopHooks, TurnDeps, end_turn, now_us
 from supervisor.turns.requests import InstructionSpec, TurnRequest, iso_now
 from supervisor.turns.tracker import ActiveTurn
 
-__all__ = ["HubAttemptLike", "HubLike", "run_instruction_turn", "slot_wait_s"]
+__all__ = [
+    "BudgetGate",
+    "HubAttemptLike",
+    "HubLike",
+    "monotonic_ms",
+    "run_instruction_turn",
+    "slot_wait_s",
+]
 
 
 class HubAttemptLike(Protocol):
@@ -88,6 +98,45 @@ def slot_wait_s(hub: HubLike, spec: InstructionSpec | None) -> float:
     if spec is None:
         return hub.queue_wait_s
     return min(hub.queue_wait_s, spec.timeout_ms / 1000)
+
+
+def monotonic_ms() -> int:
+    """The clock of the retry budget (and of the circuit breakers)."""
+    return time.monotonic_ns() // 1_000_000
+
+
+class BudgetGate:
+    """The daemon-wide retry budget (`sandbox.policy.budget`) as the attempt loop's
+    `RetryGate` for one turn: the budget's counts are shared by every instruction turn, its
+    limits are the settings in force (a reload applies at once)."""
+
+    __slots__ = ("_deps", "_log_ids")
+
+    def __init__(self, deps: TurnDeps, **log_ids: object) -> None:
+        self._deps = deps
+        self._log_ids = log_ids
+
+    def first_attempt(self) -> None:
+        deps = self._deps
+        deps.retry_budget.first_attempt(monotonic_ms(), deps.settings.retry_budget)
+
+    def allow_retry(self, decision: AttemptDecision) -> bool:
+        deps = self._deps
+        limits = deps.settings.retry_budget
+        if deps.retry_budget.try_retry(monotonic_ms(), limits):
+            return True
+        stats = deps.retry_budget.statistics(monotonic_ms(), limits)
+        get_logger("supervisor.turns").warning(
+            "retry_refused",
+            reason_code=rc.DAEMON_RETRY_BUDGET_EXHAUSTED,
+            would_be=decision.reason_code,
+            retries=stats.retries,
+            first_attempts=stats.first_attempts,
+            allowance=stats.allowance,
+            window_ms=limits.window_ms,
+            **self._log_ids,
+        )
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +225,7 @@ async def run_instruction_turn(
             execution_id=execution_id,
             instruction_id=lambda n: f"INS-{turn.turn_id}-{n}",
             should_continue=lambda: not deps.draining,
+            retry_gate=BudgetGate(deps, command_type=spec.command_type.value),
         )
         if end is None:
             return None

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from ledger import verify_root
+from supervisor.cli.daemon_commands import format_status
 from supervisor.control.client import ControlClient
 from supervisor.demo.stack import DEMO_CONFIG, DemoStack, prepare_root
 
@@ -174,4 +175,49 @@ async def test_executor_retry_after_is_capped_by_max_delay(root: Path) -> None:
         "FAILURE",
         "PERSISTENT_FAILURE_RETRY",
         200,
+    )
+
+
+#: A budget of one retry per minute, whatever the traffic (ratio 0).
+TIGHT_BUDGET_CONFIG = DEMO_CONFIG.replace(
+    "max_delay_ms = 200",
+    "max_delay_ms = 200\nbudget_ratio = 0.0\nbudget_window_s = 60.0\nbudget_min_retries = 1",
+)
+
+
+async def test_retry_budget_is_daemon_wide(root: Path) -> None:
+    """With one retry allowed per window, the first failing turn gets its one retry and then
+    ends DAEMON_RETRY_BUDGET_EXHAUSTED; the next failing turn gets none; `hunter status` shows
+    the spent budget. Turns that succeed at once are unaffected."""
+    async with daemon(root, TIGHT_BUDGET_CONFIG) as s:
+        await chaos(s, "broken", "CLICK", "error")
+        await chaos(s, "fine", "READ", "ok")
+        async with ControlClient(s.control_socket) as client:
+            sid = await session(client)
+            first = await wait(
+                client, await submit(client, sid, command_type="CLICK", target_selector="#a")
+            )
+            second = await wait(
+                client, await submit(client, sid, command_type="CLICK", target_selector="#b")
+            )
+            fine = await wait(
+                client, await submit(client, sid, command_type="READ", target_selector="h1")
+            )
+            status = await client.call("status")
+    assert [(a["fault_type"], a["decision"]) for a in first["attempts"]] == [
+        ("CRASH", "RETRY"),
+        ("CRASH", "TERMINATE"),
+    ]
+    assert first["reason_code"] == "DAEMON_RETRY_BUDGET_EXHAUSTED"
+    assert first["state"] == "terminated"
+    assert [(a["fault_type"], a["decision"]) for a in second["attempts"]] == [
+        ("CRASH", "TERMINATE")
+    ]
+    assert second["reason_code"] == "DAEMON_RETRY_BUDGET_EXHAUSTED"
+    assert fine["state"] == "succeeded"
+    budget = status["retry_budget"]
+    assert (budget["retries"], budget["allowance"], budget["refused_total"]) == (1, 1, 2)
+    assert budget["first_attempts"] == 3
+    assert "retry budget: 1 of 1 retries used in the window (3 first attempts); refused 2" in (
+        format_status(status)
     )
