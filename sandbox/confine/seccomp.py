@@ -16,8 +16,8 @@ just before ``execve``, decides on integer arguments only:
 The supervisor answers each notification itself (`NotificationServer`); it never lets the
 kernel *continue* a notified call (that is unsafe: memory and fd tables may change between the
 check and the call). For ``connect`` it takes a copy of the socket (``pidfd_getfd``): on an
-``AF_UNIX`` socket it answers ``ENOENT`` when the path does not exist (glibc's probe for
-nscd) and otherwise ``EACCES`` and reports a violation with the path it read; on any other
+``AF_UNIX`` socket it answers ``EACCES`` and reports a violation with the path it read, unless
+that path does not exist (glibc's probe for nscd on every user lookup is no violation); on any other
 socket it performs the ``connect`` itself on the copy (which is in the turn's network
 namespace, so the result is the one the turn would have had) and returns its result. The
 filter is not installed when the manifest grants ``unix_sockets``.
@@ -354,10 +354,11 @@ class NotificationServer:
             return self._connect_for_turn(note, sock_fd, raw)
         os.close(sock_fd)
         target, check = _unix_target(note.pid, raw)
-        if check is not None and not os.path.lexists(check):
-            _send(self.listener, note.id, err=errno.ENOENT)  # nothing there to reach
-            return None
+        # Always EACCES (an answer that depended on what root can see would tell the turn
+        # whether paths it cannot reach exist); a path that does not exist is not recorded.
         _send(self.listener, note.id, err=errno.EACCES)
+        if check is not None and not os.path.lexists(check):
+            return None
         self._report(
             KernelDenial(
                 operation="connect",
