@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import anyio
@@ -18,14 +19,19 @@ import anyio.abc
 import structlog.contextvars
 
 from sandbox.policy.attempt_record import AttemptRecord
-from sandbox.policy.envelopes import ExecutorCommandType
+from sandbox.policy.envelopes import ExecutorCommandType, ExecutorInstructionEnvelope
 from sandbox.policy.lifecycle import TurnKind, TurnState
 from supervisor.errors import StaleClaimError
 from supervisor.logging import get_logger
 from supervisor.store.fleet import StaleHomeError
 from supervisor.store.protocol import Claim, TurnEnding, TurnRecord
 from supervisor.turns.context import TurnDeps, end_turn, now_us
-from supervisor.turns.instruction import HubLike, run_instruction_turn, slot_wait_s
+from supervisor.turns.instruction import (
+    HubAttemptLike,
+    HubLike,
+    run_instruction_turn,
+    slot_wait_s,
+)
 from supervisor.turns.parking import Parked, ParkedTurns
 from supervisor.turns.process import run_process_turn
 from supervisor.turns.requests import TurnRequest, parse_turn_request
@@ -67,6 +73,39 @@ class _Launch:
             self._command = None
 
 
+class _SlotReturns:
+    """The hub as a turn's attempts see it: when an attempt gives its executor slot back, the
+    feeder looks at once, so a parked turn (another tenant's too) takes the slot then, not when
+    the finished turn's ending is committed (under load, tens of milliseconds later)."""
+
+    __slots__ = ("_hub", "_returned")
+
+    def __init__(self, hub: HubLike, returned: Callable[[], None]) -> None:
+        self._hub = hub
+        self._returned = returned
+
+    def admit(self, command_type: ExecutorCommandType, *, waiting: int = 0) -> None:
+        self._hub.admit(command_type, waiting=waiting)
+
+    def free_slots(self, command_type: ExecutorCommandType) -> int:
+        return self._hub.free_slots(command_type)
+
+    def serving(self, command_type: ExecutorCommandType) -> int:
+        return self._hub.serving(command_type)
+
+    @property
+    def queue_wait_s(self) -> float:
+        return self._hub.queue_wait_s
+
+    async def run_attempt(
+        self, envelope: ExecutorInstructionEnvelope, *, queue_wait_s: float | None = None
+    ) -> HubAttemptLike:
+        try:
+            return await self._hub.run_attempt(envelope, queue_wait_s=queue_wait_s)
+        finally:
+            self._returned()
+
+
 class TurnRunner:
     """Starts turns (or parks them), runs each in its own task, ends the ones that fail."""
 
@@ -82,6 +121,7 @@ class TurnRunner:
         self._due = SlotDeadlines()  # each parked turn's own bound (its timeout_ms)
         self._launching: collections.Counter[ExecutorCommandType] = collections.Counter()
         self._feed: anyio.Event | None = None
+        self._attempts_hub = _SlotReturns(hub, self._kick_feeder)
 
     def attach(self, tg: anyio.abc.TaskGroup | None) -> None:
         """The task group turns run in (None: the core stopped)."""
@@ -214,7 +254,7 @@ class TurnRunner:
                 if turn.kind is TurnKind.INSTRUCTION:
                     await run_instruction_turn(
                         self._deps,
-                        self._hub,
+                        self._attempts_hub,
                         turn,
                         active,
                         request,
