@@ -17,10 +17,11 @@ The supervisor answers each notification itself (`NotificationServer`); it never
 kernel *continue* a notified call (that is unsafe: memory and fd tables may change between the
 check and the call). For ``connect`` it takes a copy of the socket (``pidfd_getfd``): on an
 ``AF_UNIX`` socket it answers ``EACCES`` and reports a violation with the path it read, unless
-that path does not exist (glibc's probe for nscd on every user lookup is no violation); on any other
-socket it performs the ``connect`` itself on the copy (which is in the turn's network
-namespace, so the result is the one the turn would have had) and returns its result. The
-filter is not installed when the manifest grants ``unix_sockets``.
+that path does not exist (glibc's probe for nscd on every user lookup is no violation); a TCP
+connect without the manifest's ``network`` grant gets ``EACCES`` (what Landlock's TCP rule says)
+and is reported too; any other connect it performs itself on the copy (which is in the turn's
+network namespace, so the result is the one the turn would have had) and returns its result.
+The filter is not installed when the manifest grants ``unix_sockets``.
 """
 
 from __future__ import annotations
@@ -270,9 +271,12 @@ class NotificationServer:
     ``capability_violation`` evidence). `serve` returns when every process of the turn is gone.
     """
 
-    def __init__(self, listener: int, report: Callable[[KernelDenial], None]) -> None:
+    def __init__(
+        self, listener: int, report: Callable[[KernelDenial], None], *, network_granted: bool
+    ) -> None:
         self.listener = listener
         self._report = report
+        self.network_granted = network_granted
         self.answered = 0
 
     def close(self) -> None:
@@ -350,6 +354,26 @@ class NotificationServer:
             os.close(sock_fd)
             _send(self.listener, note.id, err=errno.ENOTSOCK)
             return None
+        inet = domain in (socket.AF_INET, socket.AF_INET6)
+        if (
+            inet
+            and not self.network_granted
+            and _sockopt(sock_fd, socket.SO_TYPE) == socket.SOCK_STREAM
+        ):
+            # a TCP connect without the network capability: refused (as Landlock would) and
+            # recorded; never performed for the turn (that would bypass Landlock's TCP rule)
+            os.close(sock_fd)
+            _send(self.listener, note.id, err=errno.EACCES)
+            self._report(
+                KernelDenial(
+                    operation="connect",
+                    target=_inet_target(raw),
+                    capability="capabilities.network",
+                    pid=note.pid,
+                    errno=errno.EACCES,
+                )
+            )
+            return None
         if domain != socket.AF_UNIX:
             return self._connect_for_turn(note, sock_fd, raw)
         os.close(sock_fd)
@@ -381,13 +405,27 @@ async def _finish(work: Awaitable[None]) -> None:
     await work
 
 
+def _inet_target(raw: bytes) -> str:
+    """``host:port`` of a ``sockaddr_in``/``sockaddr_in6`` (as the turn passed it)."""
+    family = int.from_bytes(raw[:2], "little") if len(raw) >= 2 else -1
+    if family == socket.AF_INET and len(raw) >= 8:
+        return f"{socket.inet_ntop(socket.AF_INET, raw[4:8])}:{int.from_bytes(raw[2:4], 'big')}"
+    if family == socket.AF_INET6 and len(raw) >= 24:
+        host = socket.inet_ntop(socket.AF_INET6, raw[8:24])
+        return f"[{host}]:{int.from_bytes(raw[2:4], 'big')}"
+    return "(unreadable address)"
+
+
 def _so_domain(fd: int) -> int | None:
+    return _sockopt(fd, socket.SO_DOMAIN)
+
+
+def _sockopt(fd: int, option: int) -> int | None:
+    """An integer socket option of *fd* (None when it is not a socket)."""
     value = ctypes.c_int(0)
     size = ctypes.c_uint32(ctypes.sizeof(value))
     if (
-        _libc.getsockopt(
-            fd, socket.SOL_SOCKET, socket.SO_DOMAIN, ctypes.byref(value), ctypes.byref(size)
-        )
+        _libc.getsockopt(fd, socket.SOL_SOCKET, option, ctypes.byref(value), ctypes.byref(size))
         != 0
     ):
         return None

@@ -202,7 +202,9 @@ async def run_confined(
             close_quietly(procs_fds)
         launcher = spawned.launcher
         server = (
-            NotificationServer(spawned.listener_fd, denials.append)
+            NotificationServer(
+                spawned.listener_fd, denials.append, network_granted=area.network_granted
+            )
             if spawned.listener_fd >= 0
             else None
         )

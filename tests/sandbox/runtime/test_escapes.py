@@ -184,16 +184,41 @@ async def test_io_uring_is_refused(session: Session) -> None:
     assert result.stdout.split() == ["-1", str(errno.EPERM)], result.stderr
 
 
-async def test_tcp_connect_is_answered_by_the_supervisor_with_the_kernels_result(
-    session: Session,
-) -> None:
-    """A TCP connect (notified, performed by the supervisor on the turn's socket, in the
-    turn's empty network namespace) fails as it would without the filter."""
+async def test_tcp_connect_without_network_is_denied_and_recorded(session: Session) -> None:
+    """A TCP connect to the host's loopback without the network grant fails with EACCES (the
+    supervisor answers it; it never connects for the turn) and is recorded with its address."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.setblocking(False)
+        port = server.getsockname()[1]
+        code = (
+            "import socket\n"
+            "s = socket.socket()\n"
+            "try:\n"
+            f"    s.connect(('127.0.0.1', {port})); print('connected')\n"
+            "except OSError as e:\n"
+            "    print('errno', e.errno)\n"
+        )
+        result = await py(session, code)
+        assert result.stdout.strip() == f"errno {errno.EACCES}", result.stderr
+        with pytest.raises(BlockingIOError):
+            server.accept()
+    assert result.status == "violation"
+    [violation] = result.violations
+    assert (violation.operation, violation.target) == ("connect", f"127.0.0.1:{port}")
+    assert violation.capability == "capabilities.network"
+
+
+async def test_udp_connect_is_answered_with_the_kernels_result(session: Session) -> None:
+    """A UDP connect (glibc's resolver does them to sort addresses) is performed by the
+    supervisor on the turn's socket, in the turn's empty network namespace: it fails as it
+    would without the filter, and is no violation."""
     code = (
         "import socket\n"
-        "s = socket.socket()\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
         "try:\n"
-        "    s.connect(('127.0.0.1', 9)); print('connected')\n"
+        "    s.connect(('10.0.0.1', 53)); print('connected')\n"
         "except OSError as e:\n"
         "    print('errno', e.errno)\n"
     )
@@ -326,3 +351,36 @@ async def test_no_terminal_to_inject_into(session: Session) -> None:
     lines = result.stdout.split("\n")
     assert lines[0] == f"stdin {errno.ENOTTY}", result.stdout
     assert lines[1] in (f"tty {errno.ENXIO}", f"tty {errno.EACCES}")
+
+
+async def test_granted_network_tcp_connect_works_through_the_supervisor(
+    runtime: Runtime, install: Installer
+) -> None:
+    """With ``network: true`` a TCP connect to a listener on the host's loopback succeeds (the
+    supervisor performs it on the turn's own socket) and data flows over it."""
+    install(
+        "net",
+        capabilities={
+            "read": [],
+            "write": ["**"],
+            "execute": ["/usr/bin/*", "/bin/*"],
+            "forbidden": [],
+            "network": True,
+        },
+    )
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        code = (
+            "import socket\n"
+            f"s = socket.create_connection(('127.0.0.1', {port}))\n"
+            "s.sendall(b'hello'); print('sent')\n"
+        )
+        with runtime.open_session("net") as session:
+            result = await py(session, code)
+        assert result.stdout.strip() == "sent", result.stderr
+        assert result.status == "succeeded"
+        conn, _ = server.accept()
+        with conn:
+            assert conn.recv(16) == b"hello"
