@@ -15,7 +15,7 @@ import anyio
 import psutil
 import pytest
 
-from sandbox.runtime.session import Runtime, Session, TurnResult
+from sandbox.runtime.session import Runtime, RuntimeConfig, Session, TurnResult
 
 pytestmark = pytest.mark.usefixtures("sandboxed", "system_python")
 
@@ -384,3 +384,26 @@ async def test_granted_network_tcp_connect_works_through_the_supervisor(
         conn, _ = server.accept()
         with conn:
             assert conn.recv(16) == b"hello"
+
+
+async def test_without_a_pid_namespace_the_subreaper_reaps_what_a_turn_orphaned(
+    root: Path, install: Installer
+) -> None:
+    """The Python launcher has no PID namespace: a setsid double-forked sleeper is re-parented
+    to the runtime (child subreaper), killed with the turn's cgroup and reaped; no process or
+    zombie of the session's uid is left."""
+    install("pkg")
+    with (
+        Runtime(root, config=RuntimeConfig(launcher="python")) as runtime,
+        runtime.open_session("pkg") as session,
+    ):
+        assert runtime.levels["pid_namespace"] == "unavailable"
+        assert runtime.levels["subreaper"] == "yes"
+        for _ in range(3):
+            result = await session.run_process_turn(
+                ["/bin/sh", "-c", "setsid sh -c 'sleep 60 & sleep 60 & exit 0' & sleep 0.2"],
+                declared_outputs=[],
+                timeout_ms=TIMEOUT_MS,
+            )
+            assert result.status == "succeeded", result.stderr
+            assert processes_of_uid(session.uid) == []
