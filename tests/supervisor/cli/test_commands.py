@@ -121,6 +121,32 @@ async def test_session_submit_wait_show_status(
         assert sid in capsys.readouterr().out
 
 
+async def test_session_tenant_and_priority(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`session open --tenant --priority` records both; `session list` shows them (and "-" for
+    a session opened without); a priority out of bounds is refused naming the field."""
+    r = str(root)
+    async with serving(root):
+        labelled = ("--tenant", "acme.eu-1", "--priority", "3")
+        assert await hunter("session", "open", "demo", "--root", r, *labelled) == 0
+        sid = capsys.readouterr().out.strip()
+        assert await hunter("session", "open", "demo", "--root", r) == 0
+        plain = capsys.readouterr().out.strip()
+        assert await hunter("session", "list", "--root", r) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert "TENANT" in lines[0]
+        assert "PRIORITY" in lines[0]
+        assert [line.split()[3:5] for line in lines if sid in line] == [["acme.eu-1", "3"]]
+        assert [line.split()[3:5] for line in lines if plain in line] == [["-", "-"]]
+        assert await hunter("session", "list", "--json", "--root", r) == 0
+        listed = orjson.loads(capsys.readouterr().out)["sessions"]
+        assert {s["session_id"]: (s["tenant"], s["priority"]) for s in listed} == {
+            sid: ("acme.eu-1", 3),
+            plain: (None, None),
+        }
+        assert await hunter("session", "open", "demo", "--root", r, "--priority", "11") == 1
+        assert "priority" in capsys.readouterr().err
+
+
 async def test_refused_request_exits_1(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A request the daemon refuses exits 1 with the error code and message."""
     async with serving(root):
