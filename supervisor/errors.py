@@ -106,9 +106,9 @@ class IntakeClosedError(IntakeError):
 
 
 class StoreIntegrityError(IntakeError):
-    """A row of the turn store that is not what its columns promise (a bad state, a wrong
-    type, unreadable JSON): written by something other than hunter, or damaged. It names the
-    row; the daemon reports it and goes on."""
+    """Raised when a row of the turn store is not what its columns promise (a bad state, a
+    wrong type, unreadable JSON): written by something other than hunter, or damaged. It names
+    the row; the daemon reports it and goes on."""
 
     def __init__(self, table: str, key: object, problem: str) -> None:
         self.table = table

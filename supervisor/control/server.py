@@ -141,6 +141,8 @@ _IN_FLIGHT_SHOWN = 100
 _EXECUTORS_SHOWN = 100
 #: requests one connection may have in progress; more get a ``busy`` answer at once
 MAX_REQUESTS_PER_CONNECTION = 256
+#: How long `status` waits for the store's counts before answering without them.
+_STORE_READ_S = 1.0
 
 
 class ControlServer:
@@ -467,10 +469,15 @@ class ControlServer:
         executors = sorted(self._hub.list_executors(), key=lambda i: i.executor_id)
         stats = self._scheduler.statistics()
         hub_stats = self._hub.statistics()
-        counts = await self._scheduler.counts()
+        # The store's part is bounded: while its server is unreachable, status still answers
+        # at once from what the daemon holds (store.available says so).
+        counts: dict[str, int] = {}
+        fleet = None
+        with anyio.move_on_after(_STORE_READ_S):
+            counts = await self._scheduler.counts()
+            fleet = await self._scheduler.daemons()
         turns = stats.to_dict()
         turns["turns_escalated"] = counts.get(TurnState.ESCALATED.value, 0)
-        fleet = await self._scheduler.daemons()
         return {
             # several daemons on one PostgreSQL: each with its last heartbeat (None: alone)
             "daemons": None if fleet is None else [d.to_dict() for d in fleet[:_EXECUTORS_SHOWN]],

@@ -23,6 +23,7 @@ from ledger import verify_root
 from supervisor.control.client import ControlClient
 from supervisor.demo.stack import DEMO_CONFIG, DemoStack, prepare_root
 from supervisor.errors import ControlClientError
+from supervisor.store.postgres.schema import SCHEMA_VERSION as PG_SCHEMA
 from tests.supervisor.store.pg_cluster import (
     PgCluster,
     database_for,
@@ -86,7 +87,7 @@ async def test_migrate_then_serve_instruction_turns(pg_cluster: PgCluster, root:
 
     first = _hunter("store", "migrate", "--root", str(root), "--config", str(config))
     assert first.returncode == 0, first.stderr
-    assert "migrated from no schema to version 2" in first.stdout
+    assert f"migrated from no schema to version {PG_SCHEMA}" in first.stdout
     again = _hunter("store", "migrate", "--root", str(root), "--config", str(config))
     assert again.returncode == 0, again.stderr
     assert "already current" in again.stdout
@@ -174,11 +175,11 @@ def test_serve_refuses_a_newer_schema(pg_cluster: PgCluster, root: Path) -> None
     )
     done = _hunter("serve", "--root", str(root), "--config", str(config), "--log-format", "json")
     assert done.returncode == 2, done.stderr
-    assert "schema version 99, newer than the 2 this hunter supports" in done.stderr
+    assert f"schema version 99, newer than the {PG_SCHEMA} this hunter supports" in done.stderr
     assert "Traceback" not in done.stderr + done.stdout
     migrate = _hunter("store", "migrate", "--root", str(root), "--config", str(config))
     assert migrate.returncode == 2
-    assert "newer than the 2" in migrate.stderr
+    assert f"newer than the {PG_SCHEMA}" in migrate.stderr
 
 
 def test_serve_exits_2_when_the_server_is_not_there(root: Path, tmp_path: Path) -> None:

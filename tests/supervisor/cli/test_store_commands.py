@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.cli.main import main
+from supervisor.store.postgres.schema import SCHEMA_VERSION as PG_SCHEMA
 from tests.supervisor.store.pg_cluster import (
     PgCluster,
     database_for,
@@ -50,20 +51,21 @@ def test_migrate_sqlite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 def test_migrate_postgres(
     pg_cluster: PgCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A fresh database is migrated to version 2 (tables exist after), then already current."""
+    """A fresh database is migrated to the current version (tables exist after), then is
+    already current."""
     dsn = database_for(tmp_path)
     config = _config(tmp_path, dsn)
     assert main(["store", "migrate", "--config", str(config), "--root", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"postgresql server {pg_cluster.socket_dir} port {pg_cluster.port}" in out
-    assert "migrated from no schema to version 2" in out
+    assert f"migrated from no schema to version {PG_SCHEMA}" in out
     database = dsn.partition("?")[0].rpartition("/")[2]
     value = pg_cluster.psql(
         "SELECT value FROM hunter_meta WHERE key = 'turn_store_schema'", database=database
     )
-    assert value.strip() == "1"
+    assert value.strip() == str(PG_SCHEMA)
     assert main(["store", "migrate", "--config", str(config), "--root", str(tmp_path)]) == 0
-    assert "schema version 2, already current" in capsys.readouterr().out
+    assert f"schema version {PG_SCHEMA}, already current" in capsys.readouterr().out
 
 
 def test_migrate_postgres_with_password_file(
