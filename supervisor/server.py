@@ -55,6 +55,7 @@ import anyio.to_thread
 
 from ledger import GroupSyncer
 from sandbox.policy.attempts import RetryOptions
+from sandbox.policy.breaker import BreakerLimits
 from sandbox.policy.budget import RESOLUTION_MS, BudgetLimits
 from supervisor.config import Config, ConfigError, diff_reloadable, load_config
 from supervisor.config.dsn import describe, to_uri, with_password
@@ -262,6 +263,11 @@ def hub_settings(config: Config) -> HubSettings:
         quarantine_s=e.quarantine_s,
         cancel_grace_s=e.cancel_grace_s,
         hello_timeout_s=e.hello_timeout_s,
+        breaker=BreakerLimits(
+            faults=e.breaker_faults,
+            window_ms=max(1, round(e.breaker_window_s * 1000)),
+            cooldown_ms=max(1, round(e.breaker_cooldown_s * 1000)),
+        ),
     )
 
 

@@ -10,7 +10,8 @@ The combination, in order:
 * deny by default: an outcome, phase or options object that is not what it claims to be is
   TERMINATE with a ``DENY_*`` code; the attempt context is checked by the Phase-21 engine;
 * SUCCESS -> SUCCEED; REFUSED -> TERMINATE, never retried; NO_EXECUTOR (no connected executor
-  serves the command type) -> TERMINATE ``NO_CAPABLE_EXECUTOR``, never retried;
+  serves the command type) -> TERMINATE ``NO_CAPABLE_EXECUTOR``, never retried; CIRCUIT_OPEN
+  (the pool's circuit breaker is open, `breaker`) -> TERMINATE ``CIRCUIT_OPEN``, never retried;
 * a FAILURE whose exit code is transient (seed 003: 124-128, or a signal) is the Phase-21 fault
   it stands for (124 TIMEOUT, 125-128 CRASH) and goes through the fault path;
 * FAULT -> ``decide_sandbox_outcome``; its RETRY is then gated by the phase: automatic retry only
@@ -159,6 +160,8 @@ class OutcomeKind(Enum):
     REFUSED = "REFUSED"
     #: no connected executor serves the command type (the attempt never reached one)
     NO_EXECUTOR = "NO_EXECUTOR"
+    #: the command type's circuit breaker is open (the attempt failed fast, `breaker`)
+    CIRCUIT_OPEN = "CIRCUIT_OPEN"
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +203,11 @@ class AttemptOutcome:
     def no_executor(cls, message: str = "") -> AttemptOutcome:
         """No connected executor serves the command type: the attempt reached none."""
         return cls(OutcomeKind.NO_EXECUTOR, message=message)
+
+    @classmethod
+    def circuit_open(cls, message: str = "") -> AttemptOutcome:
+        """The command type's circuit breaker is open: the attempt failed fast."""
+        return cls(OutcomeKind.CIRCUIT_OPEN, message=message)
 
     @classmethod
     def from_exit_code(
@@ -425,6 +433,12 @@ def decide_attempt(
             rc.NO_CAPABLE_EXECUTOR,
             "no connected executor serves the command type: not retried (a retry would wait "
             "for one the same way)",
+        )
+    if kind is OutcomeKind.CIRCUIT_OPEN:
+        return _deny(
+            rc.CIRCUIT_OPEN,
+            "the executor pool of this command type keeps failing (its circuit breaker is "
+            "open): failed fast, not retried",
         )
     # A persistent failure (seed 003's PersistentError).
     failed = f"failed with exit code {outcome.exit_code}"

@@ -45,6 +45,7 @@ DENY_OUTCOME_MALFORMED: Final = "DENY_OUTCOME_MALFORMED"  # bad/inconsistent out
 DENY_PHASE_UNKNOWN: Final = "DENY_PHASE_UNKNOWN"  # phase neither None nor an AgentPhase
 DENY_OPTIONS_INVALID: Final = "DENY_OPTIONS_INVALID"  # options is not a RetryOptions
 NO_CAPABLE_EXECUTOR: Final = "NO_CAPABLE_EXECUTOR"  # no connected executor serves it: TERMINATE
+CIRCUIT_OPEN: Final = "CIRCUIT_OPEN"  # the command type's circuit breaker is open: TERMINATE
 DAEMON_RETRY_BUDGET_EXHAUSTED: Final = "DAEMON_RETRY_BUDGET_EXHAUSTED"  # budget: not retried
 
 # --- Phase-20 executor responses (seed 001 section 6, executor_safety.py) --------------------

@@ -64,6 +64,14 @@ def format_status(status: dict[str, Any]) -> str:
         f"  queued {sum(queued.values())}"
         + (f" ({', '.join(f'{k} {v}' for k, v in sorted(queued.items()))})" if queued else ""),
     ]
+    circuits = hub.get("circuits") or {}
+    for command, circuit in sorted(circuits.items()):
+        if circuit.get("state") != "closed":
+            probe = circuit.get("probe_in_ms")
+            lines.append(
+                f"CIRCUIT {str(circuit['state']).upper()} {command}: fails fast"
+                + (f", probe in {int(probe) / 1000:g}s" if probe is not None else ", probing")
+            )
     budget = status.get("retry_budget")
     if budget and budget.get("enabled"):
         lines.append(

@@ -164,6 +164,39 @@ class ExecutorSettings:
             maximum=3600.0,
         ),
     )
+    breaker_faults: int = field(
+        default=0,
+        metadata=_meta(
+            doc="Circuit breaker per command type: this many faults (CRASH, TIMEOUT, invalid or "
+            "partial answers of its executors) within `breaker_window_s` open it, and its "
+            "instructions fail fast with CIRCUIT_OPEN until a probe succeeds (0: off).",
+            kind="int",
+            minimum=0,
+            maximum=1_000_000,
+            reload=True,
+        ),
+    )
+    breaker_window_s: float = field(
+        default=10.0,
+        metadata=_meta(
+            doc="The window in which `breaker_faults` faults open a command type's breaker.",
+            kind="float",
+            minimum=0.001,
+            maximum=86_400.0,
+            reload=True,
+        ),
+    )
+    breaker_cooldown_s: float = field(
+        default=30.0,
+        metadata=_meta(
+            doc="How long an open breaker fails instructions fast before it lets one through "
+            "as a probe (half-open); the probe's success closes it, its fault reopens it.",
+            kind="float",
+            minimum=0.001,
+            maximum=86_400.0,
+            reload=True,
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -43,12 +43,14 @@ import structlog
 
 from sandbox.policy import reason_codes as rc
 from sandbox.policy.attempts import AttemptOutcome
+from sandbox.policy.breaker import CircuitState
 from sandbox.policy.envelopes import (
     ExecutorCommandType,
     ExecutorInstructionEnvelope,
     ExecutorStatus,
 )
 from supervisor.errors import QueueFullError
+from supervisor.executors.circuits import Circuits
 from supervisor.executors.clock import ms, now_us
 from supervisor.executors.connection import Connection
 from supervisor.executors.dispatch import Dispatcher
@@ -158,6 +160,7 @@ class ExecutorHub:
             log=self._log,
         )
         self._reception = Reception(host=self._host, log=self._log)
+        self._circuits = Circuits(limits=lambda: self.settings.breaker, log=self._log)
         self.settings = settings
         self._idle = anyio.Event()
         self._closing = False
@@ -244,10 +247,16 @@ class ExecutorHub:
         started = time.monotonic()
         self._attempts_started += 1
         self._active_attempts += 1
+        command, iid = envelope.command_type, envelope.instruction_id
+        admission = self._circuits.admit(command)
+        ended = False
         try:
-            command, iid = envelope.command_type, envelope.instruction_id
-            conn = None if self._closing else self._dispatcher.pick(command, iid)
-            if conn is not None:  # the hot path: an executor has a free slot now
+            conn = None
+            if admission.allowed and not self._closing:
+                conn = self._dispatcher.pick(command, iid)
+            if not admission.allowed:  # the pool keeps failing: fail fast
+                report = self._circuit_open(envelope, started)
+            elif conn is not None:  # the hot path: an executor has a free slot now
                 verdict = await conn.attempt(envelope, 0.0)
                 report = self._report(
                     verdict, conn.executor_id, started=started, queued_s=0.0, ran=command
@@ -256,7 +265,17 @@ class ExecutorHub:
                 wait_s = self.settings.queue_wait_s if queue_wait_s is None else queue_wait_s
                 wait_s = min(wait_s, envelope.timeout_ms / 1000)
                 report = await self._queued_attempt(envelope, started, max(0.0, wait_s))
+            if admission.allowed:
+                self._circuits.record(
+                    command,
+                    report.outcome,
+                    reached_executor=report.executor_id is not None,
+                    probe=admission.probe,
+                )
+            ended = True
         finally:
+            if not ended:  # cancelled: a probe is given back
+                self._circuits.abandon(command, probe=admission.probe)
             self._active_attempts -= 1
             if self._active_attempts == 0:
                 self._idle.set()
@@ -285,6 +304,7 @@ class ExecutorHub:
             frame_errors=self._host.frame_errors,
             late_responses=self._host.late_responses,
             quarantined=self._quarantine.active(),
+            circuits=self._circuits.snapshot(),
         )
 
     def list_executors(self) -> list[ExecutorInfo]:
@@ -371,6 +391,29 @@ class ExecutorHub:
         return self._report(
             verdict, conn.executor_id, started=started, queued_s=queued_s, ran=command
         )
+
+    def _circuit_open(self, envelope: ExecutorInstructionEnvelope, started: float) -> AttemptReport:
+        """The command's circuit breaker is open: the attempt fails fast (CIRCUIT_OPEN)."""
+        command = envelope.command_type
+        detail = f"the circuit breaker of {command.value} is open (its executors keep failing)"
+        verdict = Verdict(AttemptOutcome.circuit_open(detail), rc.CIRCUIT_OPEN, detail)
+        self._log.warning(
+            "attempt_circuit_open",
+            instruction_id=envelope.instruction_id,
+            execution_id=envelope.execution_id,
+            command_type=command.value,
+            reason_code=rc.CIRCUIT_OPEN,
+        )
+        return self._report(verdict, None, started=started, queued_s=0.0)
+
+    def circuits(self) -> dict[str, dict[str, object]]:
+        """The circuit breakers that are not closed-and-quiet, by command type (``hunter
+        status``): state, faults in the window, milliseconds until the next probe."""
+        return self._circuits.snapshot()
+
+    def circuit_state(self, command_type: ExecutorCommandType) -> CircuitState:
+        """The state of ``command_type``'s circuit breaker."""
+        return self._circuits.state(command_type)
 
     def _is_closing(self) -> bool:
         """``_closing`` read afresh after an await (mypy would keep an earlier test's answer)."""

@@ -6,7 +6,7 @@ Frozen values only; the hub's modules build them, callers (turns, ``hunter statu
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from sandbox.policy.attempts import AttemptOutcome
@@ -86,3 +86,6 @@ class HubStatistics:
     frame_errors: int
     late_responses: int
     quarantined: int
+    #: circuit breakers not closed-and-quiet, by command type: ``state`` (closed, open,
+    #: half_open), ``recent_faults``, ``probe_in_ms`` (open: time until a probe may go)
+    circuits: Mapping[str, Mapping[str, object]] = field(default_factory=dict)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from sandbox.policy.breaker import BreakerLimits
 
 __all__ = ["HubSettings"]
 
@@ -27,6 +29,8 @@ class HubSettings:
     quarantine_s: float = 300.0
     cancel_grace_s: float = 2.0
     hello_timeout_s: float = 5.0
+    #: the circuit breaker of each command type's pool (``faults`` 0: off)
+    breaker: BreakerLimits = field(default_factory=BreakerLimits)
 
     def __post_init__(self) -> None:
         checks = {

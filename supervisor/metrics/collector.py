@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ledger.syncer import SyncerStatistics
+from sandbox.policy.breaker import CircuitState
 from sandbox.policy.envelopes import ExecutorCommandType, ExecutorStatus
 from supervisor.executors.reports import HubStatistics
 from supervisor.store.protocol import StoreStatistics
@@ -120,6 +121,15 @@ class StatisticsCollector(Collector):
             waiting = core.parked_by_command.get(name, 0) + hub.queued_by_command.get(name, 0)
             depth.add_metric((name,), waiting)
         yield depth
+        circuit = GaugeMetricFamily(
+            "hunter_circuit_state",
+            "Circuit breaker per executor pool: 0 closed, 1 half-open, 2 open.",
+            labels=("command_type",),
+        )
+        for command in ExecutorCommandType:
+            state = hub.circuits.get(command.value, {}).get("state", "closed")
+            circuit.add_metric((command.value,), CircuitState(state).gauge)
+        yield circuit
         yield _gauge(
             "hunter_executor_instructions_in_flight",
             "Instructions sent to executors and not yet answered.",

@@ -52,7 +52,8 @@ def test_budget_matches_the_sliding_window_model(events: Events, limits: BudgetL
         if expected:
             log.append((now, "retry"))
         stats = budget.statistics(now, limits)
-        assert stats.retries <= stats.allowance
+        if expected:  # when granted, within the allowance (first attempts may expire first)
+            assert stats.retries <= stats.allowance
         assert stats.first_attempts == recent.count("first")
 
 

@@ -8,18 +8,21 @@ would make `turn.wait` time out: the bounds are what the tests check.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from ledger import verify_root
 from supervisor.cli.daemon_commands import format_status
 from supervisor.control.client import ControlClient
 from supervisor.demo.stack import DEMO_CONFIG, DemoStack, prepare_root
+from tests.supervisor.test_metrics_e2e import scrape, value
 
 pytestmark = pytest.mark.slow
 
@@ -221,3 +224,79 @@ async def test_retry_budget_is_daemon_wide(root: Path) -> None:
     assert "retry budget: 1 of 1 retries used in the window (3 first attempts); refused 2" in (
         format_status(status)
     )
+
+
+#: Breakers open after two faults in a minute and probe after two seconds.
+BREAKER_CONFIG = DEMO_CONFIG.replace(
+    "hello_timeout_s = 2.0",
+    "hello_timeout_s = 2.0\nbreaker_faults = 2\nbreaker_window_s = 60.0\nbreaker_cooldown_s = 2.0",
+)
+
+
+def log_events(s: DemoStack) -> list[dict[str, Any]]:
+    events = []
+    for line in s.daemon_log.read_text(encoding="utf-8", errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if isinstance(event, dict):
+                events.append(event)
+    return events
+
+
+async def test_circuit_breaker_opens_fails_fast_and_closes_on_a_probe(root: Path) -> None:
+    """Two CRASH faults of the CLICK pool open its breaker: the third attempt and the next
+    turn fail fast (CIRCUIT_OPEN, no executor reached) while READ flows; status, the metric
+    and the log show it; after the cool-down one probe goes, succeeds, and the breaker closes."""
+    metrics = f'\n[metrics]\nlisten = "{root}/run/metrics.sock"\n'
+    async with daemon(root, BREAKER_CONFIG + metrics) as s:
+        await chaos(s, "flaky", "CLICK", "error,error,ok")
+        await chaos(s, "fine", "READ", "ok")
+        async with ControlClient(s.control_socket) as client:
+            sid = await session(client)
+            first = await wait(
+                client, await submit(client, sid, command_type="CLICK", target_selector="#a")
+            )
+            second = await wait(
+                client, await submit(client, sid, command_type="CLICK", target_selector="#b")
+            )
+            other_pool = await wait(
+                client, await submit(client, sid, command_type="READ", target_selector="h1")
+            )
+            status = await client.call("status")
+            circuit = status["hub"]["circuits"]["CLICK"]
+            assert circuit["state"] == "open"
+            assert "CIRCUIT OPEN CLICK: fails fast" in format_status(status)
+            samples = await scrape(root / "run" / "metrics.sock")
+            assert value(samples, "hunter_circuit_state", command_type="CLICK") == 2
+            assert value(samples, "hunter_circuit_state", command_type="READ") == 0
+            # the cool-down is the behaviour under test: wait what the daemon says is left
+            await anyio.sleep(circuit["probe_in_ms"] / 1000 + 0.05)
+            probe = await wait(
+                client, await submit(client, sid, command_type="CLICK", target_selector="#c")
+            )
+            after = await client.call("status")
+            closed = await scrape(root / "run" / "metrics.sock")
+        assert value(closed, "hunter_circuit_state", command_type="CLICK") == 0
+    assert [(a["outcome"], a["decision"]) for a in first["attempts"]] == [
+        ("FAULT", "RETRY"),
+        ("FAULT", "RETRY"),
+        ("CIRCUIT_OPEN", "TERMINATE"),
+    ]
+    assert first["reason_code"] == "CIRCUIT_OPEN"
+    (fast,) = second["attempts"]
+    assert (fast["outcome"], fast["executor_id"]) == ("CIRCUIT_OPEN", None)
+    assert second["reason_code"] == "CIRCUIT_OPEN"
+    assert other_pool["state"] == "succeeded"
+    assert probe["state"] == "succeeded"
+    assert probe["attempts"][0]["executor_id"] == "flaky"
+    assert "CLICK" not in after["hub"]["circuits"]
+    moves = [
+        (e["event"], e.get("previous"))
+        for e in log_events(s)
+        if e.get("event", "").startswith("circuit_") and e.get("command_type") == "CLICK"
+    ]
+    assert moves == [
+        ("circuit_opened", "closed"),
+        ("circuit_half_open", "open"),
+        ("circuit_closed", "half_open"),
+    ]
