@@ -20,13 +20,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Final, Generic, TypeVar
+from typing import Final, TypeVar
 
-import anyio
 import asyncpg
 
-from supervisor.errors import IntakeClosedError
 from supervisor.logging import get_logger
+from supervisor.store.queued import PendingOp, QueuedOp
 
 __all__ = ["BatchAttempt", "Op", "PendingOp", "connection_lost", "try_batch"]
 
@@ -50,76 +49,33 @@ def connection_lost(exc: BaseException, conn: asyncpg.Connection) -> bool:
     return conn.is_closed() or isinstance(exc, _LOST)
 
 
-class Op(Generic[T_co]):
-    """One queued write: run in a batch by the committer, its outcome read by its caller."""
+class Op(QueuedOp[T_co]):
+    """One queued write: run in a batch by the committer on the writer connection."""
 
-    __slots__ = ("_fn", "_result", "abandoned", "done", "error", "on_commit")
+    __slots__ = ("_fn",)
 
     def __init__(
         self,
         fn: Callable[[asyncpg.Connection], Awaitable[T_co]],
         on_commit: Callable[[T_co], None] | None = None,
     ) -> None:
+        super().__init__(on_commit)
         self._fn = fn
-        self.on_commit = on_commit
-        self._result: tuple[T_co] | None = None
-        self.error: BaseException | None = None
-        self.done = anyio.Event()
-        self.abandoned = False
 
     async def execute(self, conn: asyncpg.Connection) -> bool:
         """Run the op; False when it raised (its error is kept). A deadlock or serialization
-        failure is the batch's, not the op's: it propagates (the batch runs again)."""
+        failure, or a lost connection, is the batch's, not the op's: it propagates (the batch
+        runs again)."""
         try:
             self._result = (await self._fn(conn),)
         except asyncpg.TransactionRollbackError:
             raise
         except Exception as exc:  # handed to this op's caller, never to its neighbours
-            if connection_lost(exc, conn):  # the batch's problem: it is run again
+            if connection_lost(exc, conn):
                 raise
             self.error = exc
             return False
         return True
-
-    def reset(self) -> None:
-        self._result = None
-        self.error = None
-
-    def committed(self) -> None:
-        if self.on_commit is not None and self.error is None and self._result is not None:
-            try:
-                self.on_commit(self._result[0])
-            except Exception:  # the caller's hook must not stop the committer
-                _log.exception("store_commit_hook_failed")
-
-    def fail(self, error: BaseException) -> None:
-        self._result = None
-        self.error = error
-
-    def result(self) -> T_co:
-        if self.error is not None:
-            raise self.error
-        if self._result is None:
-            raise IntakeClosedError("turn store stopped before this write committed")
-        return self._result[0]
-
-
-class PendingOp(Generic[T_co]):
-    """`PendingWrite` over a queued op."""
-
-    __slots__ = ("_op",)
-
-    def __init__(self, op: Op[T_co]) -> None:
-        self._op = op
-
-    async def result(self) -> T_co:
-        op = self._op
-        try:
-            await op.done.wait()
-        except BaseException:  # cancelled: the op is skipped if its batch has not started
-            op.abandoned = True
-            raise
-        return op.result()
 
 
 @dataclass(slots=True)

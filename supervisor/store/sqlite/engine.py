@@ -54,7 +54,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 import anyio
 import anyio.abc
@@ -82,6 +82,7 @@ from supervisor.store.protocol import (
     TurnPage,
     TurnRecord,
 )
+from supervisor.store.queued import PendingOp, QueuedOp
 from supervisor.store.sqlite.schema import open_connections
 
 __all__ = ["SqliteTurnStore", "open_sqlite_store"]
@@ -95,74 +96,27 @@ _log = get_logger("supervisor.store")
 _BUSY_TIMEOUT_MS = 10_000
 
 
-class _Op(Generic[T_co]):
-    """One queued write: run in a batch on the commit thread, its outcome read by its caller."""
+class _Op(QueuedOp[T_co]):
+    """One queued write: run in a batch on the commit thread (or the loop)."""
 
-    __slots__ = ("_fn", "_result", "abandoned", "done", "error", "on_commit")
+    __slots__ = ("_fn",)
 
     def __init__(
         self,
         fn: Callable[[sqlite3.Connection], T_co],
         on_commit: Callable[[T_co], None] | None = None,
     ) -> None:
+        super().__init__(on_commit)
         self._fn = fn
-        #: called on the event loop once the op committed (not when it failed)
-        self.on_commit = on_commit
-        self._result: tuple[T_co] | None = None
-        self.error: BaseException | None = None
-        self.done = anyio.Event()
-        #: set by a caller cancelled before its op was taken: the committer skips it
-        self.abandoned = False
 
     def execute(self, conn: sqlite3.Connection) -> bool:
-        """On the commit thread: run the op; False when it raised (its error is kept)."""
+        """Run the op; False when it raised (its error is kept)."""
         try:
             self._result = (self._fn(conn),)
         except Exception as exc:  # handed to this op's caller, never to its neighbours
             self.error = exc
             return False
         return True
-
-    def reset(self) -> None:
-        """Forget an outcome whose transaction was rolled back (the op runs again)."""
-        self._result = None
-        self.error = None
-
-    def committed(self) -> None:
-        if self.on_commit is not None and self.error is None and self._result is not None:
-            try:
-                self.on_commit(self._result[0])
-            except Exception:  # the caller's hook must not stop the committer
-                _log.exception("store_commit_hook_failed")
-
-    def fail(self, error: BaseException) -> None:
-        self._result = None
-        self.error = error
-
-    def result(self) -> T_co:
-        if self.error is not None:
-            raise self.error
-        if self._result is None:
-            raise IntakeClosedError("turn store stopped before this write committed")
-        return self._result[0]
-
-
-class _PendingOp(Generic[T_co]):
-    """`PendingWrite` over a queued op."""
-
-    __slots__ = ("_op",)
-
-    def __init__(self, op: _Op[T_co]) -> None:
-        self._op = op
-
-    async def result(self) -> T_co:
-        op = self._op
-        try:
-            await op.done.wait()
-        except BaseException:  # cancelled: the op is skipped if its batch has not started
-            op.abandoned = True
-            raise
-        return op.result()
 
 
 class SqliteTurnStore:
@@ -293,7 +247,7 @@ class SqliteTurnStore:
         return op
 
     async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        return await _PendingOp(self._enqueue(fn)).result()
+        return await PendingOp(self._enqueue(fn)).result()
 
     async def _commit_loop(self) -> None:
         async for first in self._receive:
@@ -465,7 +419,7 @@ class SqliteTurnStore:
         *,
         on_commit: Callable[[Claim], None] | None = None,
     ) -> PendingWrite[Claim]:
-        return _PendingOp(self._enqueue(lambda c: ops.start_attempt(c, claim, attempt), on_commit))
+        return PendingOp(self._enqueue(lambda c: ops.start_attempt(c, claim, attempt), on_commit))
 
     async def record_attempt(
         self,

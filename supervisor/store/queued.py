@@ -1,0 +1,80 @@
+"""A write queued for an engine's group commit, and the `PendingWrite` its caller waits on.
+
+Both engines queue their writes the same way: the caller puts an op on the committer's stream
+and waits on its event; the committer runs a batch of ops in one transaction and sets each op's
+outcome. What differs is how an op runs (SQLite: a plain call on the commit thread or the
+loop; PostgreSQL: a coroutine on the writer connection), so each engine's op class adds only
+its own ``execute``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+import anyio
+
+from supervisor.errors import IntakeClosedError
+from supervisor.logging import get_logger
+
+__all__ = ["PendingOp", "QueuedOp"]
+
+T_co = TypeVar("T_co", covariant=True)
+
+_log = get_logger("supervisor.store")
+
+
+class QueuedOp(Generic[T_co]):
+    """One queued write's outcome: its result or error, whether it is done or abandoned."""
+
+    __slots__ = ("_result", "abandoned", "done", "error", "on_commit")
+
+    def __init__(self, on_commit: Callable[[T_co], None] | None = None) -> None:
+        #: called on the event loop once the op committed (not when it failed)
+        self.on_commit = on_commit
+        self._result: tuple[T_co] | None = None
+        self.error: BaseException | None = None
+        self.done = anyio.Event()
+        #: set by a caller cancelled before its op was taken: the committer skips it
+        self.abandoned = False
+
+    def reset(self) -> None:
+        """Forget an outcome whose transaction was rolled back (the op runs again)."""
+        self._result = None
+        self.error = None
+
+    def committed(self) -> None:
+        if self.on_commit is not None and self.error is None and self._result is not None:
+            try:
+                self.on_commit(self._result[0])
+            except Exception:  # the caller's hook must not stop the committer
+                _log.exception("store_commit_hook_failed")
+
+    def fail(self, error: BaseException) -> None:
+        self._result = None
+        self.error = error
+
+    def result(self) -> T_co:
+        if self.error is not None:
+            raise self.error
+        if self._result is None:
+            raise IntakeClosedError("turn store stopped before this write committed")
+        return self._result[0]
+
+
+class PendingOp(Generic[T_co]):
+    """`PendingWrite` over a queued op."""
+
+    __slots__ = ("_op",)
+
+    def __init__(self, op: QueuedOp[T_co]) -> None:
+        self._op = op
+
+    async def result(self) -> T_co:
+        op = self._op
+        try:
+            await op.done.wait()
+        except BaseException:  # cancelled: the op is skipped if its batch has not started
+            op.abandoned = True
+            raise
+        return op.result()
