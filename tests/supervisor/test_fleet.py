@@ -32,19 +32,11 @@ from supervisor.demo.stack import DEMO_CONFIG, DemoStack, prepare_root
 from tests.supervisor.store.pg_cluster import (
     PgCluster,
     database_for,
-    shared_cluster,
-    stop_shared_cluster,
 )
 
 pytestmark = pytest.mark.slow
 
 LEASE_MS = 1500
-
-
-@pytest.fixture(scope="session")
-def pg_cluster() -> Iterator[PgCluster]:
-    yield shared_cluster()
-    stop_shared_cluster()
 
 
 @pytest.fixture

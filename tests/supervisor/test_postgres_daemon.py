@@ -27,20 +27,11 @@ from supervisor.store.postgres.schema import SCHEMA_VERSION as PG_SCHEMA
 from tests.supervisor.store.pg_cluster import (
     PgCluster,
     database_for,
-    shared_cluster,
-    stop_shared_cluster,
 )
 
 pytestmark = pytest.mark.slow
 
 _CONFIG = DEMO_CONFIG.replace("queue_wait_s = 3.0", "queue_wait_s = 5.0")
-
-
-@pytest.fixture(scope="session")
-def pg_cluster() -> Iterator[PgCluster]:
-    """The session's private PostgreSQL cluster; stopped when the session ends."""
-    yield shared_cluster()
-    stop_shared_cluster()
 
 
 @pytest.fixture

@@ -21,20 +21,9 @@ from supervisor.store.postgres import migrate_database
 from tests.supervisor.store.pg_cluster import (
     PgCluster,
     crash_and_restart,
-    start_cluster,
-    stop_cluster,
 )
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def own_cluster() -> Iterator[PgCluster]:
-    cluster = start_cluster()
-    try:
-        yield cluster
-    finally:
-        stop_cluster(cluster)
 
 
 @pytest.fixture
@@ -47,8 +36,8 @@ def root() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-async def test_daemon_rides_out_a_postgres_crash(own_cluster: PgCluster, root: Path) -> None:
-    dsn = own_cluster.dsn()
+async def test_daemon_rides_out_a_postgres_crash(own_pg_cluster: PgCluster, root: Path) -> None:
+    dsn = own_pg_cluster.dsn()
     config = prepare_root(
         root,
         fresh=True,
@@ -94,7 +83,7 @@ async def test_daemon_rides_out_a_postgres_crash(own_cluster: PgCluster, root: P
             tg.start_soon(submit)
             await anyio.sleep(0.3)
             tg.start_soon(watch)
-            await anyio.to_thread.run_sync(lambda: crash_and_restart(own_cluster, down_s=2.0))
+            await anyio.to_thread.run_sync(lambda: crash_and_restart(own_pg_cluster, down_s=2.0))
         assert seen_down, "status never showed the store unavailable"
         assert seen_down[0]["outages"] >= 1
         finals = [

@@ -4,7 +4,6 @@ not there or the configuration is wrong."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,16 +13,7 @@ from supervisor.store.postgres.schema import SCHEMA_VERSION as PG_SCHEMA
 from tests.supervisor.store.pg_cluster import (
     PgCluster,
     database_for,
-    shared_cluster,
-    stop_shared_cluster,
 )
-
-
-@pytest.fixture(scope="session")
-def pg_cluster() -> Iterator[PgCluster]:
-    """The session's private PostgreSQL cluster; stopped when the session ends."""
-    yield shared_cluster()
-    stop_shared_cluster()
 
 
 @pytest.fixture(autouse=True)

@@ -8,8 +8,6 @@ while writers commit, and started again.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import anyio
 import anyio.to_thread
 import pytest
@@ -20,24 +18,13 @@ from tests.supervisor.store.conformance import instruction
 from tests.supervisor.store.pg_cluster import (
     PgCluster,
     crash_and_restart,
-    start_cluster,
-    stop_cluster,
 )
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def own_cluster() -> Iterator[PgCluster]:
-    cluster = start_cluster()
-    try:
-        yield cluster
-    finally:
-        stop_cluster(cluster)
-
-
-async def test_writes_survive_a_server_crash(own_cluster: PgCluster) -> None:
-    dsn = own_cluster.dsn()
+async def test_writes_survive_a_server_crash(own_pg_cluster: PgCluster) -> None:
+    dsn = own_pg_cluster.dsn()
     acknowledged: list[tuple[str, int]] = []
     async with open_postgres_store(dsn) as store:
         for n in range(4):
@@ -53,7 +40,7 @@ async def test_writes_survive_a_server_crash(own_cluster: PgCluster) -> None:
             for n in range(4):
                 tg.start_soon(writer, n)
             await anyio.sleep(0.3)
-            await anyio.to_thread.run_sync(lambda: crash_and_restart(own_cluster, down_s=1.0))
+            await anyio.to_thread.run_sync(lambda: crash_and_restart(own_pg_cluster, down_s=1.0))
         stats = store.statistics()
         assert stats.outages >= 1
         assert stats.available
