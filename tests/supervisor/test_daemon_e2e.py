@@ -228,11 +228,14 @@ async def test_process_turns_outcomes(stack: DemoStack) -> None:
 
 async def test_backpressure_queue_full(root: Path) -> None:
     """With no executor and a queue of one, a further submit gets queue_full + retry_after_ms;
-    nothing accepted is dropped: the queued turns run once an executor arrives."""
+    nothing accepted is dropped: the queued turns run once an executor arrives (within their
+    wait for one: 30 s here, then they would end NO_CAPABLE_EXECUTOR)."""
     config = prepare_root(
         root,
         fresh=True,
-        config_text=FAST_CONFIG.replace("[executors]", "[executors]\nqueue_capacity = 1"),
+        config_text=FAST_CONFIG.replace("[executors]", "[executors]\nqueue_capacity = 1").replace(
+            "queue_wait_s = 5.0", "queue_wait_s = 30.0"
+        ),
     )
     s = DemoStack(root=root, config_path=config)
     try:
@@ -249,13 +252,13 @@ async def test_backpressure_queue_full(root: Path) -> None:
                         kind="instruction",
                         command_type="READ",
                         target_selector="h1",
+                        timeout_ms=30_000,
                         declared_outputs=[],
                     )
                 except ControlClientError as exc:
                     refusal = exc
                     break
                 accepted.append(r["turn"]["turn_id"])
-                await client.call("turn.wait", turn_id=accepted[-1], until=["running"])
             assert refusal is not None
             assert refusal.code == "queue_full"
             assert refusal.details["retry_after_ms"] > 0
