@@ -27,7 +27,8 @@ class AttemptRecord:
     executor_id: str | None = None
     instruction_id: str | None = None
     finished_us: int | None = None
-    #: `OutcomeKind` name: SUCCESS, FAILURE, FAULT or REFUSED (None while running)
+    #: `OutcomeKind` name: SUCCESS, FAILURE, FAULT, REFUSED, NO_EXECUTOR or CIRCUIT_OPEN (None
+    #: while running)
     outcome: str | None = None
     #: `ExecutionFaultType` value when the outcome is a fault
     fault_type: str | None = None
