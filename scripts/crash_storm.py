@@ -7,8 +7,13 @@ turn must be final, every key must name one turn, every final turn must have exa
 entry in each of its session's two ledgers, the ledgers must verify and the daemon log must
 hold no traceback.
 
-Usage: ``.venv/bin/python scripts/crash_storm.py [--kills 20] [--turns 3000] [--seed 1]
-[--root DIR]``. Prints a line per kill and a summary; exit 0 only when nothing is violated.
+With ``--mixed`` about 30% of the turns are sandboxed process turns (some running when a kill
+lands, one leaving a background child behind), and after the final clean stop nothing may be
+left: no process of the storm's sandbox uids, no turn cgroup of the root, no file in a
+session's scratch dirs.
+
+Usage: ``.venv/bin/python scripts/crash_storm.py [--kills 20] [--turns 3000] [--mixed]
+[--seed 1] [--root DIR]``. Prints a line per kill and a summary; exit 0 only when nothing is violated.
 Without ``--root`` the root is a temporary directory, removed afterwards unless the storm
 failed or ``--keep`` is given.
 """
@@ -41,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--submitters", type=int, default=defaults.submitters)
     parser.add_argument("--executors", type=int, default=defaults.executors)
+    parser.add_argument(
+        "--mixed",
+        action="store_true",
+        help="mixed load: about 30%% sandboxed process turns beside the instruction turns",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary root")
     return parser
 
@@ -62,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             submitters=args.submitters,
             executors=args.executors,
+            mixed=args.mixed,
         )
     except ValueError as exc:
         sys.stderr.write(f"crash_storm: {exc}\n")

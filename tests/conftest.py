@@ -4,16 +4,25 @@ Some tests skip when the machine lacks what they attack with (root, Landlock, th
 systemd-nspawn, setpriv). On a developer's laptop that is a fair answer; in CI it would let a
 missing capability stand in for a security check. With ``PYTEST_FAIL_ON_SKIP=1`` (set by
 ``.ci/run``) every skip is reported as a failure that names the reason.
+
+The reliability suites (crash, executor chaos, soak) each record one headline line with the
+`headline` fixture; the lines are printed in the terminal summary ("reliability suite
+figures"), whatever ``-s`` says, and appended to ``$HUNTER_HEADLINES_FILE`` when it is set
+(``.ci/run`` prints that file at its end).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Generator
+from collections.abc import Callable, Generator
+from pathlib import Path
 
 import pytest
 
 FAIL_ON_SKIP = os.environ.get("PYTEST_FAIL_ON_SKIP") == "1"
+
+#: ``(suite, line)`` recorded by the reliability suites (see `headline`).
+HEADLINES: list[tuple[str, str]] = []
 
 
 @pytest.hookimpl(wrapper=True)
@@ -26,3 +35,25 @@ def pytest_runtest_makereport(
         report.outcome = "failed"
         report.longrepr = f"skipped in CI (PYTEST_FAIL_ON_SKIP=1): {reason}"
     return report
+
+
+def _record_headline(suite: str, line: str) -> None:
+    HEADLINES.append((suite, line))
+    path = os.environ.get("HUNTER_HEADLINES_FILE")
+    if path:
+        with Path(path).open("a", encoding="utf-8") as out:
+            out.write(f"{suite}: {line}\n")
+
+
+@pytest.fixture
+def headline() -> Callable[[str, str], None]:
+    """Record a suite's headline figures: ``headline("crash", "6 SIGKILLs, ...")``."""
+    return _record_headline
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not HEADLINES:
+        return
+    terminalreporter.section("reliability suite figures")
+    for suite, line in HEADLINES:
+        terminalreporter.write_line(f"{suite}: {line}")

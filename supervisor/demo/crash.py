@@ -24,10 +24,17 @@ The scenario
    in ``exec.jsonl`` and one in ``evidence.jsonl`` (entries of one turn are paired in file
    order; an escalated turn's pair is not final), agreeing with the store's state. The ledgers
    are verified offline too, and the daemon log must hold no traceback.
+5. Mixed load (``mixed``): about ``process_share`` of the turns are sandboxed process turns
+   (`PROCESS_TURNS`), so kills also land while sandboxed processes run. The storm's daemon has
+   its own sandbox uid range (`storm_uids`); after the final clean stop no process of those
+   uids may live, no turn cgroup leaf of the root may be left and every session scratch dir
+   (``tmp/<sid>``, ``output/<sid>``) must be empty or gone (`check_leftovers`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import random
 import signal
 import time
@@ -44,6 +51,7 @@ from supervisor.control.client import ControlClient
 from supervisor.demo.crash_checks import (
     LedgerTurnEntries,
     check_daemon_log,
+    check_leftovers,
     check_turn_entries,
     read_turn_entries,
 )
@@ -52,19 +60,45 @@ from supervisor.errors import ConnectionLost, ControlClientError, DaemonNotRunni
 
 __all__ = [
     "CRASH_CONFIG",
+    "PROCESS_TURNS",
     "LedgerTurnEntries",
     "StormConfig",
     "StormReport",
     "check_daemon_log",
+    "check_leftovers",
     "check_turn_entries",
     "format_violations",
     "read_turn_entries",
     "run_storm",
+    "storm_config_text",
+    "storm_uids",
 ]
 
 #: The storm's daemon config: the demo's, with a long queue wait (turns wait for the executors
 #: to reconnect after each restart) and logging at info (the log is checked for tracebacks).
 CRASH_CONFIG: Final = DEMO_CONFIG.replace("queue_wait_s = 3.0", "queue_wait_s = 30.0")
+
+#: Sandbox uids per storm root (one per session: a storm opens one).
+_UID_SPAN: Final = 256
+
+
+def storm_uids(root: Path) -> range:
+    """The sandbox uid range of a storm on *root*: its own, picked from the root's path, so
+    that the leftover check finds only this storm's processes (other daemons on the machine
+    use other ranges)."""
+    tag = int.from_bytes(hashlib.sha256(os.fsencode(os.path.realpath(root))).digest()[:4])
+    start = 1_700_000_000 + (tag % 100_000) * _UID_SPAN
+    return range(start, start + _UID_SPAN)
+
+
+def storm_config_text(root: Path) -> str:
+    """`CRASH_CONFIG` with the root's own sandbox uid range (`storm_uids`)."""
+    uids = storm_uids(root)
+    return CRASH_CONFIG.replace(
+        "[sandbox]\n",
+        f"[sandbox]\nuid_range_start = {uids.start}\nuid_range_size = {len(uids)}\n",
+    )
+
 
 #: What a dead or restarting daemon looks like to a control client.
 _GONE: Final = (
@@ -97,9 +131,18 @@ class StormConfig:
     settle_s: float = 60.0
     #: the longest the whole storm (submits and kills) may take
     storm_limit_s: float = 600.0
+    #: mixed load: a share of the turns are sandboxed process turns (see `PROCESS_TURNS`)
+    mixed: bool = False
+    process_share: float = 0.3
 
     def __post_init__(self) -> None:
-        if self.kills < 0 or self.turns < 1 or self.submitters < 1 or self.executors < 1:
+        if (
+            self.kills < 0
+            or self.turns < 1
+            or self.submitters < 1
+            or self.executors < 1
+            or not 0.0 <= self.process_share <= 1.0
+        ):
             msg = f"invalid storm config {self!r}"
             raise ValueError(msg)
 
@@ -130,6 +173,11 @@ class StormReport:
     verification: list[str] = field(default_factory=list)
     #: tracebacks and error events in the daemon log
     log: list[str] = field(default_factory=list)
+    #: what the last daemon left after its clean stop: processes of the storm's sandbox
+    #: uids, turn cgroup leaves of the root, files in the sessions' scratch dirs
+    leftovers: list[str] = field(default_factory=list)
+    #: turns by kind (instruction, process)
+    kinds: Counter[str] = field(default_factory=Counter)
     #: the harness's own findings: the daemon died without a kill, a submit was refused,
     #: an executor did not come back, the final SIGTERM did not exit 0
     storm: list[str] = field(default_factory=list)
@@ -141,6 +189,7 @@ class StormReport:
             "ledger_duplicates": self.ledger_duplicates,
             "ledger_missing": self.ledger_missing,
             "verification": self.verification,
+            "leftovers": self.leftovers,
             "log": self.log,
             "storm": self.storm,
         }
@@ -155,10 +204,11 @@ class StormReport:
 
     def summary(self) -> str:
         states = ", ".join(f"{n} {s}" for s, n in sorted(self.states.items()))
+        kinds = " + ".join(f"{n} {k}" for k, n in sorted(self.kinds.items()))
         verdict = "OK" if self.ok else f"FAILED ({len(self.violations)} violations)"
         return (
             f"crash storm {verdict}: seed {self.seed}, {self.kills} SIGKILLs, "
-            f"{self.acknowledged} turns acknowledged ({states or 'none'}), "
+            f"{self.acknowledged} turns acknowledged ({kinds or 'none'}; {states or 'none'}), "
             f"{self.resubmissions} resubmissions ({self.resubmitted_existing} found the turn "
             f"already accepted), {self.ledger_entries} ledger entries, {self.elapsed_s:.1f} s"
         )
@@ -168,11 +218,25 @@ class StormReport:
 # The storm
 
 
+#: The process turns of a mixed storm, in turn: ``(argv, declared output or "")``. Each runs
+#: in the sandbox as the session's uid; some last long enough for a kill to find them running,
+#: one leaves a background child behind (the sandbox must kill it), one fails, one writes an
+#: undeclared scratch file (a violation: writes are enumerated).
+PROCESS_TURNS: Final[tuple[tuple[tuple[str, ...], str], ...]] = (
+    (("sh", "-c", 'echo "$HUNTER_TURN_NUMBER" > "$HUNTER_OUTPUT_DIR/out.txt"'), "out.txt"),
+    (("sh", "-c", "sleep 0.3"), ""),
+    (("sh", "-c", 'sleep 30 & echo x > "$HUNTER_OUTPUT_DIR/out.txt"; sleep 0.1'), "out.txt"),
+    (("sh", "-c", "sleep 0.05; exit 3"), ""),
+    (("sh", "-c", 'echo scratch > "$TMPDIR/s.txt"; sleep 0.1'), ""),
+)
+
+
 @dataclass(frozen=True, slots=True)
 class _Key:
     index: int
     key: str
     wait: bool
+    process: bool = False
 
 
 def _executor_argv(kind: str, config: StormConfig, index: int) -> list[str]:
@@ -210,7 +274,12 @@ class _Storm:
         kinds = ("ok", "slow", "flaky")
         self.executor_kinds = {f"{kinds[i % 3]}-{i}": kinds[i % 3] for i in range(config.executors)}
         self.keys = [
-            _Key(i, f"crash-{config.seed}-{i}", self.rng.random() < 0.5)
+            _Key(
+                i,
+                f"crash-{config.seed}-{i}",
+                self.rng.random() < 0.5,
+                config.mixed and self.rng.random() < config.process_share,
+            )
             for i in range(config.turns)
         ]
         self._next = iter(self.keys)
@@ -233,7 +302,20 @@ class _Storm:
     # -- clients ------------------------------------------------------------------------------
 
     def _params(self, key: _Key) -> dict[str, Any]:
-        params: dict[str, Any] = {
+        if key.process:
+            argv, output = PROCESS_TURNS[key.index % len(PROCESS_TURNS)]
+            params: dict[str, Any] = {
+                "session_id": self.session_id,
+                "kind": "process",
+                "argv": list(argv),
+                "timeout_ms": 10_000,
+                "declared_outputs": [{"path": output, "role": "report"}] if output else [],
+                "idempotency_key": key.key,
+            }
+            if key.wait:
+                params["wait_s"] = 60
+            return params
+        params = {
             "session_id": self.session_id,
             "kind": "instruction",
             "command_type": "READ",
@@ -497,6 +579,9 @@ class _Storm:
                 self.report.idempotency.append(f"key {key} names turns {sorted(ids)} in the store")
         for turn in turns.values():
             self.report.states[str(turn["state"])] += 1
+        for submitted in self.keys:
+            if submitted.key in self.acks:
+                self.report.kinds["process" if submitted.process else "instruction"] += 1
         return turns
 
     def check_ledgers(self, turns: Mapping[int, Mapping[str, Any]]) -> None:
@@ -522,7 +607,7 @@ async def run_storm(
 ) -> StormReport:
     """Run the whole crash storm on a fresh *root* (see the module docstring)."""
     started = time.monotonic()
-    config_path = prepare_root(root, fresh=True, config_text=CRASH_CONFIG)
+    config_path = prepare_root(root, fresh=True, config_text=storm_config_text(root))
     stack = DemoStack(root=root, config_path=config_path)
     storm = _Storm(stack, config, show)
     report = storm.report
@@ -546,6 +631,7 @@ async def run_storm(
         if code != 0:
             report.storm.append(f"the final SIGTERM stop exited {code}, not 0")
         storm.check_ledgers(turns)
+        report.leftovers.extend(check_leftovers(root, storm_uids(root)))
     finally:
         await stack.aclose()
         report.log.extend(check_daemon_log(stack.daemon_log))

@@ -1,4 +1,5 @@
-"""Reading what a crash storm's daemon left behind: its ledgers' ``turn`` entries and its log.
+"""Reading what a crash storm's daemon left behind: its ledgers' ``turn`` entries, its log, and
+what a clean stop must not leave (processes of the sandbox uids, turn cgroups, scratch files).
 
 `supervisor.demo.crash` runs the storm; these checks judge what it left (and are tested on their
 own, on hand-made ledgers and logs, so that a checker that cannot fail is noticed).
@@ -6,6 +7,7 @@ own, on hand-made ledgers and logs, so that a checker that cannot fail is notice
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -14,12 +16,16 @@ from typing import Any, Final
 
 import orjson
 
+from sandbox.confine.procs import LEAF_PARENT, process_uids
 from sandbox.policy.lifecycle import FINAL_STATES
+from sandbox.runtime.leftovers import AREAS
+from sandbox.runtime.runtime import cgroup_prefix_for
 
 __all__ = [
     "FINAL_STATUSES",
     "LedgerTurnEntries",
     "check_daemon_log",
+    "check_leftovers",
     "check_turn_entries",
     "read_turn_entries",
 ]
@@ -179,3 +185,89 @@ def check_turn_entries(
             f"seqs {entries.exec_seqs}) but no acknowledged turn"
         )
     return duplicates, missing
+
+
+def _turn_leaf_parents() -> list[Path]:
+    """The ``hunter-turns`` directories beneath this process's cgroups (a daemon it started
+    without moving it has the same ones), without creating any."""
+    mounts: dict[str, Path] = {}  # "" for cgroup v2, else the v1 controller
+    try:
+        mountinfo = Path("/proc/self/mountinfo").read_text(encoding="utf-8")
+        own = Path("/proc/self/cgroup").read_text(encoding="utf-8")
+    except OSError:
+        return []
+    for line in mountinfo.splitlines():
+        left, _, right = line.partition(" - ")
+        fields, rfields = left.split(), right.split()
+        if len(fields) < 5 or len(rfields) < 3:
+            continue
+        point = Path(fields[4].replace("\\040", " "))
+        if rfields[0] == "cgroup2":
+            mounts.setdefault("", point)
+        elif rfields[0] == "cgroup":
+            for option in rfields[2].split(","):
+                mounts.setdefault(option, point)
+    parents: list[Path] = []
+    for line in own.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        for controller in parts[1].split(",") if parts[1] else [""]:
+            mount = mounts.get(controller)
+            if mount is not None:
+                parent = mount / parts[2].lstrip("/") / LEAF_PARENT
+                if parent.is_dir() and parent not in parents:
+                    parents.append(parent)
+    return parents
+
+
+def check_leftovers(root: Path, uids: range) -> list[str]:
+    """What a stopped daemon on *root* left behind that it should not have: a live process
+    running as one of *uids* (the storm's sandbox uid range; zombies are not counted), a turn
+    cgroup leaf of the root (``hunter-turns/<prefix>...``), or any entry in a session's
+    scratch dirs (``tmp/<sid>``, ``output/<sid>``)."""
+    problems: list[str] = []
+    with os.scandir("/proc") as entries:
+        pids = [int(e.name) for e in entries if e.name.isdigit()]
+    for pid in pids:
+        info = process_uids(pid)
+        if info is None:
+            continue
+        found, zombie, cgroups = info
+        if zombie or not any(uid in uids for uid in found):
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").strip()
+        except OSError:
+            cmdline = b"?"
+        problems.append(
+            f"process {pid} ({cmdline.decode(errors='replace')[:80]}) runs as uid(s) "
+            f"{sorted(u for u in found if u in uids)}, cgroups {list(cgroups)}"
+        )
+    prefix = cgroup_prefix_for(root)
+    for parent in _turn_leaf_parents():
+        try:
+            names = sorted(os.listdir(parent))
+        except OSError:
+            continue
+        problems.extend(
+            f"cgroup leaf {parent / name} is left" for name in names if name.startswith(prefix)
+        )
+    for area in AREAS:
+        base = root / area
+        try:
+            sessions = sorted(os.listdir(base))
+        except FileNotFoundError:
+            continue
+        for session in sessions:
+            path = base / session
+            if not path.is_dir() or path.is_symlink():
+                problems.append(f"{path} is left (not a directory)")
+                continue
+            left = sorted(os.listdir(path))
+            if left:
+                shown = ", ".join(left[:5]) + (
+                    f" and {len(left) - 5} more" if len(left) > 5 else ""
+                )
+                problems.append(f"scratch dir {path} is not empty: {shown}")
+    return problems

@@ -1,12 +1,14 @@
-"""A real crash test: the daemon SIGKILLed at random moments under a stream of turns.
+"""A real crash test: the daemon SIGKILLed at random moments under a mixed stream of turns.
 
-The storm is `supervisor.demo.crash` (``scripts/crash_storm.py`` runs a long one): a real
-``hunter serve``, real chaos executor processes that reconnect, clients submitting instruction
-turns with idempotency keys (resubmitting after each restart), a seeded killer. Afterwards
+The storm is `supervisor.demo.crash` (``scripts/crash_storm.py --mixed`` runs a long one): a
+real ``hunter serve``, real chaos executor processes that reconnect, clients submitting
+instruction turns and sandboxed process turns with idempotency keys (resubmitting after each
+restart), a seeded killer. Afterwards
 every acknowledged turn must be final, every key must name one turn, every final turn must
 have exactly one final entry in each of its session's two ledgers, the ledgers must verify and
-the daemon log must hold no traceback (nor error event). ``HUNTER_CRASH_SEED`` picks
-another seed.
+the daemon log must hold no traceback (nor error event), and after the final clean stop no
+process of the storm's sandbox uids, no turn cgroup and no scratch file may be left.
+``HUNTER_CRASH_SEED`` picks another seed.
 
 The checker itself is tested on hand-made ledger entries below (no daemon).
 """
@@ -15,8 +17,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +27,24 @@ import anyio
 import pytest
 
 from ledger import verify_root
+from sandbox.confine.cgroups import detect_layout
+from sandbox.runtime.runtime import cgroup_prefix_for
 from supervisor.demo.crash import (
     LedgerTurnEntries,
     StormConfig,
     StormReport,
     check_daemon_log,
+    check_leftovers,
     check_turn_entries,
     format_violations,
     read_turn_entries,
     run_storm,
+    storm_uids,
 )
 
 SEED = int(os.environ.get("HUNTER_CRASH_SEED", "7"))
 CI_STORM = StormConfig(
-    kills=6, turns=300, seed=SEED, submitters=8, settle_s=20.0, storm_limit_s=40.0
+    kills=6, turns=300, seed=SEED, submitters=8, settle_s=20.0, storm_limit_s=40.0, mixed=True
 )
 
 
@@ -59,15 +66,20 @@ def _listing(report: StormReport, lines: list[str]) -> str:
 
 
 @pytest.mark.slow
-async def test_sigkill_storm_loses_nothing(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """SIGKILL the daemon 6 times under 300 turns: nothing acknowledged is lost, one turn per
-    key, exactly one final ledger pair per turn, ledgers verify, no traceback in the log."""
+async def test_sigkill_storm_loses_nothing(
+    root: Path, capsys: pytest.CaptureFixture[str], headline: Callable[[str, str], None]
+) -> None:
+    """SIGKILL the daemon 6 times under 300 mixed turns: nothing acknowledged is lost, one
+    turn per key, exactly one final ledger pair per turn, ledgers verify, no traceback in the
+    log, nothing left behind after the clean stop."""
     progress: list[str] = []
     with anyio.fail_after(55):
         report = await run_storm(root, CI_STORM, show=progress.append)
+    headline("crash", report.summary())
     with capsys.disabled():
         print(f"\n{report.summary()}")
     print("\n".join(progress + list(format_violations(report))))
+    assert report.kinds["process"] >= CI_STORM.turns // 5, report.summary()
 
     assert report.kills >= 6, _listing(report, report.storm)
     assert report.acknowledged == CI_STORM.turns, _listing(report, report.storm)
@@ -86,6 +98,9 @@ async def test_sigkill_storm_loses_nothing(root: Path, capsys: pytest.CaptureFix
     )
     assert not report.log, "tracebacks or errors in the daemon log:\n" + _listing(
         report, report.log
+    )
+    assert not report.leftovers, "left behind after the clean stop:\n" + _listing(
+        report, report.leftovers
     )
     after = verify_root(root, workers=1)
     assert after.ok, after.errors
@@ -186,3 +201,48 @@ def test_daemon_log_check_finds_tracebacks_and_errors(tmp_path: Path) -> None:
         "daemon.log line 3: error supervisor.turns.sessions 'session_resume_failed': gone",
         "daemon.log line 5: Traceback (most recent call last):",
     ]
+
+
+def test_leftover_check_finds_processes_and_scratch_files(tmp_path: Path) -> None:
+    """A live process of a storm uid and a file in a scratch dir are named; empty scratch
+    dirs, other uids' processes and zombies-to-be are not."""
+    root = tmp_path / "r"
+    sid = "SES-20260101T000000.000000Z-0123456789abcdef"
+    (root / "tmp" / sid).mkdir(parents=True)
+    (root / "output" / sid).mkdir(parents=True)
+    assert check_leftovers(root, storm_uids(root)) == []
+    (root / "output" / sid / "report.txt").write_text("x")
+    uid = storm_uids(root)[3]
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a process as a storm uid")
+    stray = subprocess.Popen(["sleep", "30"], user=uid, group=uid)
+    try:
+        problems = check_leftovers(root, storm_uids(root))
+    finally:
+        stray.kill()
+        stray.wait()
+    assert any(
+        line.startswith(f"process {stray.pid} (sleep 30) runs as uid(s) [{uid}]")
+        for line in problems
+    ), problems
+    assert f"scratch dir {root / 'output' / sid} is not empty: report.txt" in problems
+    assert len(problems) == 2, problems
+    assert check_leftovers(root.parent / "other", storm_uids(root.parent / "other")) == []
+
+
+def test_leftover_check_finds_a_turn_cgroup_of_the_root(tmp_path: Path) -> None:
+    """A ``hunter-turns`` leaf named with the root's prefix is named; another root's is not."""
+    root = tmp_path / "r"
+    parents = detect_layout().leaf_parents()
+    if not parents:
+        pytest.skip("no cgroup hierarchy to create turn leaves in")
+    leaf = parents[0] / f"{cgroup_prefix_for(root)}SES-test-0a0b0c"
+    other = parents[0] / f"{cgroup_prefix_for(tmp_path / 'other')}SES-test-0a0b0c"
+    leaf.mkdir()
+    other.mkdir()
+    try:
+        assert check_leftovers(root, storm_uids(root)) == [f"cgroup leaf {leaf} is left"]
+    finally:
+        leaf.rmdir()
+        other.rmdir()
+    assert check_leftovers(root, storm_uids(root)) == []
