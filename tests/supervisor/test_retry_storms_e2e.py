@@ -224,6 +224,11 @@ async def test_retry_budget_is_daemon_wide(root: Path) -> None:
     assert "retry budget: 1 of 1 retries used in the window (3 first attempts); refused 2" in (
         format_status(status)
     )
+    refused = [e for e in log_events(s) if e.get("event") == "retry_refused"]
+    assert [(e["would_be"], e["retries"], e["allowance"]) for e in refused] == [
+        ("RETRY_AFTER_CRASH", 1, 1),
+        ("RETRY_AFTER_CRASH", 1, 1),
+    ]
 
 
 #: Breakers open after two faults in a minute and probe after two seconds.
