@@ -141,7 +141,9 @@ class Circuits:
     def snapshot(self) -> dict[str, dict[str, object]]:
         """Every breaker that is not closed-and-quiet: state, recent faults, time to a probe."""
         now, limits = self._clock(), self._limits()
-        return {
-            c.value: s.to_dict(now, limits)
-            for c, s in sorted(self._states.items(), key=lambda item: item[0].value)
-        }
+        shown: dict[str, dict[str, object]] = {}
+        for command, state in sorted(self._states.items(), key=lambda item: item[0].value):
+            view = state.to_dict(now, limits)
+            if state.state is not CircuitState.CLOSED or view["recent_faults"]:
+                shown[command.value] = view
+        return shown
