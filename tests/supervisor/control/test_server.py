@@ -197,14 +197,14 @@ async def test_an_answer_over_the_frame_limit_is_an_error_not_a_hangup(root: Pat
     async with daemon_client(root) as client:
         sid = (await client.call("session.open", package_id="demo"))["session_id"]
         big = {"blob": "x" * 4000}  # near the 4096-character limit of parameters
-        for _ in range(300):  # nobody serves CLICK here: the turns stay accepted
+        for _ in range(300):  # nobody serves CLICK: the turns stay accepted (for up to 60 s)
             await client.call(
                 "turn.submit",
                 session_id=sid,
                 kind="instruction",
                 command_type="CLICK",
                 target_selector="#b",
-                timeout_ms=1000,
+                timeout_ms=60_000,
                 parameters=big,
                 declared_outputs=[],
             )
