@@ -46,7 +46,13 @@ if str(REPO) not in sys.path:
 import anyio  # noqa: E402
 
 from benchmarks.peers import dispatch, report  # noqa: E402
-from benchmarks.peers.report import cell, grouped_bars, ratio_cell, table  # noqa: E402
+from benchmarks.peers.report import (  # noqa: E402
+    cell,
+    grouped_bar_panels,
+    grouped_bars,
+    ratio_cell,
+    table,
+)
 
 SECTIONS = ("dispatch", "sandbox", "ledger", "scale")
 DAEMON = "hunter (durable)"
@@ -261,20 +267,17 @@ def run_dispatch(s: Settings, out: Path) -> str:
         },
         ylabel="tasks per second",
     )
-    series: dict[str, Sequence[Sequence[float]]] = {}
-    for name in names:
-        series[f"{name} p50"] = [
-            [v / 1e3 for v in values(name, i, "p50_us")] for i in range(len(s.levels))
-        ]
-    for name in names:
-        series[f"{name} p99"] = [
-            [v / 1e3 for v in values(name, i, "p99_us")] for i in range(len(s.levels))
-        ]
-    grouped_bars(
+    grouped_bar_panels(
         out / "dispatch_latency.png",
-        title="Submit -> answer latency, p50 and p99 (median, min-max)",
+        title="Submit -> answer latency (median, min-max)",
         groups=groups,
-        series=series,
+        panels={
+            label: {
+                name: [[v / 1e3 for v in values(name, i, attr)] for i in range(len(s.levels))]
+                for name in names
+            }
+            for label, attr in (("p50", "p50_us"), ("p99", "p99_us"))
+        },
         ylabel="milliseconds (log)",
         log=True,
     )

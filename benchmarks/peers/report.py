@@ -10,6 +10,7 @@ import matplotlib as mpl
 
 mpl.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 
 DAEMON_COLOUR = "#1f5fa8"
 PEER_COLOURS = ["#d9822b", "#9b9b9b", "#6a9a4f", "#b04a5a"]
@@ -53,6 +54,28 @@ def _errors(series: Sequence[Sequence[float]]) -> tuple[list[float], list[list[f
     ]
 
 
+def _bars(
+    ax: Axes,
+    *,
+    groups: Sequence[str],
+    series: dict[str, Sequence[Sequence[float]]],
+    ylabel: str,
+    log: bool,
+) -> None:
+    width = 0.8 / max(1, len(series))
+    for index, (name, values) in enumerate(series.items()):
+        mids, err = _errors(values)
+        xs = [g + (index - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        colour = DAEMON_COLOUR if index == 0 else PEER_COLOURS[(index - 1) % len(PEER_COLOURS)]
+        ax.bar(xs, mids, width, yerr=err, capsize=3, label=name, color=colour)
+    ax.set_xticks(range(len(groups)), list(groups))
+    ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
+    ax.legend(fontsize="small")
+    ax.grid(axis="y", alpha=0.3)
+
+
 def grouped_bars(
     path: Path,
     *,
@@ -65,19 +88,28 @@ def grouped_bars(
     """One bar per series in each group: the median, with the min-max as an error bar.
     ``series[name][g]`` holds the rounds' values of group *g*; the first series is the daemon."""
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    width = 0.8 / max(1, len(series))
-    for index, (name, values) in enumerate(series.items()):
-        mids, err = _errors(values)
-        xs = [g + (index - (len(series) - 1) / 2) * width for g in range(len(groups))]
-        colour = DAEMON_COLOUR if index == 0 else PEER_COLOURS[(index - 1) % len(PEER_COLOURS)]
-        ax.bar(xs, mids, width, yerr=err, capsize=3, label=name, color=colour)
-    ax.set_xticks(range(len(groups)), list(groups))
-    ax.set_ylabel(ylabel)
+    _bars(ax, groups=groups, series=series, ylabel=ylabel, log=log)
     ax.set_title(title)
-    if log:
-        ax.set_yscale("log")
-    ax.legend(fontsize="small")
-    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def grouped_bar_panels(
+    path: Path,
+    *,
+    title: str,
+    groups: Sequence[str],
+    panels: dict[str, dict[str, Sequence[Sequence[float]]]],
+    ylabel: str,
+    log: bool = False,
+) -> None:
+    """``grouped_bars`` side by side, one panel per entry of *panels* (its title -> series)."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.0 * len(panels), 4.2), squeeze=False)
+    for ax, (name, series) in zip(axes[0], panels.items(), strict=True):
+        _bars(ax, groups=groups, series=series, ylabel=ylabel, log=log)
+        ax.set_title(name)
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
