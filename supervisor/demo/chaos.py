@@ -50,6 +50,7 @@ from supervisor.control.client import ControlClient
 from supervisor.demo.crash_checks import check_daemon_log
 from supervisor.demo.probe import ProcessSample, sample_process
 from supervisor.demo.stack import DEMO_CONFIG, DemoStack, prepare_root
+from supervisor.errors import ControlClientError
 
 __all__ = [
     "CHAOS_CONFIG",
@@ -58,6 +59,8 @@ __all__ = [
     "ChaosReport",
     "expected_attempt",
     "expected_state",
+    "format_violations",
+    "judge_turn",
     "run_chaos",
 ]
 
@@ -198,7 +201,7 @@ class ChaosConfig:
     #: share of instructions a misbehaving executor misbehaves on
     probability: float = 0.5
     seconds: float = 300.0
-    submitters: int = 16
+    submitters: int = 24
     timeout_ms: int = 1000
     process_share: float = 0.1
     #: slowloris connections per socket (executors and control)
@@ -264,7 +267,7 @@ class ChaosReport:
     def summary(self) -> str:
         verdict = "OK" if self.ok else f"FAILED ({len(self.violations)} violations)"
         states = ", ".join(f"{n} {s}" for s, n in sorted(self.states.items()))
-        faults = ", ".join(f"{n} {s}" for s, n in self.attempts.most_common(6))
+        faults = ", ".join(f"{n} {s}" for s, n in self.attempts.most_common())
 
         def mem(s: ProcessSample | None) -> str:
             return "?" if s is None else f"{s.rss_mb:.0f} MB/{s.fds} fds"
@@ -278,6 +281,55 @@ class ChaosReport:
             f"{self.status_calls} status calls (slowest {self.status_max_s:.2f} s), daemon "
             f"{mem(self.baseline)} -> peak {mem(self.peak)} -> after {mem(self.after)}, "
             f"{self.elapsed_s:.0f} s"
+        )
+
+
+def judge_turn(turn: Mapping[str, Any], report: ChaosReport) -> None:
+    """Check one final turn (a ``turn.get`` dict) against the tables; add what is wrong to
+    *report* (and count its states and attempt outcomes)."""
+    name = f"turn {turn['turn_id']} ({turn.get('kind')}, state {turn['state']})"
+    report.turns += 1
+    report.states[str(turn["state"])] += 1
+    attempts: Sequence[Mapping[str, Any]] = turn.get("attempts") or []
+    if not turn.get("final"):
+        report.decisions.append(f"{name} is not final after the run")
+        return
+    if not attempts:
+        report.decisions.append(f"{name} has no attempts")
+        return
+    last: tuple[str, str | None, str] = ("", None, "")
+    for index, attempt in enumerate(attempts, start=1):
+        got = (
+            str(attempt.get("outcome")),
+            attempt.get("fault_type"),
+            str(attempt.get("decision")),
+            str(attempt.get("reason_code")),
+        )
+        report.attempts[got[1] or got[0]] += 1
+        allowed: set[tuple[str, str | None, str, str]]
+        if turn.get("kind") == "process":
+            argv = tuple((turn.get("spec") or {}).get("argv") or ())
+            allowed = {
+                (("SUCCESS", None, "SUCCEED", code) if state == "succeeded" else
+                 ("FAILURE", None, "TERMINATE", code))
+                for a, state, code in PROCESS_TURNS if a == argv
+            }  # fmt: skip
+        else:
+            allowed = expected_attempt(behaviour_of(attempt.get("executor_id")), index)
+        if got not in allowed:
+            report.decisions.append(
+                f"{name}: attempt {index} on {attempt.get('executor_id')} was {got}, the "
+                f"tables allow {sorted(allowed, key=str)}"
+            )
+        if got[2] == "RETRY" and index == len(attempts):
+            report.decisions.append(f"{name}: its last attempt says RETRY")
+        if got[2] != "RETRY" and index < len(attempts):
+            report.decisions.append(f"{name}: attempt {index} ({got}) was not last")
+        last = (got[0], got[1], got[2])
+    state = expected_state(*last)
+    if state != turn["state"]:
+        report.decisions.append(
+            f"{name}: its last decision {last} gives state {state}, not {turn['state']}"
         )
 
 
@@ -444,9 +496,22 @@ class _Chaos:
         self.report.baseline = sample_process(self.pid)
 
     async def crowd(self, tg: anyio.abc.TaskGroup) -> None:
+        # The dying processes register first: an attempt goes to the least-loaded executor,
+        # ties to the first registered, so the first ones get the most work.
+        for index in range(self.config.dying):
+            tg.start_soon(self._dying, index)
+        async with ControlClient(self.stack.control_socket) as client:
+            for index in range(self.config.dying):
+                behaviour = "crash" if index % 2 == 0 else "truncated"
+                with contextlib.suppress(ControlClientError):
+                    await client.call(
+                        "executors.wait", executor_id=f"{behaviour}-d{index}", timeout_s=10
+                    )
+        self.report.behaviours["crash"] += (self.config.dying + 1) // 2
+        self.report.behaviours["truncated"] += self.config.dying // 2
         swarms = _swarm_ids(self.config, self.rng)
         authority = [(f"authority-{n}", "authority") for n in range(self.config.authority)]
-        for number, pairs in enumerate([*swarms, authority]):
+        for number, pairs in enumerate([authority, *swarms]):
             if not pairs:
                 continue
             self.report.behaviours.update(b for _id, b in pairs)
@@ -464,11 +529,10 @@ class _Chaos:
                 "1",
             ]
             await self.stack.start_executor(f"swarm-{number}", argv, wait_ready=False)
-        self.report.behaviours["crash"] += (self.config.dying + 1) // 2
-        self.report.behaviours["truncated"] += self.config.dying // 2
         self.report.executors = sum(self.report.behaviours.values())
-        for index in range(self.config.dying):
-            tg.start_soon(self._dying, index)
+        for _ in range(self.config.slowloris):
+            tg.start_soon(self._slowloris, self.stack.executor_socket, "executors.sock")
+            tg.start_soon(self._slowloris, self.stack.control_socket, "control.sock")
         # the storm starts once nine in ten have registered (at most 30 s)
         wanted = self.report.executors * 9 // 10
         async with ControlClient(self.stack.control_socket) as client:
@@ -487,53 +551,7 @@ class _Chaos:
         async with ControlClient(self.stack.control_socket) as client:
             for turn_id in self.turn_ids:
                 answer = await client.call("turn.wait", turn_id=turn_id, timeout_s=30)
-                self._judge_turn(answer["turn"])
-
-    def _judge_turn(self, turn: Mapping[str, Any]) -> None:
-        name = f"turn {turn['turn_id']} ({turn.get('kind')}, state {turn['state']})"
-        self.report.turns += 1
-        self.report.states[str(turn["state"])] += 1
-        attempts: Sequence[Mapping[str, Any]] = turn.get("attempts") or []
-        if not turn.get("final"):
-            self.report.decisions.append(f"{name} is not final after the run")
-            return
-        if not attempts:
-            self.report.decisions.append(f"{name} has no attempts")
-            return
-        last: tuple[str, str | None, str] = ("", None, "")
-        for index, attempt in enumerate(attempts, start=1):
-            got = (
-                str(attempt.get("outcome")),
-                attempt.get("fault_type"),
-                str(attempt.get("decision")),
-                str(attempt.get("reason_code")),
-            )
-            self.report.attempts[got[1] or got[0]] += 1
-            allowed: set[tuple[str, str | None, str, str]]
-            if turn.get("kind") == "process":
-                argv = tuple((turn.get("spec") or {}).get("argv") or ())
-                allowed = {
-                    (("SUCCESS", None, "SUCCEED", code) if state == "succeeded" else
-                     ("FAILURE", None, "TERMINATE", code))
-                    for a, state, code in PROCESS_TURNS if a == argv
-                }  # fmt: skip
-            else:
-                allowed = expected_attempt(behaviour_of(attempt.get("executor_id")), index)
-            if got not in allowed:
-                self.report.decisions.append(
-                    f"{name}: attempt {index} on {attempt.get('executor_id')} was {got}, the "
-                    f"tables allow {sorted(allowed, key=str)}"
-                )
-            if got[2] == "RETRY" and index == len(attempts):
-                self.report.decisions.append(f"{name}: its last attempt says RETRY")
-            if got[2] != "RETRY" and index < len(attempts):
-                self.report.decisions.append(f"{name}: attempt {index} ({got}) was not last")
-            last = (got[0], got[1], got[2])
-        state = expected_state(*last)
-        if state != turn["state"]:
-            self.report.decisions.append(
-                f"{name}: its last decision {last} gives state {state}, not {turn['state']}"
-            )
+                judge_turn(answer["turn"], self.report)
 
     async def leave(self) -> None:
         """Stop the crowd, then wait (at most 20 s) for the daemon's fds to come back."""
