@@ -5,7 +5,7 @@ Run: ``.venv/bin/python benchmarks/compare.py [--out DIR] [--quick] [--only SECT
 extra installs Celery, redis-py and matplotlib). The full run takes about 10-15 minutes on
 2 cores; ``--quick`` (one round, short windows, small scale steps) about 2 minutes.
 
-Sections (``--only dispatch,sandbox,ledger,scale``):
+Sections (``--only dispatch,sandbox,ledger,scale,postgres``):
 
 1. dispatch: no-op instruction turns through a real ``hunter serve`` vs the same no-op work as
    Celery tasks on a private ``redis-server`` (broker and result backend), same number of
@@ -17,6 +17,8 @@ Sections (``--only dispatch,sandbox,ledger,scale``):
    many sessions serially and in parallel (``benchmarks/bench_ledger.py``).
 4. scale: the daemon's cost per turn and RSS with 1,000 to 100,000 queued turns and 10 to
    1,000 connected executors (``benchmarks/bench_scale.py``'s measurement).
+5. postgres: the daemon on PostgreSQL (``benchmarks/bench_fleet.py``'s) vs pgqueuer running the
+   same no-op jobs on the same private cluster, at 1, 8 and 64 in flight.
 
 Each figure is the median and min-max over ``--rounds`` rounds; in each round the daemon and its
 peers run one after the other, in an order that rotates from round to round, and ratios are
@@ -54,10 +56,12 @@ from benchmarks.peers.report import (  # noqa: E402
     table,
 )
 
-SECTIONS = ("dispatch", "sandbox", "ledger", "scale")
+SECTIONS = ("dispatch", "sandbox", "ledger", "scale", "postgres")
 DAEMON = "hunter (durable)"
 CELERY_DURABLE = "Celery durable"
 CELERY_DEFAULT = "Celery defaults"
+DAEMON_PG = "hunter on PostgreSQL"
+PGQUEUER = "pgqueuer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,54 +237,8 @@ def run_dispatch(s: Settings, out: Path) -> str:
             _say(f"dispatch round {r + 1}/{s.rounds}: {name}")
             runs[name].append(variants[name]())
 
-    def values(name: str, level: int, attr: str) -> list[float]:
-        return [float(getattr(rnd[level], attr)) for rnd in runs[name]]
-
-    peers = [CELERY_DURABLE, CELERY_DEFAULT]
-    rows: list[list[str]] = []
-    for i, n in enumerate(s.levels):
-        for attr, label, fmt, higher_better in (
-            ("throughput", f"throughput, {n} in flight (tasks/s)", "{:,.0f}", True),
-            ("p50_us", f"p50 latency, {n} in flight (ms)", "{:,.2f}", False),
-            ("p99_us", f"p99 latency, {n} in flight (ms)", "{:,.2f}", False),
-            ("server_cpu_us", f"server CPU per task, {n} in flight (µs)", "{:,.0f}", False),
-            ("client_cpu_us", f"client CPU per task, {n} in flight (µs)", "{:,.0f}", False),
-        ):
-            scale = 1e-3 if attr in ("p50_us", "p99_us") else 1.0
-            mine = [v * scale for v in values(DAEMON, i, attr)]
-            row = [label, cell(mine, fmt)]
-            theirs = {p: [v * scale for v in values(p, i, attr)] for p in peers}
-            row += [cell(theirs[p], fmt) for p in peers]
-            row += [
-                ratio_cell(mine, theirs[p]) if higher_better else ratio_cell(theirs[p], mine)
-                for p in peers
-            ]
-            rows.append(row)
-    header = ["Row", DAEMON, CELERY_DURABLE, CELERY_DEFAULT, "vs durable", "vs defaults"]
-    groups = [f"{n} in flight" for n in s.levels]
-    grouped_bars(
-        out / "dispatch_throughput.png",
-        title="No-op dispatch throughput (median, min-max)",
-        groups=groups,
-        series={
-            name: [values(name, i, "throughput") for i in range(len(s.levels))] for name in names
-        },
-        ylabel="tasks per second",
-    )
-    grouped_bar_panels(
-        out / "dispatch_latency.png",
-        title="Submit -> answer latency (median, min-max)",
-        groups=groups,
-        panels={
-            label: {
-                name: [[v / 1e3 for v in values(name, i, attr)] for i in range(len(s.levels))]
-                for name in names
-            }
-            for label, attr in (("p50", "p50_us"), ("p99", "p99_us"))
-        },
-        ylabel="milliseconds (log)",
-        log=True,
-    )
+    rows = level_rows(DAEMON, [CELERY_DURABLE, CELERY_DEFAULT], runs, s.levels)
+    level_plots(out, "dispatch", runs, s.levels)
     if s.celery_pool == "prefork":
         pool_text = f"Celery `--pool=prefork -c {s.workers}` (a main process and its children)"
     else:
@@ -294,7 +252,76 @@ def run_dispatch(s: Settings, out: Path) -> str:
         redis=_version(["redis-server", "--version"]).split(" sha=")[0],
         pool_text=pool_text,
     )
+    header = ["Row", DAEMON, CELERY_DURABLE, CELERY_DEFAULT, "vs durable", "vs defaults"]
     return text + "\n" + table(header, rows)
+
+
+def level_rows(
+    daemon: str,
+    peers: Sequence[str],
+    runs: dict[str, list[list[dispatch.LevelResult]]],
+    levels: Sequence[int],
+) -> list[list[str]]:
+    """Throughput, p50, p99 and CPU rows at each level: the daemon, each peer, and the
+    round-by-round ratios (> 1: the daemon is ahead)."""
+
+    def values(name: str, level: int, attr: str, scale: float) -> list[float]:
+        return [float(getattr(rnd[level], attr)) * scale for rnd in runs[name]]
+
+    rows: list[list[str]] = []
+    for i, n in enumerate(levels):
+        for attr, label, fmt, higher_better, scale in (
+            ("throughput", f"throughput, {n} in flight (tasks/s)", "{:,.0f}", True, 1.0),
+            ("p50_us", f"p50 latency, {n} in flight (ms)", "{:,.2f}", False, 1e-3),
+            ("p99_us", f"p99 latency, {n} in flight (ms)", "{:,.2f}", False, 1e-3),
+            ("server_cpu_us", f"server CPU per task, {n} in flight (µs)", "{:,.0f}", False, 1.0),
+            ("client_cpu_us", f"client CPU per task, {n} in flight (µs)", "{:,.0f}", False, 1.0),
+        ):
+            mine = values(daemon, i, attr, scale)
+            theirs = {p: values(p, i, attr, scale) for p in peers}
+            row = [label, cell(mine, fmt), *(cell(theirs[p], fmt) for p in peers)]
+            row += [
+                ratio_cell(mine, theirs[p]) if higher_better else ratio_cell(theirs[p], mine)
+                for p in peers
+            ]
+            rows.append(row)
+    return rows
+
+
+def level_plots(
+    out: Path,
+    prefix: str,
+    runs: dict[str, list[list[dispatch.LevelResult]]],
+    levels: Sequence[int],
+) -> None:
+    """``{prefix}_throughput.png`` and ``{prefix}_latency.png`` (p50 and p99 panels)."""
+
+    def values(name: str, level: int, attr: str, scale: float) -> list[float]:
+        return [float(getattr(rnd[level], attr)) * scale for rnd in runs[name]]
+
+    groups = [f"{n} in flight" for n in levels]
+    grouped_bars(
+        out / f"{prefix}_throughput.png",
+        title="No-op task throughput (median, min-max)",
+        groups=groups,
+        series={
+            name: [values(name, i, "throughput", 1.0) for i in range(len(levels))] for name in runs
+        },
+        ylabel="tasks per second",
+    )
+    grouped_bar_panels(
+        out / f"{prefix}_latency.png",
+        title="Submit -> answer latency (median, min-max)",
+        groups=groups,
+        panels={
+            label: {
+                name: [values(name, i, attr, 1e-3) for i in range(len(levels))] for name in runs
+            }
+            for label, attr in (("p50", "p50_us"), ("p99", "p99_us"))
+        },
+        ylabel="milliseconds (log)",
+        log=True,
+    )
 
 
 # --------------------------------------------------------------------------- 2. sandbox
@@ -502,6 +529,68 @@ def run_scale(s: Settings, out: Path) -> str:
     )
 
 
+# --------------------------------------------------------------------------- 5. postgres
+
+POSTGRES_TEXT = """\
+## 5. Multi-host engine: the daemon on PostgreSQL vs pgqueuer
+
+One private PostgreSQL cluster ({pg}; `tests/supervisor/store/pg_cluster.py`: Unix socket only,
+`fsync`, `synchronous_commit` and `full_page_writes` on), a fresh database per side and round,
+{workers} worker processes a side, the closed-loop client of section 1.
+
+- **{daemon}**: `benchmarks/bench_fleet.py`'s daemon (`[store] engine = "postgres"`) with
+  {workers} no-op executor processes of 8 slots each. Per task: everything of section 1 (durable
+  accept, dispatch, checks, decision, both ledger lines committed with the ending), the store's
+  writes being PostgreSQL transactions (session home, lease and fencing checks included).
+- **{peer}**: pgqueuer {version} (asyncpg driver) with its schema installed, {workers} worker
+  processes (`benchmarks/peers/pgq_worker.py`, pgqueuer's defaults: batch 10, no concurrency
+  cap) running a no-op job. Per task: `Queries.enqueue` (an INSERT, a NOTIFY), a worker dequeues
+  it (`SELECT ... FOR UPDATE SKIP LOCKED`), runs it and logs its completion; the client waits on
+  `CompletionWatcher.wait_for` (LISTEN/NOTIFY; its debounce set to 1 ms instead of the default
+  50 ms, which would dominate the latency). No ledger, no policy, no checks of the answer.
+- Server CPU per task: the daemon, its executors and PostgreSQL, or the pgqueuer workers and
+  PostgreSQL.
+
+![throughput](postgres_throughput.png)
+
+![latency](postgres_latency.png)
+"""
+
+
+def run_postgres(s: Settings, out: Path) -> str:
+    from benchmarks.peers import pg_peer
+
+    workers = 4
+    runs: dict[str, list[list[dispatch.LevelResult]]] = {DAEMON_PG: [], PGQUEUER: []}
+
+    async def all_rounds() -> str:
+        async with pg_peer.cluster() as pg:
+            version = pg_peer.server_version(pg)
+            for r in range(s.rounds):
+                order = [DAEMON_PG, PGQUEUER] if r % 2 == 0 else [PGQUEUER, DAEMON_PG]
+                for name in order:
+                    _say(f"postgres round {r + 1}/{s.rounds}: {name}")
+                    if name == DAEMON_PG:
+                        result = await pg_peer.daemon_round(
+                            pg, r, levels=s.levels, warm_s=s.warm_s, seconds=s.seconds
+                        )
+                    else:
+                        result = await pg_peer.pgqueuer_round(
+                            pg, r, workers=workers, levels=s.levels, warm_s=s.warm_s,
+                            seconds=s.seconds,
+                        )  # fmt: skip
+                    runs[name].append(result)
+        return version
+
+    version = anyio.run(all_rounds)
+    rows = level_rows(DAEMON_PG, [PGQUEUER], runs, s.levels)
+    level_plots(out, "postgres", runs, s.levels)
+    text = POSTGRES_TEXT.format(
+        pg=version, workers=workers, daemon=DAEMON_PG, peer=PGQUEUER, version=_package("pgqueuer")
+    )
+    return text + "\n" + table(["Row", DAEMON_PG, PGQUEUER, "vs pgqueuer"], rows)
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -569,6 +658,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sandbox": run_sandbox,
         "ledger": run_ledger,
         "scale": run_scale,
+        "postgres": run_postgres,
     }
     started = time.perf_counter()
     for name in SECTIONS:
