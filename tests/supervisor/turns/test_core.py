@@ -69,6 +69,9 @@ class FakeHub:
     def free_slots(self, command_type: ExecutorCommandType) -> int:
         return self.slots - self.running
 
+    def serving(self, command_type: ExecutorCommandType) -> int:
+        return 1  # one fake executor serves every command type
+
     @property
     def running(self) -> int:
         return self._running
@@ -116,6 +119,15 @@ class FakeTurnResult:
 
     def to_dict(self) -> dict[str, object]:
         return {"status": self.status, "exit_code": self.exit_code}
+
+
+@dataclass(frozen=True)
+class FakeEvidence:
+    sha256: str
+    size: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {"sha256": self.sha256, "size": self.size}
 
 
 class FakeSession:
@@ -177,6 +189,9 @@ class FakeSession:
             attempts=(FakeAttempt({"outcome": "SUCCESS", "exit_code": 0, "verdict": "SUCCEED"}),),
             sealed_lines=sealed,
         )
+
+    async def store_evidence(self, data: bytes) -> FakeEvidence:
+        return FakeEvidence(hashlib.sha256(data).hexdigest(), len(data))
 
     def seal_instruction_turn(self, **kw: Any) -> tuple[SealedLine, SealedLine]:
         return self.ledgers.seal_turn(
