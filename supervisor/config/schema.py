@@ -27,11 +27,11 @@ __all__ = [
     "LogLevel",
     "LogSettings",
     "MetricsSettings",
-    "TracingSettings",
     "RetrySettings",
     "SandboxSettings",
     "StoreEngine",
     "StoreSettings",
+    "TracingSettings",
     "env_var_name",
     "iter_keys",
 ]
