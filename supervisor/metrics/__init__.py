@@ -3,8 +3,9 @@
 One `DaemonMetrics` per daemon owns a private `CollectorRegistry` (never prometheus-client's
 global one): event counters and histograms fed by the turn core's `TurnEvents` and the ledger
 syncer (`events`), plus a collector that reads the daemon's statistics snapshots at scrape time
-(`collector`), in `registry`. The daemon serves `render()` over HTTP on its own task group (`http`) and/or
-writes it as a node-exporter textfile (`textfile`); `status_line` is the systemd STATUS= text.
+(`collector`), in `registry`. The daemon serves `render()` over HTTP on its own task group
+(`http`) and/or writes it as a node-exporter textfile (`textfile`); `status_line` is the
+systemd STATUS= text.
 
 May import `supervisor.turns`, `supervisor.executors`, `supervisor.store`, `ledger`, `sandbox`;
 nothing imports this package but `supervisor.server`.
