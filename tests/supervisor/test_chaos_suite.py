@@ -78,7 +78,9 @@ async def test_executor_chaos_decides_by_the_tables_and_recovers(
 # -- the judge, on hand-made turns --------------------------------------------------------------
 
 
-def _attempt(executor: str | None, outcome: str, fault: str | None, decision: str, code: str):  # type: ignore[no-untyped-def]
+def _attempt(
+    executor: str | None, outcome: str, fault: str | None, decision: str, code: str
+) -> dict[str, Any]:
     return {
         "executor_id": executor,
         "outcome": outcome,
