@@ -442,6 +442,7 @@ class Daemon:
                         lease_ms=config.store.lease_ms,
                     ),
                     events=self._events(config, metrics),
+                    traced=self._traces is not None,
                     fleet=fleet_of(store),
                     fleet_poll_s=config.store.poll_ms / 1000,
                 )

@@ -38,11 +38,12 @@ from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from supervisor.logging import get_logger
 from supervisor.store.protocol import TurnRecord
-from supervisor.turns.tracker import TurnEvents
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Tracer
+
+    from supervisor.turns.tracker import TurnEvents
 
 __all__ = [
     "FanOut",

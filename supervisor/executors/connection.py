@@ -284,7 +284,13 @@ class Connection:
                 return
 
     # ------------------------------------------------------------------ attempts
-    async def attempt(self, envelope: ExecutorInstructionEnvelope, queued_s: float) -> Verdict:
+    async def attempt(
+        self,
+        envelope: ExecutorInstructionEnvelope,
+        queued_s: float,
+        *,
+        traceparent: str | None = None,
+    ) -> Verdict:
         """Send ``envelope``, wait for its answer until ``timeout_ms``, and return the verdict.
 
         After the deadline the executor gets a ``cancel`` and ``cancel_grace_s`` to answer it
@@ -297,7 +303,9 @@ class Connection:
         in_flight[iid] = pending
         if len(in_flight) + len(self._unacked) + self._reserved >= self.slots:  # self.load, inlined
             self._host.changed()  # READY -> BUSY (wait_for_executor watchers)
-        frame = encode_frame(instruction_message(instruction_to_wire(envelope)))
+        frame = encode_frame(
+            instruction_message(instruction_to_wire(envelope), traceparent=traceparent)
+        )
         sent_at = time.monotonic()
         deadline = anyio.current_time() + envelope.timeout_ms / 1000
         if self._host.trace:

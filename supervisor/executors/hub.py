@@ -231,7 +231,11 @@ class ExecutorHub:
         return self.settings.queue_wait_s
 
     async def run_attempt(
-        self, envelope: ExecutorInstructionEnvelope, *, queue_wait_s: float | None = None
+        self,
+        envelope: ExecutorInstructionEnvelope,
+        *,
+        queue_wait_s: float | None = None,
+        traceparent: str | None = None,
     ) -> AttemptReport:
         """Run one attempt of ``envelope`` on some executor and report its outcome.
 
@@ -243,6 +247,7 @@ class ExecutorHub:
         the instruction's own ``timeout_ms``: a one-second instruction is not queued for a
         minute. When it ends with no connected executor serving the command type at all, the
         outcome is NO_EXECUTOR (reason ``NO_CAPABLE_EXECUTOR``), not a TIMEOUT.
+        ``traceparent``: the attempt's W3C trace context, sent beside the envelope.
         """
         started = time.monotonic()
         self._attempts_started += 1
@@ -257,14 +262,16 @@ class ExecutorHub:
             if not admission.allowed:  # the pool keeps failing: fail fast
                 report = self._circuit_open(envelope, started)
             elif conn is not None:  # the hot path: an executor has a free slot now
-                verdict = await conn.attempt(envelope, 0.0)
+                verdict = await conn.attempt(envelope, 0.0, traceparent=traceparent)
                 report = self._report(
                     verdict, conn.executor_id, started=started, queued_s=0.0, ran=command
                 )
             else:
                 wait_s = self.settings.queue_wait_s if queue_wait_s is None else queue_wait_s
                 wait_s = min(wait_s, envelope.timeout_ms / 1000)
-                report = await self._queued_attempt(envelope, started, max(0.0, wait_s))
+                report = await self._queued_attempt(
+                    envelope, started, max(0.0, wait_s), traceparent
+                )
             if admission.allowed:
                 self._circuits.record(
                     command,
@@ -353,7 +360,11 @@ class ExecutorHub:
 
     # ------------------------------------------------------------------ attempts
     async def _queued_attempt(
-        self, envelope: ExecutorInstructionEnvelope, started: float, wait_s: float
+        self,
+        envelope: ExecutorInstructionEnvelope,
+        started: float,
+        wait_s: float,
+        traceparent: str | None,
     ) -> AttemptReport:
         """The attempt found no free slot: wait in its command's queue, then run it (or not)."""
         command = envelope.command_type
@@ -387,7 +398,7 @@ class ExecutorHub:
                 detail=verdict.detail,
             )
             return self._report(verdict, None, started=started, queued_s=queued_s)
-        verdict = await conn.attempt(envelope, queued_s)
+        verdict = await conn.attempt(envelope, queued_s, traceparent=traceparent)
         return self._report(
             verdict, conn.executor_id, started=started, queued_s=queued_s, ran=command
         )

@@ -22,6 +22,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from supervisor.errors import ExecutorRejected
 from supervisor.sdk.backoff import Backoff
 from supervisor.sdk.executor import Executor, Instruction, NotSupported, Result
+from supervisor.sdk.tracing import executor_span
 from supervisor.wire.executor import (
     PROTOCOL_VERSION,
     Heartbeat,
@@ -66,6 +67,8 @@ class Connection:
         self.welcome: Welcome | None = None
         self._writer = FrameWriter(stream)
         self._scopes: dict[str, anyio.CancelScope] = {}
+        #: the daemon's traceparent per instruction, until its handler runs
+        self._traceparents: dict[str, str] = {}
         self._last_rx = time.monotonic()
         self._tg: anyio.abc.TaskGroup | None = None
         self._work: MemoryObjectSendStream[_Work] | None = None
@@ -194,6 +197,9 @@ class Connection:
         # instruction up still cancels it (the worker then answers TIMEOUT at once).
         scope = anyio.CancelScope()
         self._scopes[instruction.instruction_id] = scope
+        traceparent = frame.get("traceparent")
+        if isinstance(traceparent, str):  # the daemon's trace of this attempt (tracing.py)
+            self._traceparents[instruction.instruction_id] = traceparent
         if self._work is None:  # pragma: no cover - serve() sets it before reading
             raise RuntimeError("no work queue")
         self._work.send_nowait((instruction, scope))
@@ -201,8 +207,14 @@ class Connection:
     async def _run(self, instruction: Instruction, scope: anyio.CancelScope) -> None:
         iid = instruction.instruction_id
         result: Result | Mapping[str, Any] | None = None
+        traceparent = self._traceparents.pop(iid, None)
+        span = executor_span(
+            traceparent,
+            f"hunter.executor.{instruction.command_type.value.lower()}",
+            {"hunter.instruction_id": iid, "hunter.executor_id": self.executor.executor_id},
+        )
         try:
-            with scope:
+            with scope, span:
                 try:
                     result = await self.executor.handle(instruction)
                 except NotSupported as exc:

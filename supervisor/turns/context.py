@@ -69,6 +69,8 @@ class TurnDeps:
     draining: bool = False
     #: in a fleet (a shared store): what of the ledger files the store holds
     anchors: LedgerAnchors | None = None
+    #: traces are on: each attempt's envelope goes with its W3C traceparent
+    traced: bool = False
     #: first attempts and retries of instruction turns in the budget's window
     retry_budget: RetryBudget = field(default_factory=RetryBudget)
 

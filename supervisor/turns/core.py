@@ -116,6 +116,7 @@ class TurnCore:
         events: TurnEvents | None = None,
         fleet: FleetStore | None = None,
         fleet_poll_s: float = 0.5,
+        traced: bool = False,
     ) -> None:
         settings = settings or CoreSettings()
         self._hub = hub
@@ -127,6 +128,7 @@ class TurnCore:
             owner=owner or _owner_id(),
             process_limiter=anyio.CapacityLimiter(max(1, settings.process_slots)),
         )
+        self._deps.traced = traced
         self._log = get_logger("supervisor.turns")
         # Submissions past their session check but not yet started, and sessions being closed:
         # each refuses while the other is under way, so no turn lands in a closed session.

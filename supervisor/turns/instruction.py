@@ -29,6 +29,7 @@ from sandbox.policy.envelopes import (
 from sandbox.policy.safety import build_executor_instruction, instruction_to_wire
 from supervisor.logging import get_logger
 from supervisor.store.protocol import TurnEnding, TurnRecord
+from supervisor.traces import attempt_traceparent
 from supervisor.turns.context import LoopHooks, TurnDeps, end_turn, now_us
 from supervisor.turns.requests import InstructionSpec, TurnRequest, iso_now
 from supervisor.turns.tracker import ActiveTurn
@@ -86,7 +87,11 @@ class HubLike(Protocol):
         ...
 
     async def run_attempt(
-        self, envelope: ExecutorInstructionEnvelope, *, queue_wait_s: float | None = None
+        self,
+        envelope: ExecutorInstructionEnvelope,
+        *,
+        queue_wait_s: float | None = None,
+        traceparent: str | None = None,
     ) -> HubAttemptLike:
         """One attempt; *queue_wait_s* bounds its wait for a slot (None: the hub's own)."""
         ...
@@ -200,7 +205,8 @@ async def run_instruction_turn(
         nonlocal queue_waited_s
         wait = max(0.0, slot_wait_s(hub, spec) - queue_waited_s)
         queue_waited_s = 0.0  # a retry waits its full bound again
-        report = await _start_and_send(hooks, hub, envelope, wait)
+        traceparent = attempt_traceparent(turn, attempt) if deps.traced else None
+        report = await _start_and_send(hooks, hub, envelope, wait, traceparent)
         active.executor_id = report.executor_id
         detail = ": ".join(p for p in (report.safety_reason_code, report.detail) if p)
         return AttemptReport(
@@ -239,12 +245,13 @@ async def _start_and_send(
     hub: HubLike,
     envelope: ExecutorInstructionEnvelope,
     queue_wait_s: float | None,
+    traceparent: str | None,
 ) -> HubAttemptLike:
     """Send the envelope while the attempt's queued start commits: the start is durable before
     the attempt's outcome is recorded (the store commits in order), with no sync between
     dispatch and the reply. A crash in between re-runs the attempt under the same number."""
     try:
-        report = await hub.run_attempt(envelope, queue_wait_s=queue_wait_s)
+        report = await hub.run_attempt(envelope, queue_wait_s=queue_wait_s, traceparent=traceparent)
     except Exception:
         await hooks.commit_start()  # a refused start (stale claim) is the error that counts
         raise

@@ -18,6 +18,7 @@ from sandbox.policy.errors import InstructionError
 from sandbox.policy.lifecycle import TurnKind
 from sandbox.policy.safety import build_executor_instruction
 from supervisor.errors import RequestError
+from supervisor.traces import parse_traceparent
 
 __all__ = [
     "DeclaredOutput",
@@ -58,6 +59,8 @@ class TurnRequest:
     idempotency_key: str | None = None
     instruction: InstructionSpec | None = None
     process: ProcessSpec | None = None
+    #: the client's W3C trace context (`supervisor.traces`), kept with the turn
+    traceparent: str | None = None
 
     def to_spec(self) -> dict[str, object]:
         spec: dict[str, object] = {
@@ -76,6 +79,8 @@ class TurnRequest:
             )
         if self.process is not None:
             spec.update(argv=list(self.process.argv), timeout_ms=self.process.timeout_ms)
+        if self.traceparent is not None:
+            spec["traceparent"] = self.traceparent
         return spec
 
 
@@ -147,6 +152,9 @@ def parse_turn_request(
     if key is not None and not 1 <= len(key) <= 200:
         raise _bad("idempotency_key", "must be 1..200 characters")
     timeout_ms = _timeout(params, default_timeout_ms)
+    traceparent = _opt_str(params, "traceparent")
+    if traceparent is not None and parse_traceparent(traceparent) is None:
+        raise _bad("traceparent", "must be a W3C traceparent: 00-<32 hex>-<16 hex>-<2 hex>")
     if kind is TurnKind.INSTRUCTION:
         if declared:
             raise _bad(
@@ -196,6 +204,7 @@ def parse_turn_request(
             phase=phase,
             idempotency_key=key,
             instruction=spec,
+            traceparent=traceparent,
         )
     argv = params.get("argv")
     if (
@@ -213,6 +222,7 @@ def parse_turn_request(
         phase=phase,
         idempotency_key=key,
         process=ProcessSpec(argv=tuple(argv), timeout_ms=timeout_ms),
+        traceparent=traceparent,
     )
 
 

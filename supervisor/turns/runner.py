@@ -98,10 +98,16 @@ class _SlotReturns:
         return self._hub.queue_wait_s
 
     async def run_attempt(
-        self, envelope: ExecutorInstructionEnvelope, *, queue_wait_s: float | None = None
+        self,
+        envelope: ExecutorInstructionEnvelope,
+        *,
+        queue_wait_s: float | None = None,
+        traceparent: str | None = None,
     ) -> HubAttemptLike:
         try:
-            return await self._hub.run_attempt(envelope, queue_wait_s=queue_wait_s)
+            return await self._hub.run_attempt(
+                envelope, queue_wait_s=queue_wait_s, traceparent=traceparent
+            )
         finally:
             self._returned()
 

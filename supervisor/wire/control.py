@@ -222,6 +222,10 @@ class TurnSubmitParams(Struct, frozen=True):
     target_selector: _Text | None = None
     parameters: dict[str, str | int | bool] | None = None
     argv: list[str] | None = None
+    #: the client's W3C trace context: the turn's span becomes a child of it
+    traceparent: (
+        Annotated[str, Meta(pattern=r"^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")] | None
+    ) = None
 
     def as_mapping(self) -> dict[str, object]:
         """The plain params dict ``parse_turn_request`` takes (enum values as strings)."""
@@ -240,6 +244,7 @@ class TurnSubmitParams(Struct, frozen=True):
             "target_selector": self.target_selector,
             "parameters": self.parameters,
             "argv": self.argv,
+            "traceparent": self.traceparent,
         }
         if not isinstance(self.timeout_ms, UnsetType):
             out["timeout_ms"] = self.timeout_ms

@@ -212,9 +212,16 @@ class Status(msgspec.Struct, frozen=True, tag_field="type", tag=MessageType.STAT
         return {"type": MessageType.STATUS, "status": self.status.value, "detail": self.detail}
 
 
-def instruction_message(wire_envelope: Mapping[str, object]) -> dict[str, object]:
-    """Daemon → executor: the ``instruction`` message around an envelope's wire dict."""
-    return {"type": MessageType.INSTRUCTION, "instruction": wire_envelope}
+def instruction_message(
+    wire_envelope: Mapping[str, object], *, traceparent: str | None = None
+) -> dict[str, object]:
+    """Daemon → executor: the ``instruction`` message around an envelope's wire dict, with the
+    attempt's W3C ``traceparent`` beside it when traces are on (an executor may continue the
+    trace; the envelope itself is the seed's, unchanged)."""
+    message: dict[str, object] = {"type": MessageType.INSTRUCTION, "instruction": wire_envelope}
+    if traceparent is not None:
+        message["traceparent"] = traceparent
+    return message
 
 
 def response_message(

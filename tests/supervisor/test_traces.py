@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
+import pytest
+from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -16,6 +18,10 @@ from sandbox.policy.lifecycle import TurnKind, TurnState
 from supervisor.config import load_config
 from supervisor.control.client import call_once
 from supervisor.demo.stack import DEMO_CONFIG, DemoStack, prepare_root
+from supervisor.errors import ControlClientError
+from supervisor.sdk.client import run_executor
+from supervisor.sdk.executor import Executor, Instruction, Result
+from supervisor.sdk.tracing import current_traceparent, use_tracer_provider
 from supervisor.server import Daemon
 from supervisor.store.protocol import TurnRecord
 from supervisor.traces import (
@@ -136,3 +142,93 @@ async def test_a_turn_and_its_attempts_are_spans(tmp_path: Path) -> None:
         assert span.start_time is not None
         assert turn_span.start_time is not None
         assert span.start_time >= turn_span.start_time
+
+
+class _TracedReader(Executor):
+    """An SDK executor that notes the trace context it ran in."""
+
+    def __init__(self) -> None:
+        super().__init__(executor_id="traced-reader", slots=2)
+        self.seen: list[str | None] = []
+
+    async def read(self, instruction: Instruction) -> Result:
+        self.seen.append(current_traceparent())
+        return Result.success(b"page", output={"text": "hi"})
+
+
+async def test_an_sdk_executor_continues_the_trace(tmp_path: Path) -> None:
+    """The envelope goes with the attempt's traceparent; an SDK executor's span is a child of
+    the daemon's attempt span, in the client's trace when the client sent one."""
+    root = tmp_path / "root"
+    prepare_root(root, fresh=True, config_text=DEMO_CONFIG)
+    daemon_spans, executor_spans = InMemorySpanExporter(), InMemorySpanExporter()
+    provider = tracer_provider("hunter-test")
+    provider.add_span_processor(SimpleSpanProcessor(daemon_spans))
+    sdk_provider = SdkTracerProvider()
+    sdk_provider.add_span_processor(SimpleSpanProcessor(executor_spans))
+    use_tracer_provider(sdk_provider)
+    config = load_config(root / "hunter.toml", env={}, overrides={"root": root})
+    daemon = Daemon(config, handle_signals=False, traces=TurnTraces(provider.get_tracer("t")))
+    reader = _TracedReader()
+    client = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(daemon.run)
+            sock = root / "run" / "control.sock"
+            tg.start_soon(
+                lambda: run_executor(
+                    reader, socket_path=root / "run" / "executors.sock", reconnect=False
+                )
+            )
+            await call_once(sock, "executors.wait", executor_id="traced-reader", timeout_s=10)
+            sid = (await call_once(sock, "session.open", package_id="demo"))["session_id"]
+            done = await call_once(
+                sock,
+                "turn.submit",
+                session_id=sid,
+                kind="instruction",
+                command_type="READ",
+                target_selector="h1",
+                declared_outputs=[],
+                traceparent=client,
+                wait_s=30,
+            )
+            assert done["turn"]["state"] == "succeeded", done["turn"]
+            daemon.request_drain()
+            tg.cancel_scope.cancel()
+    finally:
+        use_tracer_provider(None)
+    (attempt,) = [s for s in daemon_spans.get_finished_spans() if s.name == "hunter.attempt"]
+    (turn,) = [s for s in daemon_spans.get_finished_spans() if s.name == "hunter.turn"]
+    (handled,) = executor_spans.get_finished_spans()
+    assert handled.name == "hunter.executor.read"
+    assert handled.parent is not None
+    assert handled.parent.span_id == attempt.context.span_id
+    assert handled.context.trace_id == turn.context.trace_id == 0x4BF92F3577B34DA6A3CE929D0E0E4736
+    assert turn.parent is not None
+    assert turn.parent.span_id == 0x00F067AA0BA902B7
+    assert reader.seen == [f"00-{turn.context.trace_id:032x}-{attempt.context.span_id:016x}-01"]
+
+
+async def test_a_bad_traceparent_is_refused_at_submit(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    prepare_root(root, fresh=True, config_text=DEMO_CONFIG)
+    config = load_config(root / "hunter.toml", env={}, overrides={"root": root})
+    daemon = Daemon(config, handle_signals=False)
+    async with anyio.create_task_group() as tg:
+        await tg.start(daemon.run)
+        sock = root / "run" / "control.sock"
+        sid = (await call_once(sock, "session.open", package_id="demo"))["session_id"]
+        with pytest.raises(ControlClientError) as refused:
+            await call_once(
+                sock,
+                "turn.submit",
+                session_id=sid,
+                kind="instruction",
+                command_type="READ",
+                target_selector="h1",
+                declared_outputs=[],
+                traceparent="00-zz-not-a-trace-01",
+            )
+        assert "traceparent" in str(refused.value)
+        daemon.request_drain()

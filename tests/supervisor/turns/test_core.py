@@ -83,7 +83,11 @@ class FakeHub:
             raise QueueFullError(command_type, 1, 250)
 
     async def run_attempt(
-        self, envelope: ExecutorInstructionEnvelope, *, queue_wait_s: float | None = None
+        self,
+        envelope: ExecutorInstructionEnvelope,
+        *,
+        queue_wait_s: float | None = None,
+        traceparent: str | None = None,
     ) -> FakeReport:
         self.envelopes.append(envelope)
         self.queue_waits.append(queue_wait_s)
@@ -751,7 +755,11 @@ async def test_a_failing_hub_ends_the_turn_with_its_cause(tmp_path: Path) -> Non
 
     class BrokenHub(FakeHub):
         async def run_attempt(
-            self, envelope: ExecutorInstructionEnvelope, *, queue_wait_s: float | None = None
+            self,
+            envelope: ExecutorInstructionEnvelope,
+            *,
+            queue_wait_s: float | None = None,
+            traceparent: str | None = None,
         ) -> FakeReport:
             raise RuntimeError("the hub broke")
 
