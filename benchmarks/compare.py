@@ -143,7 +143,10 @@ def _version(command: Sequence[str]) -> str:
 def machine_lines() -> list[str]:
     """CPU count, kernel, Python, package and tool versions, load."""
     packages = []
-    for name in ("humanoid-hunter", "anyio", "orjson", "celery", "kombu", "redis", "matplotlib"):
+    for name in (
+        "humanoid-hunter", "anyio", "orjson", "asyncpg", "celery", "kombu", "redis", "pgqueuer",
+        "matplotlib",
+    ):  # fmt: skip
         try:
             packages.append(f"{name} {importlib.metadata.version(name)}")
         except importlib.metadata.PackageNotFoundError:
@@ -490,7 +493,6 @@ def run_scale(s: Settings, out: Path) -> str:
     base_cpu = report.median(base.cpu_ms_per_turn)
     queued = [base, *(x for x in steps if x.kind == "queued")]
     execs = [base, *(x for x in steps if x.kind == "executors")]
-    rss_before_execs = queued[-1].rss_mb
 
     def rows(kind: str, chosen: Sequence[ScaleStep]) -> list[list[str]]:
         out_rows = []
@@ -499,10 +501,10 @@ def run_scale(s: Settings, out: Path) -> str:
                 label, per = "none (baseline)", "—"
             elif kind == "queued":
                 label = f"{step.count:,} queued"
-                per = f"{(step.rss_mb - base.rss_mb) * 1000 / step.count:.2f} KB/turn"
+                per = f"{(step.rss_mb - step.rss_before_mb) * 1000 / step.count:.2f} KB/turn"
             else:
                 label = f"{step.count:,} more executors"
-                per = f"{(step.rss_mb - rss_before_execs) * 1000 / step.count:.1f} KB/executor"
+                per = f"{(step.rss_mb - step.rss_before_mb) * 1000 / step.count:.1f} KB/executor"
             cpu_ratio = [c / base_cpu for c in step.cpu_ms_per_turn]
             out_rows.append([
                 label, f"{step.rss_mb:.1f}", per, cell(step.turns_per_s),
@@ -524,8 +526,10 @@ def run_scale(s: Settings, out: Path) -> str:
         SCALE_TEXT.format(repeats=s.scale_repeats, turns=s.scale_turns)
         + "\n"
         + table(header, rows("queued", queued))
-        + "\nThe executor steps run with the deepest queue still parked (RSS per executor is"
-        " measured from the last queue step).\n\n" + table(header, rows("executors", execs[1:]))
+        + "\nRSS per queued turn is the growth over the RSS before the first queued turn; the"
+        " executor steps run with the deepest queue still parked, and RSS per executor is the"
+        " growth over the RSS read just before the first extra executor connected.\n\n"
+        + table(header, rows("executors", execs[1:]))
     )
 
 

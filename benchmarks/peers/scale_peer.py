@@ -29,12 +29,20 @@ class ScaleStep:
     kind: str  # "baseline", "queued" or "executors"
     count: int
     rss_mb: float
+    rss_before_mb: float  # just before the step added its turns or executors
     turns_per_s: list[float]
     cpu_ms_per_turn: list[float]
 
 
 async def _step(
-    kind: str, count: int, socket: Path, sid: str, daemon: psutil.Process, *, repeats: int
+    kind: str,
+    count: int,
+    socket: Path,
+    sid: str,
+    daemon: psutil.Process,
+    *,
+    repeats: int,
+    rss_before: float,
 ) -> ScaleStep:
     rss = bench_scale._rss_mb(daemon)
     rates: list[float] = []
@@ -43,7 +51,14 @@ async def _step(
         rate, cpu = await bench_scale._measure(socket, sid, daemon)
         rates.append(rate)
         cpus.append(cpu)
-    return ScaleStep(kind=kind, count=count, rss_mb=rss, turns_per_s=rates, cpu_ms_per_turn=cpus)
+    return ScaleStep(
+        kind=kind,
+        count=count,
+        rss_mb=rss,
+        rss_before_mb=rss_before,
+        turns_per_s=rates,
+        cpu_ms_per_turn=cpus,
+    )
 
 
 async def scale_run(
@@ -83,15 +98,23 @@ async def scale_run(
                 await client.call("executors.wait", executor_id=executor_id, timeout_s=30)
             sid = (await client.call("session.open", package_id="demo"))["session_id"]
         await bench_scale._measure(socket, sid, daemon)  # warm-up
-        steps.append(await _step("baseline", 0, socket, sid, daemon, repeats=repeats))
+        base_rss = bench_scale._rss_mb(daemon)
+        steps.append(
+            await _step("baseline", 0, socket, sid, daemon, repeats=repeats, rss_before=base_rss)
+        )
         queued = 0
         for depth in depths:
             await bench_scale._pipelined(
                 socket, {**bench_scale.QUEUED, "session_id": sid}, depth - queued, wait=False
             )
             queued = depth
-            steps.append(await _step("queued", depth, socket, sid, daemon, repeats=repeats))
+            steps.append(
+                await _step(
+                    "queued", depth, socket, sid, daemon, repeats=repeats, rss_before=base_rss
+                )
+            )
         connected = 0
+        execs_rss = bench_scale._rss_mb(daemon)
         for count in executor_counts:
             added = count - connected
             processes = min(10, added)
@@ -117,7 +140,17 @@ async def scale_run(
                     await client.call("executors.wait", executor_id=executor_id, timeout_s=120)
             connected += len(new_ids)
             await anyio.sleep(1.0)  # let the registrations' garbage settle before reading RSS
-            steps.append(await _step("executors", connected, socket, sid, daemon, repeats=repeats))
+            steps.append(
+                await _step(
+                    "executors",
+                    connected,
+                    socket,
+                    sid,
+                    daemon,
+                    repeats=repeats,
+                    rss_before=execs_rss,
+                )
+            )
     finally:
         for child in children:
             if child.returncode is None:
