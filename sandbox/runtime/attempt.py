@@ -75,6 +75,8 @@ class ProcessAttempt:
     realized_writes: tuple[RealizedWrite, ...]
     problems: tuple[SurfaceProblem, ...]
     launcher: str
+    #: wall-clock start of the attempt, microseconds since the epoch (0: not known)
+    started_us: int = 0
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready summary (stdout/stderr as text; ledgers get hashes only)."""
@@ -92,6 +94,8 @@ class ProcessAttempt:
             "reason": self.reason,
             "delay_ms": self.delay_ms,
             "duration_ms": self.duration_ms,
+            "started_us": self.started_us,
+            "finished_us": self.started_us + self.duration_ms * 1000 if self.started_us else 0,
             "stdout": self.stdout,
             "stderr": self.stderr,
             "stdout_truncated": self.stdout_truncated,
@@ -160,6 +164,7 @@ async def run_confined(
     caller is cancelled). A launcher failure is a CRASH fault, not an exception.
     """
     start_ns = time.monotonic_ns()
+    start_us = time.time_ns() // 1000
     cfg = area.runtime.config
     limits = area.package.manifest.limits
     area.prepare()
@@ -282,6 +287,7 @@ async def run_confined(
         reason="",
         delay_ms=0,
         duration_ms=ms_since(start_ns),
+        started_us=start_us,
         stdout=stdout,
         stderr=stderr,
         stdout_truncated=out_trunc,
@@ -381,6 +387,7 @@ def _spawn_failed(exc: SpawnError, attempt_no: int, start_ns: int, launcher: str
         reason="",
         delay_ms=0,
         duration_ms=ms_since(start_ns),
+        started_us=time.time_ns() // 1000 - ms_since(start_ns) * 1000,
         stdout="",
         stderr=str(exc),
         stdout_truncated=False,

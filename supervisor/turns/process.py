@@ -55,11 +55,13 @@ def _records(result: ProcessResultLike, first: int, started_us: int) -> tuple[At
             for k in ("signal", "timed_out", "resource_exhausted", "security_violation", "launcher")
             if k in data
         }
+        began = _int(data.get("started_us")) or started_us
+        ended = _int(data.get("finished_us")) or finished
         out.append(
             AttemptRecord(
                 attempt=first + i,
-                started_us=_int(data.get("started_us")) or started_us,
-                finished_us=finished,
+                started_us=began,
+                finished_us=ended,
                 outcome=_text(data.get("outcome")),
                 fault_type=_text(data.get("fault_type")),
                 exit_code=_int(data.get("exit_code")),

@@ -8,6 +8,7 @@ root must verify. Synchronisation is by events the daemon reports (READY=1 on NO
 from __future__ import annotations
 
 import contextlib
+import itertools
 import shutil
 import signal
 import sys
@@ -224,6 +225,22 @@ async def test_process_turns_outcomes(stack: DemoStack) -> None:
         )
     assert (ok["state"], failed["state"], sneaky["state"]) == ("succeeded", "failed", "violation")
     assert failed["attempts"][0]["exit_code"] == 3
+
+
+async def test_process_attempts_carry_their_own_times(stack: DemoStack) -> None:
+    """Each attempt of a process turn records when it ran (it once carried the turn's start and
+    end): in order, apart by the backoff, each as long as its duration."""
+    async with ControlClient(stack.control_socket) as client:
+        sid = await session(client)
+        turn = await run(client, sid, kind="process", argv=["sleep", "10"], timeout_ms=300)
+    attempts = turn["attempts"]
+    assert [a["decision"] for a in attempts] == ["RETRY", "RETRY", "TERMINATE"]
+    for a in attempts:
+        took_us = a["finished_us"] - a["started_us"]
+        assert took_us >= 300_000  # its own timeout, at least
+        assert abs(took_us - a["duration_ms"] * 1000) < 5_000
+    for before, after in itertools.pairwise(attempts):
+        assert after["started_us"] >= before["finished_us"] + before["delay_ms"] * 1000 - 5_000
 
 
 async def test_backpressure_queue_full(root: Path) -> None:
