@@ -143,6 +143,19 @@ def capability_violation(  # noqa: PLR0917 (the violation's own fields, in order
     )
 
 
+def catches(pid: int, sig: int) -> bool:
+    """Whether process *pid* has a handler for *sig* (``SigCgt`` in ``/proc/<pid>/status``);
+    True when it cannot be told (the grace is then waited as before)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return True
+    return True
+
+
 def ms_since(start_ns: int) -> int:
     """Milliseconds since *start_ns* on the monotonic clock."""
     return (time.monotonic_ns() - start_ns) // 1_000_000
@@ -328,8 +341,13 @@ async def _wait_and_kill(
         if scope.cancelled_caught:
             timed_out = True
             cg.signal_all(signal.SIGTERM)
-            with anyio.move_on_after(cfg.kill_grace_s):
-                await anyio.wait_readable(spawned.pidfd)
+            # The command is PID 1 of its own PID namespace (per-turn): the kernel drops a
+            # signal it has no handler for, so a SIGTERM it does not catch would only make the
+            # deadline wait out the whole grace. Such a command is killed at once.
+            namespaced = area.runtime.levels.get("pid_namespace") == "per-turn"
+            if not namespaced or catches(spawned.pid, signal.SIGTERM):
+                with anyio.move_on_after(cfg.kill_grace_s):
+                    await anyio.wait_readable(spawned.pidfd)
             cg.kill_all()
             if not cg.dirs:
                 with contextlib.suppress(ProcessLookupError):

@@ -516,6 +516,23 @@ async def test_processes_outside_cannot_be_signalled(session: Session) -> None:
 
 
 @pytest.mark.usefixtures("system_python")
+async def test_timeout_gives_a_sigterm_handler_its_grace(session: Session) -> None:
+    """At the deadline a command that handles SIGTERM gets it and the grace to clean up (one
+    that does not is killed at once: `test_daemon_e2e.py`, attempts carry their own times)."""
+    code = (
+        "import signal, sys, time\n"
+        "def bye(*_):\n"
+        "    print('cleaned up', flush=True)\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, bye)\n"
+        "time.sleep(120)\n"
+    )
+    result = await py(session, code, timeout_ms=800, phase=AgentPhase.RED)
+    assert result.status == "timeout"
+    assert "cleaned up" in result.stdout
+
+
+@pytest.mark.usefixtures("system_python")
 async def test_timeout_kills_setsid_double_fork_grandchild(session: Session) -> None:
     """A grandchild that called setsid and double-forked dies with the turn."""
     code = (
