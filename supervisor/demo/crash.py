@@ -225,7 +225,7 @@ class StormReport:
 PROCESS_TURNS: Final[tuple[tuple[tuple[str, ...], str], ...]] = (
     (("sh", "-c", 'echo "$HUNTER_TURN_NUMBER" > "$HUNTER_OUTPUT_DIR/out.txt"'), "out.txt"),
     (("sh", "-c", "sleep 0.3"), ""),
-    (("sh", "-c", 'sleep 30 & echo x > "$HUNTER_OUTPUT_DIR/out.txt"; sleep 0.1'), "out.txt"),
+    (("sh", "-c", 'sleep 300 & echo x > "$HUNTER_OUTPUT_DIR/out.txt"; sleep 0.1'), "out.txt"),
     (("sh", "-c", "sleep 0.05; exit 3"), ""),
     (("sh", "-c", 'echo scratch > "$TMPDIR/s.txt"; sleep 0.1'), ""),
 )

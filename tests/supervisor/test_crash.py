@@ -41,6 +41,7 @@ from supervisor.demo.crash import (
     run_storm,
     storm_uids,
 )
+from supervisor.demo.crash_checks import ANYIO_READ_RACE, count_log_events
 
 SEED = int(os.environ.get("HUNTER_CRASH_SEED", "7"))
 CI_STORM = StormConfig(
@@ -246,3 +247,20 @@ def test_leftover_check_finds_a_turn_cgroup_of_the_root(tmp_path: Path) -> None:
         leaf.rmdir()
         other.rmdir()
     assert check_leftovers(root, storm_uids(root)) == []
+
+
+def test_daemon_log_check_tolerates_only_what_it_is_told(tmp_path: Path) -> None:
+    """The known anyio read race is left out when tolerated, and counted; nothing else is."""
+    log = tmp_path / "daemon.log"
+    log.write_text(
+        '{"level":"error","logger":"asyncio","event":"Exception in callback '
+        'Future.set_result(None)\\nhandle: <Handle Future.set_result(None)>",'
+        '"exception":"Traceback (most recent call last):\\nInvalidStateError: invalid state"}\n'
+        '{"level":"error","logger":"supervisor.turns","event":"turn_failed"}\n'
+    )
+    assert len(check_daemon_log(log)) == 2
+    assert check_daemon_log(log, tolerated=[ANYIO_READ_RACE]) == [
+        "daemon.log line 2: error supervisor.turns 'turn_failed'"
+    ]
+    assert count_log_events(log, ANYIO_READ_RACE) == 1
+    assert count_log_events(log, "turn_") == 1
