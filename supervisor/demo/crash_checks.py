@@ -98,10 +98,11 @@ def read_turn_entries(
     return by_turn, count
 
 
-#: asyncio's report of an anyio race (anyio 4.16, ``_RawSocketMixin._wait_until_readable``
-#: registers ``f.set_result`` as the socket's reader unguarded): a UNIX-socket read cancelled in
-#: the loop iteration in which its socket became readable makes the queued callback raise
-#: ``InvalidStateError``, which asyncio logs at error level. The read was cancelled anyway;
+#: asyncio's report of an anyio race: anyio 4.16's asyncio backend registers ``f.set_result``
+#: itself as the reader/writer callback of a UNIX socket (``_RawSocketMixin._wait_until_readable``
+#: and ``_writable``, ``UNIXSocketListener.accept``); when the waiting task is cancelled in the
+#: loop iteration in which the socket became ready, the queued callback raises
+#: ``InvalidStateError`` and asyncio logs it at error level. The wait was cancelled anyway;
 #: nothing is lost. The executor chaos suite provokes it (connections cut while reading).
 ANYIO_READ_RACE: Final = "Exception in callback Future.set_result(None)"
 
