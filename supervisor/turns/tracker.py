@@ -45,6 +45,7 @@ class TurnEvents(Protocol):
     def ledgers_verified(self, *, ledgers: int, failures: int) -> None:
         """A ledger verification checked *ledgers* ledgers and found *failures* broken."""
 
+
 #: Finished turns kept in memory so that waits and gets right after the end skip the store.
 _RECENT = 4096
 
