@@ -32,10 +32,12 @@ import functools
 import importlib.metadata
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
 import traceback
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -605,6 +607,10 @@ def _package(name: str) -> str:
         return "(not installed)"
 
 
+def _interrupt(signum: int, frame: types.FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
 def _say(line: str) -> None:
     sys.stderr.write(f"[compare {time.strftime('%H:%M:%S')}] {line}\n")
     sys.stderr.flush()
@@ -654,6 +660,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from supervisor.logging import configure_logging
 
     configure_logging(fmt="json", level="error", stream=sys.stderr)
+    # Ctrl-C stops the run wherever it is. Under asyncio's own SIGINT handler the first Ctrl-C
+    # only cancels the main task, which a daemon round may absorb and then carry on; raising here
+    # unwinds it instead (the context managers stop every process the round started).
+    signal.signal(signal.SIGINT, _interrupt)
     settings = settings_from(args)
     args.out.mkdir(parents=True, exist_ok=True)
     result = Report(out=args.out, settings=settings, machine=machine_lines())

@@ -300,7 +300,7 @@ def celery_level(
         except Exception as exc:  # reported after the join
             errors.append(exc)
 
-    threads = [threading.Thread(target=lane) for _ in range(in_flight)]
+    threads = [threading.Thread(target=lane, daemon=True) for _ in range(in_flight)]
     server0, client0 = cpu_seconds(pids), _own_cpu()
     for thread in threads:
         thread.start()
