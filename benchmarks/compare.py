@@ -113,7 +113,7 @@ class Report:
             f"- rounds: {s.rounds} (the order of daemon and peers rotates each round)",
             f"- dispatch: {s.workers} worker processes a side, in flight {list(s.levels)},"
             f" {s.warm_s:g} s warm-up then a {s.seconds:g} s window per level;"
-            f" Celery pool `{s.celery_pool}`",
+            f" Celery pool: {s.celery_pool}",
             f"- sandbox: {s.sandbox_runs} runs per figure per round (after a warm-up)",
             f"- ledger: one file of {s.ledger_entries:,} entries; {s.ledger_sessions} sessions"
             f" x {s.ledger_turns} turns (two ledgers each)",
@@ -200,7 +200,7 @@ submit -> answer as the client sees it.
 - **{default}**: the same with Celery's and Redis's defaults: ack on receipt (a task a worker
   dies with is lost), prefetch 4 per process, Redis without AOF (RDB snapshots only: an
   acknowledged submission can be lost on a crash).
-- Workers: {pool_text}.
+- Celery workers: {pool_text}.
 - Server CPU per task: the daemon and its executors, or the Celery workers and `redis-server`;
   client CPU per task: the benchmark process (one anyio loop for the daemon, one thread per lane
   for Celery, whose result backend keeps a Redis connection per thread).
@@ -212,29 +212,25 @@ submit -> answer as the client sees it.
 
 
 def run_dispatch(s: Settings, out: Path) -> str:
+    pools = ["prefork", "solo"] if s.celery_pool == "both" else [s.celery_pool]
     variants: dict[str, Callable[[], list[dispatch.LevelResult]]] = {
         DAEMON: lambda: anyio.run(
             lambda: dispatch.daemon_round(
                 workers=s.workers, levels=s.levels, warm_s=s.warm_s, seconds=s.seconds
             )
-        ),
-        CELERY_DURABLE: lambda: dispatch.celery_round(
-            durable=True,
-            pool=s.celery_pool,
-            workers=s.workers,
-            levels=s.levels,
-            warm_s=s.warm_s,
-            seconds=s.seconds,
-        ),
-        CELERY_DEFAULT: lambda: dispatch.celery_round(
-            durable=False,
-            pool=s.celery_pool,
-            workers=s.workers,
-            levels=s.levels,
-            warm_s=s.warm_s,
-            seconds=s.seconds,
-        ),
+        )
     }
+    for pool in pools:
+        for label, durable in ((CELERY_DURABLE, True), (CELERY_DEFAULT, False)):
+            variants[f"{label}, {pool}"] = functools.partial(
+                dispatch.celery_round,
+                durable=durable,
+                pool=pool,
+                workers=s.workers,
+                levels=s.levels,
+                warm_s=s.warm_s,
+                seconds=s.seconds,
+            )
     names = list(variants)
     runs: dict[str, list[list[dispatch.LevelResult]]] = {name: [] for name in names}
     for r in range(s.rounds):
@@ -242,12 +238,15 @@ def run_dispatch(s: Settings, out: Path) -> str:
             _say(f"dispatch round {r + 1}/{s.rounds}: {name}")
             runs[name].append(variants[name]())
 
-    rows = level_rows(DAEMON, [CELERY_DURABLE, CELERY_DEFAULT], runs, s.levels)
+    peers = names[1:]
+    rows = level_rows(DAEMON, peers, runs, s.levels)
     level_plots(out, "dispatch", runs, s.levels)
-    if s.celery_pool == "prefork":
-        pool_text = f"Celery `--pool=prefork -c {s.workers}` (a main process and its children)"
-    else:
-        pool_text = f"{s.workers} Celery processes with `--pool=solo`"
+    pool_text = {
+        "prefork": f"*prefork*: one `celery worker --pool=prefork -c {s.workers}` (a main process"
+        f" that reserves tasks and hands them to {s.workers} child processes over pipes)",
+        "solo": f"*solo*: {s.workers} `celery worker --pool=solo` processes (each runs its tasks"
+        " itself, as each no-op executor process does)",
+    }
     text = DISPATCH_TEXT.format(
         workers=s.workers,
         daemon=DAEMON,
@@ -255,9 +254,9 @@ def run_dispatch(s: Settings, out: Path) -> str:
         default=CELERY_DEFAULT,
         celery=_package("celery"),
         redis=_version(["redis-server", "--version"]).split(" sha=")[0],
-        pool_text=pool_text,
+        pool_text="; ".join(pool_text[p] for p in pools),
     )
-    header = ["Row", DAEMON, CELERY_DURABLE, CELERY_DEFAULT, "vs durable", "vs defaults"]
+    header = ["Row", DAEMON, *peers, *(f"vs {p}" for p in peers)]
     return text + "\n" + table(header, rows)
 
 
@@ -648,7 +647,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--seconds", type=float, default=None, help="dispatch window per level")
     parser.add_argument("--workers", type=int, default=8, help="worker processes a side")
-    parser.add_argument("--celery-pool", choices=["prefork", "solo"], default="prefork")
+    parser.add_argument(
+        "--celery-pool",
+        choices=["prefork", "solo", "both"],
+        default="both",
+        help="Celery's worker pool: both runs each Celery setting with each pool",
+    )
     parser.add_argument("--queued-max", type=int, default=100_000)
     parser.add_argument("--executors-max", type=int, default=1_000)
     args = parser.parse_args(argv)
