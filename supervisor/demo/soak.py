@@ -17,8 +17,10 @@ The run
    latency of the turns that finished in that second.
 4. Judging: over the second half of the run (the first half is warm-up: caches, the store, the
    allocator settle), the least-squares slope of each series must stay within its bound
-   (`Bounds`, per minute); every turn must have finished; the daemon must stop with exit 0 on
-   SIGTERM and its ledgers must verify; its log must hold no traceback.
+   (`Bounds`, per minute; a slope whose growth across the half stays under a small floor,
+   three threads, four fds or two MB, is noise, not a trend); every turn must have finished;
+   the daemon must stop with exit 0 on SIGTERM, its ledgers must verify and its log must hold
+   no traceback.
 """
 
 from __future__ import annotations
@@ -68,6 +70,12 @@ class Bounds:
     threads_per_min: float = 3.0
     #: latency may grow by this share of the second half's median latency per minute
     latency_share_per_min: float = 0.5
+    #: ... and a slope is a trend only when the growth it implies across the second half is
+    #: above this floor too: in a 60 s run one more worker thread (6 -> 7) half-way is a
+    #: slope of about 2 per minute, but 1 thread, not a leak
+    rss_mb_floor: float = 2.0
+    fds_floor: float = 4.0
+    threads_floor: float = 3.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -310,22 +318,39 @@ def judge_trends(report: SoakReport, config: SoakConfig) -> None:
     minutes = [s.t / 60 for s in half]
     lat = [(s.t / 60, s.latency_ms) for s in half if s.latency_ms is not None]
     median_lat = statistics.median(v for _t, v in lat) if lat else 0.0
-    series: list[tuple[str, float, float]] = [
-        ("rss_mb", slope(minutes, [s.rss_mb for s in half]), bounds.rss_mb_per_min),
-        ("fds", slope(minutes, [float(s.fds) for s in half]), bounds.fds_per_min),
-        ("threads", slope(minutes, [float(s.threads) for s in half]), bounds.threads_per_min),
+    span = minutes[-1] - minutes[0]
+    series: list[tuple[str, float, float, float]] = [
+        (
+            "rss_mb",
+            slope(minutes, [s.rss_mb for s in half]),
+            bounds.rss_mb_per_min,
+            bounds.rss_mb_floor,
+        ),
+        (
+            "fds",
+            slope(minutes, [float(s.fds) for s in half]),
+            bounds.fds_per_min,
+            bounds.fds_floor,
+        ),
+        (
+            "threads",
+            slope(minutes, [float(s.threads) for s in half]),
+            bounds.threads_per_min,
+            bounds.threads_floor,
+        ),
         (
             "latency_ms",
             slope([t for t, _v in lat], [v for _t, v in lat]) if len(lat) > 1 else 0.0,
             max(1.0, bounds.latency_share_per_min * median_lat),
+            0.0,
         ),
     ]
-    for name, value, bound in series:
+    for name, value, bound, floor in series:
         report.slopes[name] = value
-        if value > bound:
+        if value > bound and value * span > floor:
             report.problems.append(
                 f"{name} grows {value:+.2f} per minute over the second half "
-                f"(bound {bound:.2f} per minute)"
+                f"(bound {bound:.2f} per minute), {value * span:+.1f} across it"
             )
 
 

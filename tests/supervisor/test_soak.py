@@ -68,6 +68,18 @@ def test_judge_accepts_a_flat_run_with_noise() -> None:
     assert abs(report.slopes["rss_mb"]) < 1.0
 
 
+def test_judge_takes_one_more_thread_for_noise() -> None:
+    """One worker thread more half-way through the second half is a slope, not a trend."""
+    samples = [
+        SoakSample(t=float(t), rss_mb=60.0, fds=30, threads=6 + (t > 45), latency_ms=40.0)
+        for t in range(1, 61)
+    ]
+    report = SoakReport(seed=0, samples=samples)
+    judge_trends(report, CI_SOAK)
+    assert report.slopes["threads"] > CI_SOAK.bounds.threads_per_min / 2
+    assert report.problems == []
+
+
 def test_judge_names_a_leak_in_the_second_half() -> None:
     """A run flat in its first half, then leaking 10 fds and 8 MB a minute, fails."""
     report = SoakReport(
