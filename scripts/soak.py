@@ -4,8 +4,9 @@ The run is `supervisor.demo.soak` (the CI test ``tests/supervisor/test_soak.py``
 clients submit instruction turns and sandboxed process turns at a steady rate while the
 daemon's RSS, fds and threads and the turns' median latency are sampled every second; over
 the second half of the run the least-squares slope of each must stay within its bound (per
-minute: RSS 4 MB, fds 6, threads 3, latency half the median), every turn must finish, the
-ledgers must verify and the daemon must stop cleanly.
+minute: RSS 4 MB, fds 6, threads 3, latency half the median; a slope whose growth across the
+half stays under a small floor is noise), every turn must finish, the ledgers must verify and
+the daemon must stop cleanly.
 
 Usage: ``.venv/bin/python scripts/soak.py [--seconds 600] [--rate 20] [--seed 1] [--root DIR]
 [--keep]``. Prints a line every 10 samples and a summary; exit 0 only when nothing is wrong.

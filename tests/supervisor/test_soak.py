@@ -4,8 +4,8 @@ The run is `supervisor.demo.soak` (``scripts/soak.py`` runs 10 minutes): after a
 fills the daemon's bounded caches, clients submit instruction and process turns at 20 per
 second while the daemon's RSS, fds, threads and the turns' latency are sampled every second;
 the least-squares slope of each over the second half must stay within `Bounds` (per minute:
-RSS 4 MB, fds 6, threads 3, latency half its median), every turn must finish, the ledgers must
-verify and the daemon must stop cleanly.
+RSS 4 MB, fds 6, threads 3, latency half its median; growth under a small floor is noise),
+every turn must finish, the ledgers must verify and the daemon must stop cleanly.
 
 The trend judge is tested on made-up samples below (no daemon).
 """
@@ -78,6 +78,25 @@ def test_judge_takes_one_more_thread_for_noise() -> None:
     judge_trends(report, CI_SOAK)
     assert report.slopes["threads"] > CI_SOAK.bounds.threads_per_min / 2
     assert report.problems == []
+
+
+def test_judge_names_latency_that_doubles_but_not_a_blip() -> None:
+    """Latency rising 40 -> 160 ms across the second half is a trend; a 10 ms rise is not."""
+
+    def run(rise_ms: float) -> SoakReport:
+        samples = [
+            SoakSample(
+                t=float(t), rss_mb=60.0, fds=30, threads=7,
+                latency_ms=40.0 + max(0.0, t - 30) * rise_ms / 30,
+            )
+            for t in range(1, 61)
+        ]  # fmt: skip
+        report = SoakReport(seed=0, samples=samples)
+        judge_trends(report, CI_SOAK)
+        return report
+
+    assert run(10.0).problems == []
+    assert [p.split(" grows")[0] for p in run(120.0).problems] == ["latency_ms"]
 
 
 def test_judge_names_a_leak_in_the_second_half() -> None:
