@@ -271,3 +271,25 @@ async def _serve_work_and_stop(root: Path) -> None:
     assert any(e["event"] == "daemon_stopped" for e in events)
     loud = [e for e in events if e["level"] in {"warning", "error", "critical", "exception"}]
     assert loud == []
+
+
+async def test_the_anyio_read_race_is_a_warning(tmp_path: Path, log_stream: io.StringIO) -> None:
+    """asyncio's report of a cancelled read's late callback (InvalidStateError from
+    Future.set_result) is logged as loop_callback_race at warning level; any other callback
+    error still reaches asyncio's own handler."""
+    import asyncio
+
+    config = _config(tmp_path / "root")
+    async with running(Daemon(config, handle_signals=False)):
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        future.cancel()
+        loop.call_soon(future.set_result, None)  # the race, for real: a late set_result
+        await anyio.sleep(0.05)
+        handler = loop.get_exception_handler()
+        assert handler is not None
+    lines = [orjson.loads(line) for line in log_stream.getvalue().splitlines() if line]
+    races = [e for e in lines if e["event"] == "loop_callback_race"]
+    assert races
+    assert races[0]["level"] == "warning"
+    assert not [e for e in lines if e["level"] in {"error", "critical"}]
