@@ -275,7 +275,8 @@ async def run_all() -> None:
         out(
             f"{name:22} {row['throughput']:9.0f} {row['throughput'] / base_row['throughput']:7.2f}x"
             f" {row['p50_us']:9.0f} {row['commits_per_turn']:10.3f} {row['writes_per_turn']:9.2f}"
-            f" {row['pg_xacts_per_turn']:10.3f} {row['daemon_cpu_ms_per_turn']:9.2f}\n"
+            f" {row['pg_xacts_per_turn']:10.3f} {row['round_trips_per_turn']:8.2f}"
+            f" {row['daemon_cpu_ms_per_turn']:9.2f} {row['server_cpu_ms_per_turn']:9.2f}\n"
         )
     out(f"total benchmark time {time.perf_counter() - started:.1f} s\n")
 

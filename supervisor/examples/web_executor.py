@@ -126,7 +126,7 @@ class WebExecutor(Executor):
         if status >= 400 or status < 200:
             return Result.failure(f"GET {url} answered HTTP {status}", output=output)
         self._page, self._scroll = page, 0
-        return Result.success(body, output=output)
+        return Result.success(body, output=output, attach_evidence=True)
 
     def _current(self) -> _Page | None:
         return self._page
@@ -158,7 +158,9 @@ class WebExecutor(Executor):
                 return Result.failure(f"no element matches {instruction.target_selector!r}")
             text = elements[0].text()
             return Result.success(
-                text.encode("utf-8"), output={"text": text, "matches": len(elements)}
+                text.encode("utf-8"),
+                output={"text": text, "matches": len(elements)},
+                attach_evidence=True,
             )
 
     async def extract(self, instruction: Instruction) -> Result:
@@ -182,7 +184,7 @@ class WebExecutor(Executor):
             evidence = orjson.dumps(items, option=orjson.OPT_SORT_KEYS)
             partial = len(elements) > max_items
             output = {"items": items, "count": len(items), "matches": len(elements)}
-            return Result.success(evidence, output=output, partial=partial)
+            return Result.success(evidence, output=output, partial=partial, attach_evidence=True)
 
     async def scroll(self, instruction: Instruction) -> Result:
         async with self._lock:
@@ -210,7 +212,7 @@ class WebExecutor(Executor):
             self._scroll = min(max(0, target), last)
             visible = self._viewport(page)
             output = {"scroll": self._scroll, "total_lines": len(page.lines), "visible": visible}
-            return Result.success(visible.encode("utf-8"), output=output)
+            return Result.success(visible.encode("utf-8"), output=output, attach_evidence=True)
 
     async def click(self, instruction: Instruction) -> Result:
         async with self._lock:
@@ -233,7 +235,9 @@ class WebExecutor(Executor):
                 )
             text = element.text()
             evidence = f"click {instruction.target_selector}: {text}"
-            return Result.success(evidence, output={"navigated": False, "text": text})
+            return Result.success(
+                evidence, output={"navigated": False, "text": text}, attach_evidence=True
+            )
 
     async def screenshot(self, instruction: Instruction) -> Result:
         async with self._lock:
@@ -258,7 +262,7 @@ class WebExecutor(Executor):
                 "height": height,
                 "bytes": len(image),
             }
-            return Result.success(image, output=output)
+            return Result.success(image, output=output, attach_evidence=True)
 
 
 def build_parser() -> argparse.ArgumentParser:

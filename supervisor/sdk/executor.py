@@ -95,12 +95,14 @@ class Result:
         *,
         output: Mapping[str, object] | None = None,
         partial: bool = False,
-        attach_evidence: bool = True,
+        attach_evidence: bool = False,
     ) -> Result:
         """SUCCESS with ``evidence_hash = sha256(evidence)`` and, with *attach_evidence*, the
-        evidence bytes (str is UTF-8 encoded); ``partial`` marks incomplete output (the daemon
-        treats it as a PARTIAL fault). Raises ``ValueError`` for attached evidence over
-        ``MAX_EVIDENCE_BYTES``."""
+        evidence bytes themselves (str is UTF-8 encoded), which the daemon checks and keeps
+        content-addressed with the session. Off by default: a turn whose evidence the daemon
+        keeps costs it a durable file write (two fsyncs today). ``partial`` marks incomplete
+        output (the daemon treats it as a PARTIAL fault). Raises ``ValueError`` for attached
+        evidence over ``MAX_EVIDENCE_BYTES``."""
         data = evidence.encode() if isinstance(evidence, str) else bytes(evidence)
         if attach_evidence and len(data) > MAX_EVIDENCE_BYTES:
             msg = (

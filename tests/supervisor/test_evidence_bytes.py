@@ -141,7 +141,7 @@ async def test_evidence_not_matching_its_hash_is_an_invalid_response(stack: Demo
 
 def test_evidence_travels_as_base64_beside_the_response() -> None:
     """The SDK's ``response`` message carries the bytes as base64 in ``evidence``."""
-    result = Result.success(PAGE)
+    result = Result.success(PAGE, attach_evidence=True)
     message = response_message(result.to_wire("i-1"), evidence=result.evidence)
     assert message["evidence"] == base64.b64encode(PAGE).decode()
     decoded = decode_executor_message(json.dumps(message).encode())

@@ -92,10 +92,11 @@ def test_evidence_does_not_rescue_a_denied_response() -> None:
 
 
 def test_sdk_attaches_evidence_within_the_bound() -> None:
-    """``Result.success`` attaches the bytes; over the bound it says how to send the hash only."""
-    assert Result.success("text").evidence == b"text"
-    assert Result.success(PAGE, attach_evidence=False).evidence is None
+    """``Result.success`` sends only the hash unless asked to attach the bytes; attached bytes
+    over the bound are refused with a message saying how to send the hash only."""
+    assert Result.success("text", attach_evidence=True).evidence == b"text"
+    assert Result.success(PAGE).evidence is None
     big = b"x" * (MAX_EVIDENCE_BYTES + 1)
     with pytest.raises(ValueError, match=r"^evidence of \d+ bytes exceeds MAX_EVIDENCE_BYTES"):
-        Result.success(big)
+        Result.success(big, attach_evidence=True)
     assert Result.success(big, attach_evidence=False).evidence_hash == sha256_hex(big)
