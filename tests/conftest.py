@@ -7,7 +7,7 @@ missing capability stand in for a security check. With ``PYTEST_FAIL_ON_SKIP=1``
 
 The reliability suites (crash, executor chaos, soak) each record one headline line with the
 `headline` fixture; the lines are printed in the terminal summary ("reliability suite
-figures"), whatever ``-s`` says, and appended to ``$HUNTER_HEADLINES_FILE`` when it is set
+figures"), whatever ``-s`` says, and appended to ``$SUITE_HEADLINES_FILE`` when it is set
 (``.ci/run`` prints that file at its end).
 """
 
@@ -39,7 +39,7 @@ def pytest_runtest_makereport(
 
 def _record_headline(suite: str, line: str) -> None:
     HEADLINES.append((suite, line))
-    path = os.environ.get("HUNTER_HEADLINES_FILE")
+    path = os.environ.get("SUITE_HEADLINES_FILE")
     if path:
         with Path(path).open("a", encoding="utf-8") as out:
             out.write(f"{suite}: {line}\n")
