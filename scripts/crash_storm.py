@@ -13,7 +13,8 @@ left: no process of the storm's sandbox uids, no turn cgroup of the root, no fil
 session's scratch dirs.
 
 Usage: ``.venv/bin/python scripts/crash_storm.py [--kills 20] [--turns 3000] [--mixed]
-[--seed 1] [--root DIR]``. Prints a line per kill and a summary; exit 0 only when nothing is violated.
+[--seed 1] [--root DIR]``. Prints a line per kill and a summary; exit 0 only when nothing is
+violated.
 Without ``--root`` the root is a temporary directory, removed afterwards unless the storm
 failed or ``--keep`` is given.
 """
