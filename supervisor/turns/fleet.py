@@ -262,6 +262,13 @@ class Fleet:
             active = tracker.get(turn_id)
             if active is None:
                 continue
+            if active.claim is not None:
+                self._log.warning(
+                    "claim_lost",
+                    turn_id=turn_id,
+                    token=active.claim.token,
+                    reason="the session's home moved to another daemon",
+                )
             active.claim = None
             if active.scope is not None:
                 active.scope.cancel()
