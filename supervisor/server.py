@@ -31,6 +31,10 @@ Exit codes: 0 after a drain (clean or with parked attempts), 1 when a second sig
 exit or the daemon failed (the message and the ``daemon_failed`` log event say why), 2 for a
 configuration/usage problem (including a configured PostgreSQL store that cannot be reached or is
 not migrated), 3 when another daemon already serves the root.
+
+About 680 lines, past the usual 600: the daemon's wiring (config, listeners, store, hub, core,
+metrics, traces, signals, reload) is read top to bottom in one place; each part it wires lives
+in its own package.
 """
 
 from __future__ import annotations

@@ -31,6 +31,10 @@ The scenario
    (`supervisor.turns.tracker`) fills during the run, about 25 MB when full (`scripts/soak.py`
    shows RSS flat once it is). The daemon must still be
    the process started in step 1, stop with exit 0 on SIGTERM, and its ledgers must verify.
+
+About 660 lines, past the usual 600: the scenario (executor swarm, workload, status polling)
+and its report are one run whose parts share the run's state; the long and the bounded
+versions call it alike.
 """
 
 from __future__ import annotations

@@ -29,6 +29,9 @@ The scenario
    its own sandbox uid range (`storm_uids`); after the final clean stop no process of those
    uids may live, no turn cgroup leaf of the root may be left and every session scratch dir
    (``tmp/<sid>``, ``output/<sid>``) must be empty or gone (`check_leftovers`).
+
+About 650 lines, past the usual 600: the storm's loop (kills, restarts, resubmissions) and
+its report share the run's state; the checks it applies live in `crash_checks`.
 """
 
 from __future__ import annotations

@@ -27,6 +27,10 @@ Design notes (hot path):
 * A frame goes out with one ``send`` under a per-connection lock; frames are read with a
   buffered ``FrameReader``.
 * Per-frame events are logged at debug level; state transitions at info/warning.
+
+`ExecutorHub` is a little over 400 lines: it is the front the turn core calls (admit, run an
+attempt, slots, status); each method delegates to its neighbours (dispatch, roster, judge,
+quarantine, circuits).
 """
 
 from __future__ import annotations

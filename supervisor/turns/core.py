@@ -1,6 +1,6 @@
 """The turn core's front: what the control API calls, and the task group every turn runs in.
 
-`TurnCore` is a little over 400 lines: it is the one seam the control API calls (sessions,
+`TurnCore` is about 490 lines: it is the one seam the control API calls (sessions,
 submit, waits, cancel, lists, escalations, drain); each method is short and delegates (runner,
 escalations, recovery, the store).
 

@@ -17,7 +17,7 @@ Design notes
   compared across hosts therefore assume clocks in sync to well under a lease.
 * Every SQL text is a constant, or one of a few shapes (filters pass arrays, never spliced
   values), so asyncpg's per-connection statement cache keeps each prepared.
-* About 630 lines, past the usual 600: one function per protocol operation, kept side by side
+* About 680 lines, past the usual 600: one function per protocol operation, kept side by side
   with the SQLite engine's `operations` so the two read alike; splitting it would scatter the
   fencing and lifecycle checks the operations share.
 * Rows come back as `asyncpg.Record`; they are handed to the shared converters
