@@ -324,6 +324,7 @@ def make_runtime(
         pids=s.pids_max,
         timeout_s=s.default_timeout_ms / 1000,
         output_bytes=s.output_max_bytes,
+        kernel_audit=s.kernel_audit,
     )
     runtime: RuntimeLike = Runtime(
         config.root, config=runtime_config, syncer=syncer, forbidden_sockets=forbidden_sockets

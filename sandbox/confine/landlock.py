@@ -31,6 +31,7 @@ __all__ = [
     "abi_version",
     "build_ruleset",
     "handled_fs_for_abi",
+    "log_flags",
     "restrict_self",
 ]
 
@@ -38,6 +39,8 @@ __all__ = [
 _SYS_CREATE_RULESET: Final = 444
 _SYS_ADD_RULE: Final = 445
 _SYS_RESTRICT_SELF: Final = 446
+_ABI_AUDIT: Final = 7
+_RESTRICT_SELF_LOG_NEW_EXEC_ON: Final = 1 << 1
 _CREATE_RULESET_VERSION: Final = 1
 _RULE_PATH_BENEATH: Final = 1
 _RULE_NET_PORT: Final = 2
@@ -261,14 +264,22 @@ def build_ruleset(rules: LandlockRules, *, abi: int | None = None) -> tuple[int,
     return fd, notes
 
 
-def restrict_self(ruleset_fd: int) -> None:
+def log_flags(abi: int) -> int:
+    """``landlock_restrict_self`` flags that send the domain's denials to the audit log even
+    after ``execve`` (ABI >= 7; off by default, and refused as EINVAL by older kernels)."""
+    return _RESTRICT_SELF_LOG_NEW_EXEC_ON if abi >= _ABI_AUDIT else 0
+
+
+def restrict_self(ruleset_fd: int, flags: int = 0) -> None:
     """Apply a ruleset to the calling thread (sets PR_SET_NO_NEW_PRIVS first).
 
     Only for the pure-Python launcher's ``preexec_fn``; the native launcher does this itself.
     """
     if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         _raise_errno("prctl(NO_NEW_PRIVS)")
-    res = _syscall(ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_int(ruleset_fd), ctypes.c_uint32(0))
+    res = _syscall(
+        ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_int(ruleset_fd), ctypes.c_uint32(flags)
+    )
     if res < 0:
         _raise_errno("restrict_self")
 

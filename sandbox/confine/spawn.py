@@ -74,6 +74,8 @@ class SpawnRequest:
     gid: int = -1
     netns_fd: int = -1
     landlock_fd: int = -1
+    #: ``landlock_restrict_self`` flags (`landlock.log_flags`: denials go to the audit log)
+    landlock_flags: int = 0
     cgroup_fds: tuple[int, ...] = ()
     rlimits: tuple[tuple[int, int, int], ...] = ()
     seccomp: bytes | None = None
@@ -112,6 +114,7 @@ def _spawn_native(req: SpawnRequest, notify_sock: int) -> Spawned:
             req.seccomp,
             notify_sock,
             int(req.new_pid_ns),
+            req.landlock_flags,
         )
     except OSError as exc:
         msg = str(exc.strerror or exc)
@@ -134,7 +137,7 @@ def _preexec(req: SpawnRequest, notify_sock: int) -> None:  # pragma: no cover -
     if req.uid >= 0:
         os.setresuid(req.uid, req.uid, req.uid)
     if req.landlock_fd >= 0:
-        landlock.restrict_self(req.landlock_fd)
+        landlock.restrict_self(req.landlock_fd, req.landlock_flags)
     elif _libc.prctl(38, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl")
     if req.seccomp is not None:

@@ -42,8 +42,14 @@ __all__ = [
 _log = structlog.get_logger("sandbox.runtime.area")
 
 _DEV_NULL_ACCESS: Final = int(
-    landlock.FsAccess.READ_FILE | landlock.FsAccess.WRITE_FILE | landlock.FsAccess.TRUNCATE
+    landlock.FsAccess.READ_FILE
+    | landlock.FsAccess.WRITE_FILE
+    | landlock.FsAccess.TRUNCATE
+    | landlock.FsAccess.IOCTL_DEV  # isatty(): TCGETS answers ENOTTY
 )
+#: A turn has no controlling terminal (the launcher calls setsid): opening /dev/tty fails with
+#: ENXIO whatever Landlock says, so shells that try it are not capability violations.
+_DEV_TTY_ACCESS: Final = int(landlock.FsAccess.READ_FILE | landlock.FsAccess.WRITE_FILE)
 _MAX_CARVE_RULES: Final = 4096
 _FILTER: Final = seccomp.build_filter()
 #: Less free space than this on the session disk after a turn means it hit the bound.
@@ -317,6 +323,8 @@ class SessionArea:
             if p.startswith("/dev/") and os.path.exists(p)
         )
         add([(os.devnull, _DEV_NULL_ACCESS)])
+        if os.path.exists("/dev/tty"):
+            add([("/dev/tty", _DEV_TTY_ACCESS)])
         add(
             [
                 (str(self.tmp_dir), int(landlock.ACCESS_WRITE_TREE)),
@@ -375,7 +383,16 @@ class SessionArea:
             if self.runtime.levels.get("pids", "").startswith("cgroup"):
                 pids *= 2
             out.append((resource.RLIMIT_NPROC, pids, pids))
-        return tuple(out)
+        return tuple(_within_own_hard_limit(res, value) for res, value, _ in out)
+
+
+def _within_own_hard_limit(res: int, value: int) -> tuple[int, int, int]:
+    """(res, soft, hard) no higher than the supervisor's own hard limit: raising one needs
+    CAP_SYS_RESOURCE, which the service unit does not keep (a lower limit is only stricter)."""
+    _, hard = resource.getrlimit(res)
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    return res, value, value
 
 
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

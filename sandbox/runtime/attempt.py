@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Final
 import anyio
 import structlog
 
+from sandbox.confine.audit import DenialWatch, KernelAudit, as_kernel_denial
 from sandbox.confine.procs import reap_orphans
 from sandbox.confine.seccomp import KernelDenial, NotificationServer
 from sandbox.confine.spawn import Spawned, SpawnRequest, close_quietly, reap, spawn
@@ -24,6 +25,7 @@ from sandbox.enumerate import RealizedWrite, SurfaceProblem, WriteSurface, enume
 from sandbox.errors import CapabilityViolation, SpawnError
 from sandbox.policy.attempts import AttemptOutcome
 from sandbox.policy.declarations import DeclaredOutput, compare_surface, surface_target
+from sandbox.policy.denials import is_violation
 from sandbox.policy.faults import ExecutionFaultType
 from sandbox.runtime.area import all_empty
 
@@ -208,6 +210,7 @@ async def run_confined(
                     gid=area.gid,
                     netns_fd=area.netns_fd,
                     landlock_fd=area.ruleset_fd,
+                    landlock_flags=area.runtime.landlock_flags,
                     cgroup_fds=tuple(procs_fds),
                     rlimits=area.rlimits(),
                     seccomp=area.seccomp_program(),
@@ -219,6 +222,9 @@ async def run_confined(
         finally:
             close_quietly(procs_fds)
         launcher = spawned.launcher
+        audit = area.runtime.audit
+        # registered before anything awaits: no record of this domain can be read before it
+        watch = audit.watch(spawned.pid) if audit is not None else None
         server = (
             NotificationServer(
                 spawned.listener_fd, denials.append, network_granted=area.network_granted
@@ -232,9 +238,13 @@ async def run_confined(
                     tg.start_soon(_serve, server, area.session_id, turn)
                 timed_out, leftovers, status = await _wait_and_kill(area, spawned, timeout_s, turn)
                 tg.cancel_scope.cancel()
+            if audit is not None and watch is not None:
+                await _landlock_denials(audit, watch, denials, area.session_id, turn)
         finally:
             if server is not None:
                 server.close()
+            if audit is not None and watch is not None:
+                audit.unwatch(watch)
         now = cg.resource_events()
         events = {key: now[key] - baseline.get(key, 0) for key in now}
     except SpawnError as exc:
@@ -312,6 +322,25 @@ async def run_confined(
         launcher=launcher,
     )
     return ConfinedRun(record, outcome, surface, violations)
+
+
+async def _landlock_denials(
+    audit: KernelAudit, watch: DenialWatch, denials: list[KernelDenial], session_id: str, turn: int
+) -> None:
+    """Add the Landlock denials of the attempt (its processes are gone) to *denials*."""
+    complete = await audit.barrier()
+    denials.extend(
+        as_kernel_denial(d, watch.pid) for d in watch.denials if is_violation(d.blockers, d.target)
+    )
+    if watch.dropped or not complete:
+        _log.warning(
+            "landlock_denials_incomplete",
+            session_id=session_id,
+            turn_number=turn,
+            recorded=len(watch.denials),
+            dropped=watch.dropped,
+            barrier_returned=complete,
+        )
 
 
 async def _serve(server: NotificationServer, session_id: str, turn: int) -> None:

@@ -28,6 +28,7 @@ import structlog
 from ledger import GroupSyncer, SessionLedgers, session_dir_for
 from sandbox.capabilities import DEFAULT_TURN_PATH
 from sandbox.confine import landlock, seccomp
+from sandbox.confine.audit import AUDIT_MECHANISM, AuditMode, KernelAudit
 from sandbox.confine.cgroups import CgroupLayout, detect_layout
 from sandbox.confine.spawn import native_available, new_network_namespace
 from sandbox.errors import SandboxUnavailableError, SessionNotFoundError
@@ -48,6 +49,7 @@ __all__ = [
 _log = structlog.get_logger("sandbox.runtime.runtime")
 
 _PR_SET_CHILD_SUBREAPER: Final = 36
+_LANDLOCK_AUDIT_ABI: Final = 7
 
 #: What every dynamically linked program needs to start, plus a few read-only basics.
 DEFAULT_SYSTEM_READ_PATHS: Final = (
@@ -65,6 +67,12 @@ DEFAULT_SYSTEM_READ_PATHS: Final = (
     "/etc/passwd",
     "/etc/group",
     "/etc/hosts",
+    # read at start by ordinary programs (Python's locale set-up, coreutils' libselinux,
+    # id/getgroups): constants of the host, harmless, and a denial of each would otherwise
+    # be a capability violation of every such turn (sandbox.confine.audit)
+    "/etc/locale.alias",
+    "/proc/filesystems",
+    "/proc/sys/kernel/ngroups_max",
     "/dev/zero",
     "/dev/urandom",
     "/dev/random",
@@ -103,6 +111,9 @@ class RuntimeConfig:
     nofile: int = 1024
     kill_grace_s: float = 2.0
     launcher: Literal["auto", "native", "python"] = "auto"
+    #: Landlock's denials on the evidence record (`sandbox.confine.audit`): ``enable`` turns
+    #: the kernel's audit on when it is off, ``auto`` uses it only when on, ``off`` never
+    kernel_audit: AuditMode = "enable"
     #: ``tmpfs``: each session's ``tmp/`` and ``output/`` on one tmpfs of ``disk_mb`` (a hard
     #: bound, root only); ``none``: only ``RLIMIT_FSIZE`` and the post-run ``disk_mb`` check
     session_disk: Literal["tmpfs", "none"] = "tmpfs"
@@ -191,6 +202,11 @@ class Runtime:
             if sub and d.stat().st_uid == os.geteuid():
                 d.chmod(0o711)  # others may traverse to their session dir, never list
         self.levels, self.missing = self._probe()
+        #: where Landlock's denials are read from (None: they are blocked but not recorded)
+        self.audit: KernelAudit | None = None
+        #: `landlock_restrict_self` flags of every turn (audit logging when `audit` is set)
+        self.landlock_flags = 0
+        self._open_audit()
         _log.info("sandbox_enforcement", root=str(self.root), **self.levels)
         lock_fd = _lock_root(self.root)
         # Closed by `close`, or when the runtime is collected (a daemon never closes it).
@@ -205,6 +221,27 @@ class Runtime:
             )
         else:
             self.leftovers = self._reclaim_leftovers()
+
+    def _open_audit(self) -> None:
+        abi = landlock.abi_version()
+        found = (
+            KernelAudit.open(self.config.kernel_audit)
+            if abi >= _LANDLOCK_AUDIT_ABI
+            else f"Landlock ABI {abi} writes no audit records (needs ABI 7, Linux 6.15)"
+        )
+        if isinstance(found, str):
+            self.levels["fs_denials"] = "unrecorded"
+            if self.config.kernel_audit != "off":
+                _log.warning(
+                    "kernel_denials_unrecorded",
+                    reason=found,
+                    consequence="Landlock still blocks reads, writes and executions outside "
+                    "a turn's grants; they are not on the evidence record",
+                )
+            return
+        self.audit = found
+        self.landlock_flags = landlock.log_flags(abi)
+        self.levels["fs_denials"] = AUDIT_MECHANISM
 
     # -- leftovers of a previous run -------------------------------------------------------
 
@@ -445,6 +482,9 @@ class Runtime:
         if self._stdin_fd >= 0:
             os.close(self._stdin_fd)
             self._stdin_fd = -1
+        if self.audit is not None:
+            self.audit.close()
+            self.audit = None
         if self._unlock is not None:
             with contextlib.suppress(OSError):
                 self._unlock()

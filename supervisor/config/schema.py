@@ -43,6 +43,7 @@ __all__ = [
 ENV_PREFIX: Final = "HUNTER_"
 
 Enforcement = Literal["strict", "best-effort"]
+KernelAudit = Literal["enable", "auto", "off"]
 LogFormat = Literal["auto", "json", "console"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 StoreEngine = Literal["sqlite", "postgres"]
@@ -364,6 +365,19 @@ class SandboxSettings:
             minimum=1024,
             maximum=2**50,
             reload=True,
+        ),
+    )
+    kernel_audit: KernelAudit = field(
+        default="enable",
+        metadata=_meta(
+            doc="Landlock's denials (a turn's read, write or execution outside its grants) on "
+            "the evidence record as capability violations, read from the kernel's audit log "
+            "(Linux >= 6.15; needs CAP_AUDIT_READ and CAP_AUDIT_WRITE). 'enable' turns the "
+            "kernel's audit on when it is off (CAP_AUDIT_CONTROL; logged); 'auto' uses it only "
+            "when it is on; 'off' never. Without it denials are still enforced, not recorded "
+            "(the enforcement level 'fs_denials' says which).",
+            kind="str",
+            choices=("enable", "auto", "off"),
         ),
     )
 

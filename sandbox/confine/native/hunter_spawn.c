@@ -112,6 +112,7 @@ struct child_args {
     long gid;
     int netns_fd;
     int landlock_fd;
+    int landlock_flags; /* landlock_restrict_self flags (audit logging, ABI >= 7) */
     const void *seccomp_prog; /* struct sock_filter[], NULL for none */
     unsigned short seccomp_len;
     int notify_sock; /* where the listener fd is sent, -1: no listener */
@@ -182,7 +183,7 @@ static int child_main(void *arg) {
         return fail(a, ST_NO_NEW_PRIVS, errno);
     if (a->cwd != NULL && syscall(SYS_chdir, a->cwd) < 0) return fail(a, ST_CHDIR, errno);
     if (a->landlock_fd >= 0) {
-        if (syscall(SYS_landlock_restrict_self, a->landlock_fd, 0) < 0)
+        if (syscall(SYS_landlock_restrict_self, a->landlock_fd, a->landlock_flags) < 0)
             return fail(a, ST_LANDLOCK, errno);
     }
     for (i = 0; i < 3; i++) {
@@ -270,17 +271,19 @@ static char **make_strv(PyObject *seq, const char *what) {
 
 PyDoc_STRVAR(spawn_doc,
 "spawn(path, argv, envp, cwd, stdio, cgroup_fds, rlimits, uid, gid, netns_fd, landlock_fd,\n"
-"      seccomp=None, notify_sock=-1, newpid=0) -> (pid, pidfd)\n\n"
+"      seccomp=None, notify_sock=-1, newpid=0, landlock_flags=0) -> (pid, pidfd)\n\n"
 "Start a confined child (see the module comment). path/cwd are bytes; argv/envp lists of\n"
 "bytes; stdio a 3-tuple of fds; cgroup_fds fds of open cgroup.procs files; rlimits a list\n"
 "of (resource, soft, hard); uid/gid -1 to keep; netns_fd/landlock_fd -1 for none;\n"
 "seccomp the filter program (bytes, 8 per instruction) or None; notify_sock a socket the\n"
-"listener fd is sent over (-1: no listener); newpid 1 for a new PID namespace.\n"
+"listener fd is sent over (-1: no listener); newpid 1 for a new PID namespace;\n"
+"landlock_flags the flags of landlock_restrict_self (audit logging).\n"
 "Raises OSError(errno, 'sandbox child failed at <stage>') when a step fails.");
 
 static PyObject *hs_spawn(PyObject *self, PyObject *args) {
     PyObject *path_o, *argv_o, *envp_o, *cwd_o, *cg_o, *rl_o, *sc_o = Py_None;
-    int in_fd, out_fd, err_fd, netns_fd, landlock_fd, notify_sock = -1, newpid = 0;
+    int in_fd, out_fd, err_fd, netns_fd, landlock_fd, notify_sock = -1, newpid = 0,
+        landlock_flags = 0;
     long uid, gid;
     struct child_args *a = NULL;
     char **argv = NULL, **envp = NULL;
@@ -292,10 +295,10 @@ static PyObject *hs_spawn(PyObject *self, PyObject *args) {
     Py_ssize_t i;
     (void)self;
 
-    if (!PyArg_ParseTuple(args, "SO!O!O(iii)O!O!llii|Oii", &path_o, &PyList_Type, &argv_o,
+    if (!PyArg_ParseTuple(args, "SO!O!O(iii)O!O!llii|Oiii", &path_o, &PyList_Type, &argv_o,
                           &PyList_Type, &envp_o, &cwd_o, &in_fd, &out_fd, &err_fd,
                           &PyList_Type, &cg_o, &PyList_Type, &rl_o, &uid, &gid, &netns_fd,
-                          &landlock_fd, &sc_o, &notify_sock, &newpid))
+                          &landlock_fd, &sc_o, &notify_sock, &newpid, &landlock_flags))
         return NULL;
     if (sc_o != Py_None && (!PyBytes_Check(sc_o) || PyBytes_GET_SIZE(sc_o) % 8 != 0 ||
                             PyBytes_GET_SIZE(sc_o) == 0 || PyBytes_GET_SIZE(sc_o) > 8 * 4096)) {
@@ -321,6 +324,7 @@ static PyObject *hs_spawn(PyObject *self, PyObject *args) {
     a->gid = gid;
     a->netns_fd = netns_fd;
     a->landlock_fd = landlock_fd;
+    a->landlock_flags = landlock_flags;
     a->seccomp_prog = sc_o == Py_None ? NULL : PyBytes_AS_STRING(sc_o);
     a->seccomp_len = sc_o == Py_None ? 0 : (unsigned short)(PyBytes_GET_SIZE(sc_o) / 8);
     a->notify_sock = notify_sock;

@@ -159,12 +159,14 @@ async def test_tmpdir_is_honoured_by_python_tempfile(session: Session) -> None:
 
 
 async def test_write_outside_by_absolute_path_is_denied(session: Session, outside: Path) -> None:
-    """An absolute path outside tmp/<sid> and output/<sid> cannot be created."""
+    """An absolute path outside tmp/<sid> and output/<sid> cannot be created, and the kernel's
+    denial is the turn's capability violation (Landlock's audit record)."""
     result = await sh(session, f"echo x > {outside}/abs")
-    assert result.status == "failed"
+    assert result.status == "violation"
     assert "Permission denied" in result.stderr
     assert not (outside / "abs").exists()
-    assert_recorded(session, 1, "failed")
+    assert [(v.operation, v.target) for v in result.violations] == [("write", str(outside))]
+    assert_recorded(session, 1, "violation")
 
 
 async def test_write_outside_by_dotdot_is_denied(session: Session, outside: Path) -> None:
@@ -172,7 +174,8 @@ async def test_write_outside_by_dotdot_is_denied(session: Session, outside: Path
     rel = relative(outside / "dotdot", session.output_dir)
     assert rel.startswith("..")
     result = await sh(session, f"echo x > {rel}")
-    assert result.status == "failed"
+    assert result.status == "violation"
+    assert [(v.operation, v.target) for v in result.violations] == [("write", str(outside))]
     assert not (outside / "dotdot").exists()
 
 
@@ -268,8 +271,11 @@ async def test_read_outside_read_roots_is_denied(session: Session, world: Path) 
     other.write_text("not yours")
     other.chmod(0o644)
     result = await sh(session, f"cat {other}")
-    assert result.status == "failed"
+    assert result.status == "violation"
     assert "not yours" not in result.stdout
+    [violation] = result.violations
+    assert (violation.operation, violation.target) == ("read", str(other))
+    assert violation.capability == "capabilities.read"
 
 
 # -- execute ------------------------------------------------------------------
