@@ -44,6 +44,7 @@ from supervisor.errors import (
     UnknownTurnError,
 )
 from supervisor.store.fleet import StaleHomeError
+from supervisor.store.postgres.one_trip import accept_row, finish_row
 from supervisor.store.postgres.schema import (
     ATTEMPT_COLUMNS,
     SESSION_COLUMNS,
@@ -222,33 +223,26 @@ async def accept(conn: Conn, new: NewTurn, claim_for: str | None, lease_ms: int)
     # The session's row lock (taken here) serialises acceptance per session across daemons; a
     # duplicate key accepted meanwhile by another daemon fails the insert below (unique), and
     # the engine's rerun of this op then finds that first turn.
-    number = await conn.fetchval(
-        "UPDATE sessions SET turns = turns + 1 WHERE session_id = $1 AND state = 'open'"
-        " RETURNING turns",
-        new.session_id,
-    )
-    if number is None:
-        await get_session(conn, new.session_id)  # raises UnknownSessionError
-        raise SessionClosedError(new.session_id)
     now = _now_us()
     blob = dumps(new.spec)
     command = new.spec.get("command_type") if new.kind is TurnKind.INSTRUCTION else None
     token, lease = (1, now + lease_ms * 1000) if claim_for is not None else (0, None)
-    turn_id = await conn.fetchval(
-        "INSERT INTO turns(session_id, turn_number, kind, command_type, spec, idempotency_key,"
-        " state, accepted_us, updated_us, owner, token, lease_until_us)"
-        " VALUES ($1, $2, $3, $4, $5, $6, 'accepted', $7, $7, $8, $9, $10) RETURNING turn_id",
-        new.session_id,
-        int(number),
-        new.kind.value,
-        command if isinstance(command, str) else None,
-        blob,
-        new.idempotency_key,
-        now,
-        claim_for,
-        token,
-        lease,
+    # one statement: the counter, the insert and (unclaimed) the notify (one_trip.py)
+    accepted = await accept_row(
+        conn,
+        new,
+        blob=blob,
+        command=command if isinstance(command, str) else None,
+        now=now,
+        claim_for=claim_for,
+        token=token,
+        lease=lease,
+        channel=WORK_CHANNEL,
     )
+    if accepted is None:
+        await get_session(conn, new.session_id)  # raises UnknownSessionError
+        raise SessionClosedError(new.session_id)
+    turn_id, number = accepted
     turn = TurnRecord(
         turn_id=int(turn_id),
         session_id=new.session_id,
@@ -264,7 +258,6 @@ async def accept(conn: Conn, new: NewTurn, claim_for: str | None, lease_ms: int)
         token=token,
     )
     if claim_for is None or lease is None:
-        await conn.execute("SELECT pg_notify($1, $2)", WORK_CHANNEL, f"turn:{turn.turn_id}")
         return Accepted(turn=turn, created=True)
     claim = Claim(turn=turn, owner=claim_for, token=token, lease_until_us=lease)
     return Accepted(turn=turn, created=True, claim=claim)
@@ -419,6 +412,17 @@ async def _put_attempts(
         await conn.executemany(_PUT_ATTEMPT, rows)
 
 
+async def _attempts_after(
+    conn: Conn, row: asyncpg.Record, written: tuple[AttemptRecord, ...]
+) -> tuple[AttemptRecord, ...]:
+    """The turn's attempts once *written* are upserted: without reading them back when the
+    turn is in its first round and *written* holds attempts 1..n, n its attempt count."""
+    numbers = sorted(a.attempt for a in written)
+    if int(row[20]) == 0 and numbers == list(range(1, int(row[7]) + 1)):
+        return tuple(_stored(a) for a in sorted(written, key=lambda a: a.attempt))
+    return await _attempts_of(conn, int(row[0]))
+
+
 def _claim_after(claim: Claim, row: asyncpg.Record, attempts: tuple[AttemptRecord, ...]) -> Claim:
     turn = turn_from_row(_row(row), attempts, spec=claim.turn.spec)
     return Claim(turn=turn, owner=claim.owner, token=claim.token, lease_until_us=int(row[19]))
@@ -490,14 +494,33 @@ async def finish(
     ledger_lines: tuple[SealedLine, ...] = (),
     started: AttemptRecord | None = None,
 ) -> TurnRecord:
+    written = _with_start(attempts, started)
+    now = _now_us()
+    done = await finish_row(
+        conn,
+        claim,
+        ending,
+        attempts=attempts,
+        written=written,
+        ledger_lines=ledger_lines,
+        started=started is not None,
+        now=now,
+    )
+    if done is not None:
+        ended, kept = done
+        if kept < len(ledger_lines):
+            await _same_lines(conn, ledger_lines)
+        return turn_from_row(
+            _row(ended), await _attempts_after(conn, ended, written), spec=claim.turn.spec
+        )
+    # the long way: the precise error, or the write the one statement would not make
     state, round_ = await _fence(conn, claim)
     state = _started_move(state, started, claim.turn_id)
     check_move(state, ending.state, turn_id=claim.turn_id)
-    await _put_attempts(conn, claim.turn_id, round_, _with_start(attempts, started))
+    await _put_attempts(conn, claim.turn_id, round_, written)
     if ledger_lines:
         await check_homes(conn, claim.owner, ledger_lines)
         await put_ledger_lines(conn, ledger_lines)
-    now = _now_us()
     row = await conn.fetchrow(
         "UPDATE turns SET state = $1, attempt = greatest(attempt, $2), updated_us = $3,"
         " finished_us = $4, next_attempt_us = NULL, verdict = $5, reason_code = $6,"
@@ -548,9 +571,12 @@ async def put_ledger_lines(conn: Conn, lines: Sequence[SealedLine]) -> None:
     if len(kept) == len(lines):
         return
     written = {(str(r[0]), int(r[1])) for r in kept}
+    await _same_lines(conn, [x for x in lines if (x.ledger_id, x.seq) not in written])
+
+
+async def _same_lines(conn: Conn, lines: Sequence[SealedLine]) -> None:
+    """Each of *lines* is the line kept under its seq (ValueError: a fork of the chain)."""
     for x in lines:
-        if (x.ledger_id, x.seq) in written:
-            continue
         digest = await conn.fetchval(
             "SELECT entry_hash FROM ledger_lines WHERE ledger_id = $1 AND seq = $2",
             x.ledger_id,

@@ -9,8 +9,9 @@ import anyio
 import asyncpg
 import pytest
 
-from sandbox.policy.lifecycle import TurnState
+from sandbox.policy.lifecycle import IllegalTransition, TurnState
 from supervisor.errors import SchemaVersionError, StaleClaimError
+from supervisor.store.fleet import StaleHomeError
 from supervisor.store.postgres import (
     SCHEMA_VERSION,
     SchemaNotMigratedError,
@@ -26,6 +27,7 @@ from tests.supervisor.store.conformance import (
     claimed,
     expire,
     instruction,
+    line,
     session,
 )
 from tests.supervisor.store.pg_cluster import PgCluster, database_for
@@ -187,3 +189,55 @@ async def test_foreign_tables_refused(pg_cluster: PgCluster, tmp_path: Path) -> 
             pass
     assert err.value.found is None
     assert "as postgres" in str(err.value.path)
+
+
+async def test_a_turn_costs_one_statement_to_accept_and_one_to_finish(pg_dsn: str) -> None:
+    """Accept (counter, insert) and finish (fence, attempts with the deferred start, both
+    ledger lines and their heads, the ending) are one statement each; what finish returns is
+    what a read gives back, and the lines are kept."""
+    async with open_postgres_store(pg_dsn) as store:
+        await session(store)
+        ending = TurnEnding(state=TurnState.SUCCEEDED, verdict="SUCCEED", reason_code="ok")
+        trips = []
+        for seq in (1, 2):  # the first turn also pays asyncpg's one-off type look-ups
+            before = store.statistics().round_trips
+            claim = await claimed(store)
+            middle = store.statistics().round_trips
+            lines = (line("S1/exec", seq), line("S1/evidence", seq))
+            done = await store.finish(
+                claim,
+                ending,
+                [attempt(1, decision="SUCCEED")],
+                ledger_lines=lines,
+                started=attempt(1),
+            )
+            trips.append((middle - before, store.statistics().round_trips - middle))
+        # one statement each, plus the batch's BEGIN, txid_current() and COMMIT
+        assert trips[1] == (4, 4)
+        assert done == await store.get_turn(done.turn_id)
+        assert [a.decision for a in done.attempts] == ["SUCCEED"]
+        kept = await store.ledger_lines(["S1/exec", "S1/evidence"])
+        assert {(x.ledger_id, x.seq) for x in kept} == {
+            (f"S1/{k}", n) for k in ("exec", "evidence") for n in (1, 2)
+        }
+
+
+async def test_the_one_statement_finish_refuses_what_the_long_way_refuses(pg_dsn: str) -> None:
+    """A finish the one statement cannot make writes nothing and gets the precise error: a
+    claim already released, an illegal move, a session homed by another daemon."""
+    async with open_postgres_store(pg_dsn) as a, open_postgres_store(pg_dsn) as b:
+        await session(a)
+        first = await claimed(a)
+        await a.finish(first, TurnEnding(state=TurnState.TERMINATED))
+        with pytest.raises(StaleClaimError):
+            await a.finish(first, TurnEnding(state=TurnState.SUCCEEDED))
+        claim = await claimed(a)
+        with pytest.raises(IllegalTransition):  # accepted -> failed needs an attempt first
+            await a.finish(claim, TurnEnding(state=TurnState.FAILED))
+        await b.home_session("S1", "B", lease_ms=LEASE_MS)
+        with pytest.raises(StaleHomeError):
+            await a.finish(
+                claim, TurnEnding(state=TurnState.TERMINATED), ledger_lines=[line("S1/exec", 1)]
+            )
+        assert (await a.get_turn(claim.turn_id)).state is TurnState.ACCEPTED
+        assert await a.ledger_lines(["S1/exec"]) == []

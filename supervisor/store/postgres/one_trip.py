@@ -1,0 +1,195 @@
+"""The two writes every turn makes, accept and finish, each in one statement (one round trip).
+
+A turn on PostgreSQL used to cost about fourteen statements, each a round trip and a parse of
+the answer in the daemon: accept was a session update, an insert and a notify; finish was a
+fence (``SELECT ... FOR UPDATE``), the attempts' upsert, the sessions' ``FOR SHARE`` home check,
+the ledger lines, their heads, the turn's update and a read of its attempts. Here each is one
+statement of data-modifying CTEs, in which every write depends on the one that proves the
+right to make it:
+
+* finish: the turn's ``UPDATE`` is the fence (its ``WHERE`` holds owner, token and the states
+  from which the ending is a legal move, and that no session of the ledger lines is homed by
+  another daemon, read ``FOR SHARE`` first: the same locks in the same order as the accept of a
+  turn of that session). The attempts, ledger lines and heads are written only from the rows
+  that update returned.
+* accept: the session's counter ``UPDATE`` (only while it is open) feeds the turn's ``INSERT``,
+  which feeds the ``pg_notify``.
+
+When the statement returns no row nothing was written, and the caller runs the op the long way
+(`operations`), which raises the precise error (unknown turn, stale claim, illegal move, stale
+home, unknown or closed session) or, should the short way have refused a legal write, makes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+from typing import Final
+
+import asyncpg
+
+from ledger.entries import SealedLine
+from sandbox.policy.attempt_record import AttemptRecord
+from sandbox.policy.lifecycle import FINAL_STATES, LEGAL_MOVES, TurnState
+from supervisor.store.postgres.schema import ATTEMPT_COLUMNS, TURN_COLUMNS
+from supervisor.store.protocol import Claim, NewTurn, TurnEnding
+from supervisor.store.rows import dumps
+
+__all__ = ["accept_row", "finish_from", "finish_row"]
+
+Conn = asyncpg.Connection
+
+_ATTEMPT_UPDATE: Final = (
+    " ON CONFLICT (turn_id, round, attempt) DO UPDATE SET started_us = excluded.started_us,"
+    " executor_id = excluded.executor_id, instruction_id = excluded.instruction_id,"
+    " finished_us = excluded.finished_us, outcome = excluded.outcome,"
+    " fault_type = excluded.fault_type, exit_code = excluded.exit_code,"
+    " decision = excluded.decision, reason_code = excluded.reason_code,"
+    " reason = excluded.reason, detail = excluded.detail, duration_ms = excluded.duration_ms,"
+    " delay_ms = excluded.delay_ms, extra = excluded.extra"
+)
+
+_FINISH: Final = (
+    "WITH h AS (SELECT session_id, home FROM sessions WHERE session_id = ANY($29::text[])"
+    " ORDER BY session_id FOR SHARE),"
+    " t AS (UPDATE turns SET state = $1, attempt = greatest(attempt, $2), updated_us = $3,"
+    " finished_us = $4, next_attempt_us = NULL, verdict = $5, reason_code = $6, reason = $7,"
+    " fault_type = $8, result = $9, owner = NULL, lease_until_us = NULL"
+    " WHERE turn_id = $10 AND owner = $11 AND token = $12 AND state = ANY($13::text[])"
+    " AND NOT EXISTS (SELECT 1 FROM h WHERE h.home IS NOT NULL AND h.home <> $11)"
+    f" RETURNING {TURN_COLUMNS}),"
+    f" a AS (INSERT INTO attempts({ATTEMPT_COLUMNS})"
+    " SELECT t.turn_id, t.round, u.* FROM t, unnest($14::bigint[], $15::bigint[], $16::text[],"
+    " $17::text[], $18::bigint[], $19::text[], $20::text[], $21::bigint[], $22::text[],"
+    " $23::text[], $24::text[], $25::text[], $26::bigint[], $27::bigint[], $28::bytea[]) AS u"
+    f"{_ATTEMPT_UPDATE} RETURNING 1),"
+    " l AS (INSERT INTO ledger_lines(ledger_id, seq, entry_hash, line)"
+    " SELECT x.* FROM unnest($30::text[], $31::bigint[], $32::text[], $33::bytea[]) AS x"
+    " WHERE EXISTS (SELECT 1 FROM t) ON CONFLICT (ledger_id, seq) DO NOTHING RETURNING 1),"
+    " hd AS (INSERT INTO ledger_heads(ledger_id, seq, entry_hash)"
+    " SELECT DISTINCT ON (y.ledger_id) y.ledger_id, y.seq, y.entry_hash"
+    " FROM unnest($30::text[], $31::bigint[], $32::text[]) AS y(ledger_id, seq, entry_hash)"
+    " WHERE EXISTS (SELECT 1 FROM l) ORDER BY y.ledger_id, y.seq DESC"
+    " ON CONFLICT (ledger_id) DO UPDATE SET seq = excluded.seq,"
+    " entry_hash = excluded.entry_hash WHERE ledger_heads.seq < excluded.seq RETURNING 1)"
+    " SELECT t.*, (SELECT count(*) FROM a), (SELECT count(*) FROM l), (SELECT count(*) FROM hd)"
+    " FROM t"
+)
+
+_ACCEPT: Final = (
+    "WITH s AS (UPDATE sessions SET turns = turns + 1 WHERE session_id = $1 AND state = 'open'"
+    " RETURNING turns),"
+    " i AS (INSERT INTO turns(session_id, turn_number, kind, command_type, spec,"
+    " idempotency_key, state, accepted_us, updated_us, owner, token, lease_until_us)"
+    " SELECT $1, s.turns, $2, $3, $4, $5, 'accepted', $6, $6, $7, $8, $9 FROM s"
+    " RETURNING turn_id, turn_number),"
+    " n AS (SELECT pg_notify($10, 'turn:' || i.turn_id) FROM i WHERE $7::text IS NULL)"
+    " SELECT i.turn_id, i.turn_number, (SELECT count(*) FROM n) FROM i"
+)
+
+
+@cache
+def finish_from(to_state: TurnState, started: bool) -> tuple[str, ...]:
+    """The states from which a turn may end in *to_state* (through RUNNING when an attempt
+    start not yet written comes with the ending), as the long way's `check_move` calls say."""
+    if started:
+        if to_state not in LEGAL_MOVES.get(TurnState.RUNNING, frozenset()):
+            return ()
+        return tuple(s.value for s, moves in LEGAL_MOVES.items() if TurnState.RUNNING in moves)
+    return tuple(s.value for s, moves in LEGAL_MOVES.items() if to_state in moves)
+
+
+def _column(attempts: Sequence[AttemptRecord], name: str) -> list[object]:
+    return [getattr(a, name) for a in attempts]
+
+
+async def finish_row(
+    conn: Conn,
+    claim: Claim,
+    ending: TurnEnding,
+    *,
+    attempts: tuple[AttemptRecord, ...],
+    written: tuple[AttemptRecord, ...],
+    ledger_lines: tuple[SealedLine, ...],
+    started: bool,
+    now: int,
+) -> tuple[asyncpg.Record, int] | None:
+    """The finished turn's row (`TURN_COLUMNS`) and how many ledger lines were new, or None
+    when nothing was written (the long way decides). *written*: the attempt rows to upsert;
+    *started*: an attempt start not written before comes with the ending."""
+    states = finish_from(ending.state, started)
+    if not states:
+        return None
+    sessions = sorted({x.ledger_id.rsplit("/", 1)[0] for x in ledger_lines})
+    row = await conn.fetchrow(
+        _FINISH,
+        ending.state.value,
+        max((a.attempt for a in attempts), default=0),
+        now,
+        now if ending.state in FINAL_STATES else None,
+        ending.verdict,
+        ending.reason_code,
+        ending.reason,
+        ending.fault_type,
+        dumps(ending.result),
+        claim.turn_id,
+        claim.owner,
+        claim.token,
+        list(states),
+        _column(written, "attempt"),
+        _column(written, "started_us"),
+        _column(written, "executor_id"),
+        _column(written, "instruction_id"),
+        _column(written, "finished_us"),
+        _column(written, "outcome"),
+        _column(written, "fault_type"),
+        _column(written, "exit_code"),
+        _column(written, "decision"),
+        _column(written, "reason_code"),
+        _column(written, "reason"),
+        _column(written, "detail"),
+        _column(written, "duration_ms"),
+        _column(written, "delay_ms"),
+        [dumps(a.extra) if a.extra else None for a in written],
+        sessions,
+        [x.ledger_id for x in ledger_lines],
+        [x.seq for x in ledger_lines],
+        [x.entry_hash for x in ledger_lines],
+        [x.line for x in ledger_lines],
+    )
+    if row is None:
+        return None
+    return row, int(row[22])
+
+
+async def accept_row(
+    conn: Conn,
+    new: NewTurn,
+    *,
+    blob: bytes,
+    command: str | None,
+    now: int,
+    claim_for: str | None,
+    token: int,
+    lease: int | None,
+    channel: str,
+) -> tuple[int, int] | None:
+    """(turn id, turn number) of the accepted turn, or None when the session is not open
+    (nothing written: the long way says which error). Unclaimed turns are announced on
+    *channel* in the same statement."""
+    row = await conn.fetchrow(
+        _ACCEPT,
+        new.session_id,
+        new.kind.value,
+        command,
+        blob,
+        new.idempotency_key,
+        now,
+        claim_for,
+        token,
+        lease,
+        channel,
+    )
+    if row is None:
+        return None
+    return int(row[0]), int(row[1])
