@@ -12,7 +12,11 @@ most of it submitting).
    (1,000, then 10x up to ``--queued``) the same READ measurement runs again beside them: the
    per-turn CPU should stay flat, and RSS grows by what a queued turn costs.
 3. Executors: ``--executors`` more no-op executor connections (10 processes) register; the daemon
-   RSS per connected executor is the growth divided by their number.
+   RSS per connected executor is the growth divided by their number. They serve READ too (one
+   slot each, and least-loaded dispatch prefers them), so they take most of the measured turns:
+   each instruction then goes out alone on its connection instead of batched with others, which
+   costs the daemon more per turn (a syscall and a reader wake-up each). Connections that only
+   serve a command no measured turn asks for are the idle case.
 
 Every figure comes from this run; ratios are against the step-1 baseline.
 """

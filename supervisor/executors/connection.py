@@ -5,7 +5,10 @@ A ``Connection`` owns everything about one executor connection: the socket (a bu
 not yet answered, the ids it finished recently, and its status. ``serve`` runs its three tasks
 (writer, heartbeats, reader) in one task group; ``attempt`` is run by the attempt's own task: it
 sends the instruction, waits for the reader to resolve it, enforces the deadline and cancels.
-What the connection needs from the hub around it is ``host.ConnectionHost``.
+What the connection needs from the hub around it is ``host.ConnectionHost``. After every change
+of its load (in flight, unanswered cancels, reserved slots) or of its status, a connection calls
+``host.recount(self)``: the hub keeps running totals of free slots per command from these, so
+nothing per turn has to look at every executor.
 
 `Connection` is over 400 lines on purpose: the in-flight table, the deadline/cancel handling and
 the response attribution below share one connection's state and are read together; splitting the
@@ -197,10 +200,12 @@ class Connection:
     def reserve(self) -> None:
         """A slot is handed to a queued attempt (it is busy until the attempt takes it)."""
         self._reserved += 1
+        self._host.recount(self)
 
     def unreserve(self) -> None:
         """The queued attempt took its slot, or gave it back."""
         self._reserved -= 1
+        self._host.recount(self)
 
     def info(self, *, quarantined_until_us: int | None, detail: str = "") -> ExecutorInfo:
         """A snapshot of this executor."""
@@ -247,6 +252,7 @@ class Connection:
             pending.event.set()
         self._in_flight.clear()
         self._unacked.clear()
+        self._host.recount(self)
         if self._scope is not None:
             self._scope.cancel()
         self._host.changed()
@@ -255,6 +261,7 @@ class Connection:
         for pending in list(self._in_flight.values()):
             pending.resolve(verdict)
         self._in_flight.clear()
+        self._host.recount(self)
 
     async def _heartbeats(self) -> None:
         settings = self._host.settings
@@ -301,6 +308,7 @@ class Connection:
         in_flight = self._in_flight
         pending = Pending(envelope)
         in_flight[iid] = pending
+        self._host.recount(self)
         if len(in_flight) + len(self._unacked) + self._reserved >= self.slots:  # self.load, inlined
             self._host.changed()  # READY -> BUSY (wait_for_executor watchers)
         frame = encode_frame(
@@ -326,8 +334,11 @@ class Connection:
                     self.disconnect(HubReason.EXECUTOR_DISCONNECTED, f"send failed: {exc!r}")
                 await pending.event.wait()
         except BaseException:
-            if in_flight.pop(iid, None) is pending and not self.closed:
+            moved = in_flight.pop(iid, None) is pending and not self.closed
+            if moved:  # in flight -> cancelled, unanswered: the slot stays taken
                 self._unacked[iid] = pending
+            self._host.recount(self)
+            if moved:
                 with anyio.move_on_after(self._host.settings.cancel_grace_s, shield=True):
                     await self._send_cancel(envelope, reason="cancelled")
             raise
@@ -355,7 +366,8 @@ class Connection:
         )
         if self.closed:
             return
-        self._unacked[iid] = pending
+        self._unacked[iid] = pending  # its slot stays taken until the cancel is answered
+        self._host.recount(self)
         grace = self._host.settings.cancel_grace_s
         with anyio.move_on_after(grace):
             await self._send_cancel(envelope, reason="deadline")
@@ -371,6 +383,7 @@ class Connection:
                 execution_id=envelope.execution_id,
                 detail=self._error_detail,
             )
+            self._host.recount(self)
             self._host.changed()
 
     async def _send_cancel(self, envelope: ExecutorInstructionEnvelope, *, reason: str) -> None:
@@ -448,6 +461,7 @@ class Connection:
     def _on_status(self, status: Status) -> None:
         previous = self.status
         self._self_status = status.status
+        self._host.recount(self)
         if self.status is not previous:
             self._log.info(
                 "executor_status_changed",
@@ -517,6 +531,7 @@ class Connection:
             self._error_detail = ""
             self._log.info("executor_recovered", executor_id=self.executor_id)
             self._host.changed()
+        self._host.recount(self)
         self._host.slot_freed(self)
 
     def _judge(self, pending: Pending, body: object, evidence: object = None) -> None:
@@ -524,6 +539,7 @@ class Connection:
         iid = envelope.instruction_id
         verdict = judge_response(envelope, body, evidence)
         del self._in_flight[iid]
+        self._host.recount(self)
         self._recent.append(iid)
         if verdict.accepted:
             if self._host.trace:

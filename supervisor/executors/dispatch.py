@@ -6,6 +6,11 @@ command's FIFO queue (``wait``, bounded by ``queue_wait_s``) until ``slot_freed`
 slot of an executor that finished something, changed status or connected; the oldest waiter of
 any command the executor supports goes first. Admission (``admit``) refuses work when a queue is
 at capacity, with a retry hint from the recent attempt durations; waiting never drops work.
+
+``free_slots`` and ``connected`` are asked on every turn the core starts (and every submit), so
+they read running totals per command instead of summing over the executors: a connection calls
+``recount`` (through its host) after each change of its load or status, which moves the totals
+by that one executor's difference. Idle executors cost nothing per turn.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ class Waiter:
 class Dispatcher:
     """Executors by command, and the queue of attempts waiting for each command."""
 
-    __slots__ = ("_members", "_notify", "_queues")
+    __slots__ = ("_counted", "_free", "_members", "_notify", "_open", "_queues")
 
     def __init__(self, *, notify: Callable[[], None]) -> None:
         """``notify`` is called when an executor turns READY again (status watchers)."""
@@ -51,18 +56,48 @@ class Dispatcher:
         self._queues: dict[ExecutorCommandType, collections.deque[Waiter]] = {
             c: collections.deque() for c in ExecutorCommandType
         }
+        # Running totals per command over the members (see the module docstring): free slots as
+        # last counted, and members not closed. ``_counted``: each member's free slots as
+        # counted in ``_free``, and whether it is counted open.
+        self._free: dict[ExecutorCommandType, int] = dict.fromkeys(ExecutorCommandType, 0)
+        self._open: dict[ExecutorCommandType, int] = dict.fromkeys(ExecutorCommandType, 0)
+        self._counted: dict[Connection, tuple[int, bool]] = {}
 
     # ------------------------------------------------------------------ executors
     def add(self, conn: Connection) -> None:
         """Make ``conn`` a candidate for the commands it supports."""
+        free, is_open = conn.free_slots, not conn.closed
         for command in conn.commands:
             self._members[command].append(conn)
+            self._free[command] += free
+            self._open[command] += is_open
+        self._counted[conn] = (free, is_open)
 
     def remove(self, conn: Connection) -> None:
+        counted = self._counted.pop(conn, None)
         for command in conn.commands:
             members = self._members[command]
             if conn in members:
                 members.remove(conn)
+                if counted is not None:
+                    self._free[command] -= counted[0]
+                    self._open[command] -= counted[1]
+
+    def recount(self, conn: Connection) -> None:
+        """``conn``'s load or status may have changed: move the totals by its difference (O(1)
+        in the number of executors; nothing for a connection that is not a member)."""
+        counted = self._counted.get(conn)
+        if counted is None:
+            return
+        free, is_open = conn.free_slots, not conn.closed
+        was_free, was_open = counted
+        if free == was_free and is_open == was_open:
+            return
+        self._counted[conn] = (free, is_open)
+        free_delta, open_delta = free - was_free, is_open - was_open
+        for command in conn.commands:
+            self._free[command] += free_delta
+            self._open[command] += open_delta
 
     def pick(self, command: ExecutorCommandType, instruction_id: str) -> Connection | None:
         """Least-loaded READY executor with a free slot for ``command`` (in-flight ÷ slots;
@@ -83,13 +118,12 @@ class Dispatcher:
     # ------------------------------------------------------------------ queues
     def connected(self, command: ExecutorCommandType) -> int:
         """Connected executors that serve ``command`` (whatever their status)."""
-        return sum(not conn.closed for conn in self._members[command])
+        return self._open[command]
 
     def free_slots(self, command: ExecutorCommandType) -> int:
         """Free slots of READY executors serving ``command``, less the attempts waiting in its
         queue (negative when more wait than there are slots)."""
-        free = sum(conn.free_slots for conn in self._members[command])
-        return free - len(self._queues[command])
+        return self._free[command] - len(self._queues[command])
 
     def admit(
         self,

@@ -1,9 +1,10 @@
 """The seam between a connection and the hub around it: ``ConnectionHost``.
 
 A ``Connection`` reports to its host (the hub) what concerns more than itself: status changes
-that watchers wait for, slots that queued attempts may take, frame errors and late responses
-(counted in the hub's statistics) and quarantines (which outlive the connection). It reads the
-limits in force through it too, since a reload may replace them while the connection is open.
+that watchers wait for, changes of its load or status (the hub's free-slot totals follow them),
+slots that queued attempts may take, frame errors and late responses (counted in the hub's
+statistics) and quarantines (which outlive the connection). It reads the limits in force through
+it too, since a reload may replace them while the connection is open.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ class ConnectionHost(Protocol):
 
     def slot_freed(self, conn: Connection) -> None:
         """``conn`` may have a free slot: hand it to a queued attempt."""
+
+    def recount(self, conn: Connection) -> None:
+        """``conn``'s load or status may have changed: update the free-slot totals (O(1))."""
 
     def frame_error(
         self,

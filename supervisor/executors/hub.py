@@ -96,6 +96,7 @@ class _Host:
         "changed",
         "frame_errors",
         "late_responses",
+        "recount",
         "settings",
         "slot_freed",
         "trace",
@@ -119,6 +120,7 @@ class _Host:
         # Bound once: these are called on every response (no extra hop on the hot path).
         self.changed: Callable[[], None] = roster.notify
         self.slot_freed: Callable[[Connection], None] = dispatcher.slot_freed
+        self.recount: Callable[[Connection], None] = dispatcher.recount
 
     def frame_error(
         self,
