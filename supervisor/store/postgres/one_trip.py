@@ -4,7 +4,8 @@ A turn on PostgreSQL used to cost about fourteen statements, each a round trip a
 the answer in the daemon: accept was a session update, an insert and a notify; finish was a
 fence (``SELECT ... FOR UPDATE``), the attempts' upsert, the sessions' ``FOR SHARE`` home check,
 the ledger lines, their heads, the turn's update and a read of its attempts. Here each is one
-statement of data-modifying CTEs, in which every write depends on the one that proves the
+statement of data-modifying CTEs (which also reads the transaction id the batch needs before
+its commit, `batches.note_xid`), in which every write depends on the one that proves the
 right to make it:
 
 * finish: the turn's ``UPDATE`` is the fence (its ``WHERE`` holds owner, token and the states
@@ -31,6 +32,7 @@ import asyncpg
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import FINAL_STATES, LEGAL_MOVES, TurnState
+from supervisor.store.postgres.batches import note_xid
 from supervisor.store.postgres.schema import ATTEMPT_COLUMNS, TURN_COLUMNS
 from supervisor.store.protocol import Claim, NewTurn, TurnEnding
 from supervisor.store.rows import dumps
@@ -72,8 +74,8 @@ _FINISH: Final = (
     " WHERE EXISTS (SELECT 1 FROM l) ORDER BY y.ledger_id, y.seq DESC"
     " ON CONFLICT (ledger_id) DO UPDATE SET seq = excluded.seq,"
     " entry_hash = excluded.entry_hash WHERE ledger_heads.seq < excluded.seq RETURNING 1)"
-    " SELECT t.*, (SELECT count(*) FROM a), (SELECT count(*) FROM l), (SELECT count(*) FROM hd)"
-    " FROM t"
+    " SELECT t.*, (SELECT count(*) FROM a), (SELECT count(*) FROM l), (SELECT count(*) FROM hd),"
+    " txid_current() FROM t"
 )
 
 _ACCEPT: Final = (
@@ -84,7 +86,7 @@ _ACCEPT: Final = (
     " SELECT $1, s.turns, $2, $3, $4, $5, 'accepted', $6, $6, $7, $8, $9 FROM s"
     " RETURNING turn_id, turn_number),"
     " n AS (SELECT pg_notify($10, 'turn:' || i.turn_id) FROM i WHERE $7::text IS NULL)"
-    " SELECT i.turn_id, i.turn_number, (SELECT count(*) FROM n) FROM i"
+    " SELECT i.turn_id, i.turn_number, (SELECT count(*) FROM n), txid_current() FROM i"
 )
 
 
@@ -159,6 +161,7 @@ async def finish_row(
     )
     if row is None:
         return None
+    note_xid(int(row[24]))
     return row, int(row[22])
 
 
@@ -192,4 +195,5 @@ async def accept_row(
     )
     if row is None:
         return None
+    note_xid(int(row[3]))
     return int(row[0]), int(row[1])

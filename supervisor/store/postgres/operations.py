@@ -575,13 +575,20 @@ async def put_ledger_lines(conn: Conn, lines: Sequence[SealedLine]) -> None:
 
 
 async def _same_lines(conn: Conn, lines: Sequence[SealedLine]) -> None:
-    """Each of *lines* is the line kept under its seq (ValueError: a fork of the chain)."""
+    """Each of *lines* is the line kept under its seq (ValueError: a fork of the chain); one
+    statement however many (an anchoring round may re-send hundreds already kept)."""
+    if not lines:
+        return
+    rows = await conn.fetch(
+        "SELECT k.ledger_id, k.seq, k.entry_hash FROM ledger_lines k"
+        " JOIN unnest($1::text[], $2::bigint[]) AS w(ledger_id, seq)"
+        " ON k.ledger_id = w.ledger_id AND k.seq = w.seq",
+        [x.ledger_id for x in lines],
+        [x.seq for x in lines],
+    )
+    kept = {(str(r[0]), int(r[1])): str(r[2]) for r in rows}
     for x in lines:
-        digest = await conn.fetchval(
-            "SELECT entry_hash FROM ledger_lines WHERE ledger_id = $1 AND seq = $2",
-            x.ledger_id,
-            x.seq,
-        )
+        digest = kept.get((x.ledger_id, x.seq))
         if digest is not None and digest != x.entry_hash:
             msg = f"ledger {x.ledger_id} already has a different line at seq {x.seq}"
             raise ValueError(msg)
