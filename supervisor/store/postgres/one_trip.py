@@ -1,4 +1,4 @@
-"""The two writes every turn makes, accept and finish, each in one statement (one round trip).
+"""The writes every turn makes, accept, start and finish, each in one statement (one round trip).
 
 A turn on PostgreSQL used to cost about fourteen statements, each a round trip and a parse of
 the answer in the daemon: accept was a session update, an insert and a notify; finish was a
@@ -13,6 +13,8 @@ right to make it:
   another daemon, read ``FOR SHARE`` first: the same locks in the same order as the accept of a
   turn of that session). The attempts, ledger lines and heads are written only from the rows
   that update returned.
+* start (an attempt that outlived the deferral, `supervisor/turns/starts.py`): the same
+  fenced ``UPDATE`` to running feeds the attempt's row.
 * accept: the session's counter ``UPDATE`` (only while it is open) feeds the turn's ``INSERT``,
   which feeds the ``pg_notify``.
 
@@ -76,6 +78,16 @@ _FINISH: Final = (
     " entry_hash = excluded.entry_hash WHERE ledger_heads.seq < excluded.seq RETURNING 1)"
     " SELECT t.*, (SELECT count(*) FROM a), (SELECT count(*) FROM l), (SELECT count(*) FROM hd),"
     " txid_current() FROM t"
+)
+
+_START: Final = (
+    "WITH t AS (UPDATE turns SET state = 'running', attempt = $1, updated_us = $2,"
+    " next_attempt_us = NULL WHERE turn_id = $3 AND owner = $4 AND token = $5"
+    f" AND state = ANY($6::text[]) RETURNING {TURN_COLUMNS}),"
+    f" a AS (INSERT INTO attempts({ATTEMPT_COLUMNS})"
+    " SELECT t.turn_id, t.round, $1, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,"
+    f" $19, $20 FROM t{_ATTEMPT_UPDATE} RETURNING 1)"
+    " SELECT t.*, (SELECT count(*) FROM a), txid_current() FROM t"
 )
 
 _ACCEPT: Final = (
@@ -163,6 +175,40 @@ async def finish_row(
         return None
     note_xid(int(row[24]))
     return row, int(row[22])
+
+
+async def start_row(
+    conn: Conn, claim: Claim, attempt: AttemptRecord, *, now: int
+) -> asyncpg.Record | None:
+    """The running turn's row (`TURN_COLUMNS`) once *attempt* started, or None when nothing
+    was written (the long way decides)."""
+    row = await conn.fetchrow(
+        _START,
+        attempt.attempt,
+        now,
+        claim.turn_id,
+        claim.owner,
+        claim.token,
+        list(finish_from(TurnState.RUNNING, False)),
+        attempt.started_us,
+        attempt.executor_id,
+        attempt.instruction_id,
+        attempt.finished_us,
+        attempt.outcome,
+        attempt.fault_type,
+        attempt.exit_code,
+        attempt.decision,
+        attempt.reason_code,
+        attempt.reason,
+        attempt.detail,
+        attempt.duration_ms,
+        attempt.delay_ms,
+        dumps(attempt.extra) if attempt.extra else None,
+    )
+    if row is None:
+        return None
+    note_xid(int(row[22]))
+    return row
 
 
 async def accept_row(

@@ -44,7 +44,7 @@ from supervisor.errors import (
     UnknownTurnError,
 )
 from supervisor.store.fleet import StaleHomeError
-from supervisor.store.postgres.one_trip import accept_row, finish_row
+from supervisor.store.postgres.one_trip import accept_row, finish_row, start_row
 from supervisor.store.postgres.schema import (
     ATTEMPT_COLUMNS,
     SESSION_COLUMNS,
@@ -429,6 +429,10 @@ def _claim_after(claim: Claim, row: asyncpg.Record, attempts: tuple[AttemptRecor
 
 
 async def start_attempt(conn: Conn, claim: Claim, attempt: AttemptRecord) -> Claim:
+    started = await start_row(conn, claim, attempt, now=_now_us())
+    if started is not None:  # one statement (one_trip.py)
+        return _claim_after(claim, started, await _attempts_after(conn, started, (attempt,)))
+    # the long way: the precise error, or the write the one statement would not make
     state, round_ = await _fence(conn, claim)
     check_move(state, TurnState.RUNNING, turn_id=claim.turn_id)
     row = await conn.fetchrow(

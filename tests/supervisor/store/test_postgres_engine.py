@@ -192,8 +192,8 @@ async def test_foreign_tables_refused(pg_cluster: PgCluster, tmp_path: Path) -> 
 
 
 async def test_a_turn_costs_one_statement_to_accept_and_one_to_finish(pg_dsn: str) -> None:
-    """Accept (counter, insert) and finish (fence, attempts with the deferred start, both
-    ledger lines and their heads, the ending) are one statement each; what finish returns is
+    """Accept (counter, insert), start and finish (fence, attempts with the deferred start,
+    both ledger lines and their heads, the ending) are one statement each; what finish returns is
     what a read gives back, and the lines are kept."""
     async with open_postgres_store(pg_dsn) as store:
         await session(store)
@@ -214,6 +214,12 @@ async def test_a_turn_costs_one_statement_to_accept_and_one_to_finish(pg_dsn: st
             trips.append((middle - before, store.statistics().round_trips - middle))
         # one statement each (which also reads the transaction id), plus BEGIN and COMMIT
         assert trips[1] == (3, 3)
+        claim = await claimed(store)
+        before = store.statistics().round_trips
+        running = await store.start_attempt(claim, attempt(1))  # a start not deferred
+        assert store.statistics().round_trips - before == 3
+        assert running.turn == await store.get_turn(claim.turn_id)
+        assert running.turn.state is TurnState.RUNNING
         assert done == await store.get_turn(done.turn_id)
         assert [a.decision for a in done.attempts] == ["SUCCEED"]
         kept = await store.ledger_lines(["S1/exec", "S1/evidence"])
