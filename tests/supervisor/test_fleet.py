@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 import pytest
 
+from sandbox.confine.mounts import mounts_under
 from supervisor.control.client import call_once
 from supervisor.demo.stack import DEMO_CONFIG, DemoStack, prepare_root
 from tests.supervisor.store.pg_cluster import (
@@ -242,6 +243,14 @@ async def test_three_daemons_survive_a_kill_and_a_pause(pg_cluster: PgCluster, b
         )
         assert dropped.returncode == 1
         assert "in the store, missing from the file" in dropped.stdout
+        # 5. the killed host comes back: daemon a starts on its root again and reclaims what
+        #    the SIGKILLed run left there (the session disk of the session it no longer homes:
+        #    its tmpfs and the two mounts on tmp/<sid> and output/<sid>)
+        assert mounts_under(base / "a"), "the SIGKILLed daemon left no session disk"
+        await stacks["a"].start_daemon()
+        assert mounts_under(base / "a") == []
+        [reclaimed] = _events(stacks["a"], "sandbox_leftovers_reclaimed")
+        assert reclaimed["sessions"] >= 1
         sys.stderr.write(
             f"takeover after SIGKILL: {takeover_s:.2f} s; after SIGSTOP: {pause_takeover_s:.2f} s"
             f" (lease {LEASE_MS} ms)\n"

@@ -90,10 +90,14 @@ async def claim_homes(
     conn: Conn, owner: str, lease_ms: int, limit: int, packages: frozenset[str] | None
 ) -> list[SessionHome]:
     now = _now_us()
+    # A session never homed yet (home_token 0) is left to the daemon that opened it for one
+    # lease: its row is committed before that daemon homes it (`home_session`), and taking it
+    # in between would refuse the opener's first ledger lines. A released home is taken at once.
     rows = await conn.fetch(
         "UPDATE sessions SET home = $1, home_token = home_token + 1, home_until_us = $2"
         " WHERE session_id IN (SELECT session_id FROM sessions WHERE state = 'open'"
-        " AND (home IS NULL OR home_until_us < $3)"
+        " AND ((home IS NULL AND (home_token > 0 OR opened_us < $3 - $6::bigint))"
+        " OR home_until_us < $3)"
         " AND ($5::text[] IS NULL OR package_id = ANY($5::text[]))"
         " ORDER BY opened_us LIMIT $4 FOR UPDATE SKIP LOCKED)"
         f" RETURNING {_HOME_COLUMNS}",
@@ -102,6 +106,7 @@ async def claim_homes(
         now,
         limit,
         None if packages is None else sorted(packages),
+        lease_ms * 1000,
     )
     return [_home(r) for r in rows]
 

@@ -41,14 +41,20 @@ async def test_a_session_has_one_home_and_a_lapsed_home_is_taken_over(pg_dsn: st
         assert await store.claim_homes("C", lease_ms=LEASE_MS, limit=10, packages=None) == []
         with pytest.raises(StaleHomeError, match="homed by B"):
             await store.home_session("S1", "C", lease_ms=LEASE_MS)
-        # only sessions of the packages a daemon can run
+        # a session never homed is its opener's for one lease (its row commits before the
+        # opener homes it): not claimed meanwhile
         await session(store, "S2")
+        assert await store.claim_homes("C", lease_ms=LEASE_MS, limit=10, packages=None) == []
+        await expire()
+        # then only sessions of the packages a daemon can run
         assert (
-            await store.claim_homes("C", lease_ms=LEASE_MS, limit=10, packages=frozenset({"x"}))
+            await store.claim_homes(
+                "C", lease_ms=SHORT_LEASE_MS, limit=10, packages=frozenset({"x"})
+            )
             == []
         )
         (s2,) = await store.claim_homes(
-            "C", lease_ms=LEASE_MS, limit=10, packages=frozenset({"demo"})
+            "C", lease_ms=SHORT_LEASE_MS, limit=10, packages=frozenset({"demo"})
         )
         assert s2.session_id == "S2"
         await store.release_home(s2)
