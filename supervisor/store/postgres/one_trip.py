@@ -113,6 +113,25 @@ def finish_from(to_state: TurnState, started: bool) -> tuple[str, ...]:
     return tuple(s.value for s, moves in LEGAL_MOVES.items() if to_state in moves)
 
 
+def ending_values(
+    ending: TurnEnding, attempts: Sequence[AttemptRecord], now: int
+) -> tuple[object, ...]:
+    """The ending's columns, in the order both ways of finishing bind them ($1..$9): state,
+    attempt count, updated, finished (final states only), verdict, reason code, reason, fault
+    type and result."""
+    return (
+        ending.state.value,
+        max((a.attempt for a in attempts), default=0),
+        now,
+        now if ending.state in FINAL_STATES else None,
+        ending.verdict,
+        ending.reason_code,
+        ending.reason,
+        ending.fault_type,
+        dumps(ending.result),
+    )
+
+
 def _column(attempts: Sequence[AttemptRecord], name: str) -> list[object]:
     return [getattr(a, name) for a in attempts]
 
@@ -137,15 +156,7 @@ async def finish_row(
     sessions = sorted({x.ledger_id.rsplit("/", 1)[0] for x in ledger_lines})
     row = await conn.fetchrow(
         _FINISH,
-        ending.state.value,
-        max((a.attempt for a in attempts), default=0),
-        now,
-        now if ending.state in FINAL_STATES else None,
-        ending.verdict,
-        ending.reason_code,
-        ending.reason,
-        ending.fault_type,
-        dumps(ending.result),
+        *ending_values(ending, attempts, now),
         claim.turn_id,
         claim.owner,
         claim.token,

@@ -35,7 +35,7 @@ import asyncpg
 
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
-from sandbox.policy.lifecycle import FINAL_STATES, TurnKind, TurnState, check_move
+from sandbox.policy.lifecycle import TurnKind, TurnState, check_move
 from supervisor.errors import (
     NotEscalatedError,
     SessionClosedError,
@@ -44,7 +44,12 @@ from supervisor.errors import (
     UnknownTurnError,
 )
 from supervisor.store.fleet import StaleHomeError
-from supervisor.store.postgres.one_trip import accept_row, finish_row, start_row
+from supervisor.store.postgres.one_trip import (
+    accept_row,
+    ending_values,
+    finish_row,
+    start_row,
+)
 from supervisor.store.postgres.schema import (
     ATTEMPT_COLUMNS,
     SESSION_COLUMNS,
@@ -530,15 +535,7 @@ async def finish(
         " finished_us = $4, next_attempt_us = NULL, verdict = $5, reason_code = $6,"
         " reason = $7, fault_type = $8, result = $9, owner = NULL, lease_until_us = NULL"
         f" WHERE turn_id = $10 RETURNING {TURN_COLUMNS}",
-        ending.state.value,
-        max((a.attempt for a in attempts), default=0),
-        now,
-        now if ending.state in FINAL_STATES else None,
-        ending.verdict,
-        ending.reason_code,
-        ending.reason,
-        ending.fault_type,
-        dumps(ending.result),
+        *ending_values(ending, attempts, now),
         claim.turn_id,
     )
     assert row is not None
