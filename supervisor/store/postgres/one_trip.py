@@ -1,4 +1,4 @@
-"""The writes every turn makes, accept, start and finish, each in one statement (one round trip).
+"""The writes every turn makes (accept, start, retry, finish), one statement (round trip) each.
 
 A turn on PostgreSQL used to cost about fourteen statements, each a round trip and a parse of
 the answer in the daemon: accept was a session update, an insert and a notify; finish was a
@@ -13,6 +13,7 @@ right to make it:
   another daemon, read ``FOR SHARE`` first: the same locks in the same order as the accept of a
   turn of that session). The attempts, ledger lines and heads are written only from the rows
   that update returned.
+* retry: the same fenced ``UPDATE`` to waiting_retry feeds the attempt rows.
 * start (an attempt that outlived the deferral, `supervisor/turns/starts.py`): the same
   fenced ``UPDATE`` to running feeds the attempt's row.
 * accept: the session's counter ``UPDATE`` (only while it is open) feeds the turn's ``INSERT``,
@@ -53,6 +54,43 @@ _ATTEMPT_UPDATE: Final = (
     " delay_ms = excluded.delay_ms, extra = excluded.extra"
 )
 
+#: The SQL types of `_attempt_arrays`' arrays, in `ATTEMPT_COLUMNS` order after turn and round.
+_ATTEMPT_TYPES: Final = (
+    "bigint", "bigint", "text", "text", "bigint", "text", "text", "bigint", "text", "text",
+    "text", "text", "bigint", "bigint", "bytea",
+)  # fmt: skip
+_ATTEMPT_FIELDS: Final = (
+    "attempt", "started_us", "executor_id", "instruction_id", "finished_us", "outcome",
+    "fault_type", "exit_code", "decision", "reason_code", "reason", "detail", "duration_ms",
+    "delay_ms",
+)  # fmt: skip
+
+
+def _attempt_rows(first: int) -> str:
+    """The CTE ``a``: upsert the attempt rows bound as arrays from parameter *first* on, for
+    the turn ``t`` returned (nothing when the fenced update returned no row)."""
+    arrays = ", ".join(f"${first + i}::{kind}[]" for i, kind in enumerate(_ATTEMPT_TYPES))
+    return (
+        f"a AS (INSERT INTO attempts({ATTEMPT_COLUMNS}) SELECT t.turn_id, t.round, u.*"
+        f" FROM t, unnest({arrays}) AS u{_ATTEMPT_UPDATE} RETURNING 1)"
+    )
+
+
+def _attempt_arrays(attempts: Sequence[AttemptRecord]) -> list[list[object]]:
+    """*attempts* as the arrays `_attempt_rows` binds."""
+    out: list[list[object]] = [[getattr(a, name) for a in attempts] for name in _ATTEMPT_FIELDS]
+    out.append([dumps(a.extra) if a.extra else None for a in attempts])
+    return out
+
+
+_RETRY: Final = (
+    "WITH t AS (UPDATE turns SET state = 'waiting_retry', attempt = greatest(attempt, $1),"
+    " updated_us = $2, next_attempt_us = $3 WHERE turn_id = $4 AND owner = $5 AND token = $6"
+    f" AND state = ANY($7::text[]) RETURNING {TURN_COLUMNS}),"
+    f" {_attempt_rows(8)}"
+    " SELECT t.*, (SELECT count(*) FROM a), txid_current() FROM t"
+)
+
 _FINISH: Final = (
     "WITH h AS (SELECT session_id, home FROM sessions WHERE session_id = ANY($29::text[])"
     " ORDER BY session_id FOR SHARE),"
@@ -62,11 +100,7 @@ _FINISH: Final = (
     " WHERE turn_id = $10 AND owner = $11 AND token = $12 AND state = ANY($13::text[])"
     " AND NOT EXISTS (SELECT 1 FROM h WHERE h.home IS NOT NULL AND h.home <> $11)"
     f" RETURNING {TURN_COLUMNS}),"
-    f" a AS (INSERT INTO attempts({ATTEMPT_COLUMNS})"
-    " SELECT t.turn_id, t.round, u.* FROM t, unnest($14::bigint[], $15::bigint[], $16::text[],"
-    " $17::text[], $18::bigint[], $19::text[], $20::text[], $21::bigint[], $22::text[],"
-    " $23::text[], $24::text[], $25::text[], $26::bigint[], $27::bigint[], $28::bytea[]) AS u"
-    f"{_ATTEMPT_UPDATE} RETURNING 1),"
+    f" {_attempt_rows(14)},"
     " l AS (INSERT INTO ledger_lines(ledger_id, seq, entry_hash, line)"
     " SELECT x.* FROM unnest($30::text[], $31::bigint[], $32::text[], $33::bytea[]) AS x"
     " WHERE EXISTS (SELECT 1 FROM t) ON CONFLICT (ledger_id, seq) DO NOTHING RETURNING 1),"
@@ -132,10 +166,6 @@ def ending_values(
     )
 
 
-def _column(attempts: Sequence[AttemptRecord], name: str) -> list[object]:
-    return [getattr(a, name) for a in attempts]
-
-
 async def finish_row(
     conn: Conn,
     claim: Claim,
@@ -161,21 +191,7 @@ async def finish_row(
         claim.owner,
         claim.token,
         list(states),
-        _column(written, "attempt"),
-        _column(written, "started_us"),
-        _column(written, "executor_id"),
-        _column(written, "instruction_id"),
-        _column(written, "finished_us"),
-        _column(written, "outcome"),
-        _column(written, "fault_type"),
-        _column(written, "exit_code"),
-        _column(written, "decision"),
-        _column(written, "reason_code"),
-        _column(written, "reason"),
-        _column(written, "detail"),
-        _column(written, "duration_ms"),
-        _column(written, "delay_ms"),
-        [dumps(a.extra) if a.extra else None for a in written],
+        *_attempt_arrays(written),
         sessions,
         [x.ledger_id for x in ledger_lines],
         [x.seq for x in ledger_lines],
@@ -215,6 +231,38 @@ async def start_row(
         attempt.duration_ms,
         attempt.delay_ms,
         dumps(attempt.extra) if attempt.extra else None,
+    )
+    if row is None:
+        return None
+    note_xid(int(row[22]))
+    return row
+
+
+async def retry_row(
+    conn: Conn,
+    claim: Claim,
+    *,
+    attempt: AttemptRecord,
+    written: tuple[AttemptRecord, ...],
+    next_attempt_us: int,
+    started: bool,
+    now: int,
+) -> asyncpg.Record | None:
+    """The turn's row (`TURN_COLUMNS`) once *attempt* failed and waits for its retry (the rows
+    *written*, its deferred start included), or None when nothing was written."""
+    states = finish_from(TurnState.WAITING_RETRY, started)
+    if not states:
+        return None
+    row = await conn.fetchrow(
+        _RETRY,
+        attempt.attempt,
+        now,
+        next_attempt_us,
+        claim.turn_id,
+        claim.owner,
+        claim.token,
+        list(states),
+        *_attempt_arrays(written),
     )
     if row is None:
         return None

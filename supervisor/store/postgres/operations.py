@@ -48,6 +48,7 @@ from supervisor.store.postgres.one_trip import (
     accept_row,
     ending_values,
     finish_row,
+    retry_row,
     start_row,
 )
 from supervisor.store.postgres.schema import (
@@ -478,10 +479,23 @@ async def record_attempt(
     next_attempt_us: int,
     started: AttemptRecord | None = None,
 ) -> Claim:
+    written = _with_start((attempt,), started)
+    waiting = await retry_row(
+        conn,
+        claim,
+        attempt=attempt,
+        written=written,
+        next_attempt_us=next_attempt_us,
+        started=started is not None,
+        now=_now_us(),
+    )
+    if waiting is not None:  # one statement (one_trip.py)
+        return _claim_after(claim, waiting, await _attempts_after(conn, waiting, written))
+    # the long way: the precise error, or the write the one statement would not make
     state, round_ = await _fence(conn, claim)
     state = _started_move(state, started, claim.turn_id)
     check_move(state, TurnState.WAITING_RETRY, turn_id=claim.turn_id)
-    await _put_attempts(conn, claim.turn_id, round_, _with_start((attempt,), started))
+    await _put_attempts(conn, claim.turn_id, round_, written)
     row = await conn.fetchrow(
         "UPDATE turns SET state = 'waiting_retry', attempt = greatest(attempt, $1),"
         f" updated_us = $2, next_attempt_us = $3 WHERE turn_id = $4 RETURNING {TURN_COLUMNS}",

@@ -192,7 +192,7 @@ async def test_foreign_tables_refused(pg_cluster: PgCluster, tmp_path: Path) -> 
 
 
 async def test_a_turn_costs_one_statement_to_accept_and_one_to_finish(pg_dsn: str) -> None:
-    """Accept (counter, insert), start and finish (fence, attempts with the deferred start,
+    """Accept (counter, insert), start, retry and finish (fence, attempts with the deferred start,
     both ledger lines and their heads, the ending) are one statement each; what finish returns is
     what a read gives back, and the lines are kept."""
     async with open_postgres_store(pg_dsn) as store:
@@ -200,8 +200,10 @@ async def test_a_turn_costs_one_statement_to_accept_and_one_to_finish(pg_dsn: st
         ending = TurnEnding(state=TurnState.SUCCEEDED, verdict="SUCCEED", reason_code="ok")
         trips = []
         for seq in (1, 2):  # the first turn also pays asyncpg's one-off type look-ups
+            await anyio.sleep(0.05)  # asyncpg reports a query to the counter just after it
             before = store.statistics().round_trips
             claim = await claimed(store)
+            await anyio.sleep(0.05)
             middle = store.statistics().round_trips
             lines = (line("S1/exec", seq), line("S1/evidence", seq))
             done = await store.finish(
@@ -211,15 +213,26 @@ async def test_a_turn_costs_one_statement_to_accept_and_one_to_finish(pg_dsn: st
                 ledger_lines=lines,
                 started=attempt(1),
             )
+            await anyio.sleep(0.05)
             trips.append((middle - before, store.statistics().round_trips - middle))
         # one statement each (which also reads the transaction id), plus BEGIN and COMMIT
         assert trips[1] == (3, 3)
         claim = await claimed(store)
+        await anyio.sleep(0.05)  # asyncpg reports a query to the counter just after it
         before = store.statistics().round_trips
         running = await store.start_attempt(claim, attempt(1))  # a start not deferred
-        assert store.statistics().round_trips - before == 3
-        assert running.turn == await store.get_turn(claim.turn_id)
+        await anyio.sleep(0.05)
+        started_trips = store.statistics().round_trips - before
+        before = store.statistics().round_trips
+        waiting = await store.record_attempt(
+            running, attempt(1, decision="RETRY"), next_attempt_us=1
+        )
+        await anyio.sleep(0.05)
+        assert (started_trips, store.statistics().round_trips - before) == (3, 3)
         assert running.turn.state is TurnState.RUNNING
+        assert waiting.turn == await store.get_turn(claim.turn_id)
+        assert waiting.turn.state is TurnState.WAITING_RETRY
+        assert [a.decision for a in waiting.turn.attempts] == ["RETRY"]
         assert done == await store.get_turn(done.turn_id)
         assert [a.decision for a in done.attempts] == ["SUCCEED"]
         kept = await store.ledger_lines(["S1/exec", "S1/evidence"])
