@@ -244,7 +244,15 @@ class KernelAudit:
             del self._domains[domain]
 
     async def barrier(self, timeout_s: float = 1.0) -> bool:
-        """Read every record the kernel queued before now; False if that took too long."""
+        """Read every record the kernel queued before now; False if that failed or took too
+        long (what was read is kept: a turn is never failed by its record keeping)."""
+        try:
+            return await self._barrier(timeout_s)
+        except OSError as exc:
+            _log.warning("kernel_audit_barrier_failed", error=exc.strerror or str(exc))
+            return False
+
+    async def _barrier(self, timeout_s: float) -> bool:
         token = next(self._tokens)
         try:
             self._send_barrier(token)
@@ -278,6 +286,8 @@ class KernelAudit:
                     _log.warning("kernel_audit_overflow", overflows=self.overflows)
                     continue
                 raise
+            if not data:  # a closed socket (never a netlink message): nothing more to read
+                return count
             count += 1
             self._route(data)
 

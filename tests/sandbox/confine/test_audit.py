@@ -7,6 +7,7 @@ import struct
 from collections.abc import Iterator
 
 import pytest
+from structlog.testing import capture_logs
 
 from sandbox.confine.audit import KernelAudit, as_kernel_denial, parse_fields, parse_record
 from sandbox.policy.denials import is_violation
@@ -111,3 +112,13 @@ def test_only_a_read_of_a_mount_table_is_left_out(
     blockers: tuple[str, ...], target: str, violation: bool
 ) -> None:
     assert is_violation(blockers, target) is violation
+
+
+async def test_a_failing_barrier_is_reported_not_raised(audit: KernelAudit) -> None:
+    """The kernel refuses the barrier (here: its socket is gone): the attempt is not failed by
+    its record keeping; the barrier says False and the log says why."""
+    audit._reader.setblocking(False)
+    audit._writer.close()
+    with capture_logs() as logs:
+        assert await audit.barrier(0.1) is False
+    assert [e["event"] for e in logs] == ["kernel_audit_barrier_failed"]
