@@ -22,6 +22,7 @@ __all__ = [
     "ACCESS_EXEC",
     "ACCESS_READ",
     "ACCESS_WRITE_TREE",
+    "AUDIT_ABI",
     "FILE_ACCESS_MASK",
     "FsAccess",
     "LandlockRules",
@@ -39,7 +40,8 @@ __all__ = [
 _SYS_CREATE_RULESET: Final = 444
 _SYS_ADD_RULE: Final = 445
 _SYS_RESTRICT_SELF: Final = 446
-_ABI_AUDIT: Final = 7
+#: The first Landlock ABI whose domains log denials to the kernel audit (Linux 6.15).
+AUDIT_ABI: Final = 7
 _RESTRICT_SELF_LOG_NEW_EXEC_ON: Final = 1 << 1
 _CREATE_RULESET_VERSION: Final = 1
 _RULE_PATH_BENEATH: Final = 1
@@ -267,7 +269,7 @@ def build_ruleset(rules: LandlockRules, *, abi: int | None = None) -> tuple[int,
 def log_flags(abi: int) -> int:
     """``landlock_restrict_self`` flags that send the domain's denials to the audit log even
     after ``execve`` (ABI >= 7; off by default, and refused as EINVAL by older kernels)."""
-    return _RESTRICT_SELF_LOG_NEW_EXEC_ON if abi >= _ABI_AUDIT else 0
+    return _RESTRICT_SELF_LOG_NEW_EXEC_ON if abi >= AUDIT_ABI else 0
 
 
 def restrict_self(ruleset_fd: int, flags: int = 0) -> None:

@@ -49,7 +49,6 @@ __all__ = [
 _log = structlog.get_logger("sandbox.runtime.runtime")
 
 _PR_SET_CHILD_SUBREAPER: Final = 36
-_LANDLOCK_AUDIT_ABI: Final = 7
 
 #: What every dynamically linked program needs to start, plus a few read-only basics.
 DEFAULT_SYSTEM_READ_PATHS: Final = (
@@ -226,7 +225,7 @@ class Runtime:
         abi = landlock.abi_version()
         found = (
             KernelAudit.open(self.config.kernel_audit)
-            if abi >= _LANDLOCK_AUDIT_ABI
+            if abi >= landlock.AUDIT_ABI
             else f"Landlock ABI {abi} writes no audit records (needs ABI 7, Linux 6.15)"
         )
         if isinstance(found, str):

@@ -44,7 +44,8 @@ __all__ = ["accept_row", "finish_from", "finish_row"]
 
 Conn = asyncpg.Connection
 
-_ATTEMPT_UPDATE: Final = (
+#: How an attempt row already kept (its start) takes the newer values (shared with the long way).
+ATTEMPT_UPSERT: Final = (
     " ON CONFLICT (turn_id, round, attempt) DO UPDATE SET started_us = excluded.started_us,"
     " executor_id = excluded.executor_id, instruction_id = excluded.instruction_id,"
     " finished_us = excluded.finished_us, outcome = excluded.outcome,"
@@ -72,7 +73,7 @@ def _attempt_rows(first: int) -> str:
     arrays = ", ".join(f"${first + i}::{kind}[]" for i, kind in enumerate(_ATTEMPT_TYPES))
     return (
         f"a AS (INSERT INTO attempts({ATTEMPT_COLUMNS}) SELECT t.turn_id, t.round, u.*"
-        f" FROM t, unnest({arrays}) AS u{_ATTEMPT_UPDATE} RETURNING 1)"
+        f" FROM t, unnest({arrays}) AS u{ATTEMPT_UPSERT} RETURNING 1)"
     )
 
 
@@ -120,7 +121,7 @@ _START: Final = (
     f" AND state = ANY($6::text[]) RETURNING {TURN_COLUMNS}),"
     f" a AS (INSERT INTO attempts({ATTEMPT_COLUMNS})"
     " SELECT t.turn_id, t.round, $1, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,"
-    f" $19, $20 FROM t{_ATTEMPT_UPDATE} RETURNING 1)"
+    f" $19, $20 FROM t{ATTEMPT_UPSERT} RETURNING 1)"
     " SELECT t.*, (SELECT count(*) FROM a), txid_current() FROM t"
 )
 

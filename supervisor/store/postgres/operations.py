@@ -17,7 +17,8 @@ Design notes
   compared across hosts therefore assume clocks in sync to well under a lease.
 * Every SQL text is a constant, or one of a few shapes (filters pass arrays, never spliced
   values), so asyncpg's per-connection statement cache keeps each prepared.
-* About 680 lines, past the usual 600: one function per protocol operation, kept side by side
+* About 720 lines, past the usual 600: one function per protocol operation (each hot write
+  tries its one statement from `one_trip` first and keeps the long way here), kept side by side
   with the SQLite engine's `operations` so the two read alike; splitting it would scatter the
   fencing and lifecycle checks the operations share.
 * Rows come back as `asyncpg.Record`; they are handed to the shared converters
@@ -45,6 +46,7 @@ from supervisor.errors import (
 )
 from supervisor.store.fleet import StaleHomeError
 from supervisor.store.postgres.one_trip import (
+    ATTEMPT_UPSERT,
     accept_row,
     ending_values,
     finish_row,
@@ -377,13 +379,7 @@ def _stored(attempt: AttemptRecord) -> AttemptRecord:
 _PUT_ATTEMPT: Final = (
     f"INSERT INTO attempts({ATTEMPT_COLUMNS})"
     " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)"
-    " ON CONFLICT (turn_id, round, attempt) DO UPDATE SET started_us = excluded.started_us,"
-    " executor_id = excluded.executor_id, instruction_id = excluded.instruction_id,"
-    " finished_us = excluded.finished_us, outcome = excluded.outcome,"
-    " fault_type = excluded.fault_type, exit_code = excluded.exit_code,"
-    " decision = excluded.decision, reason_code = excluded.reason_code,"
-    " reason = excluded.reason, detail = excluded.detail, duration_ms = excluded.duration_ms,"
-    " delay_ms = excluded.delay_ms, extra = excluded.extra"
+    f"{ATTEMPT_UPSERT}"
 )
 
 
