@@ -26,6 +26,7 @@ import structlog
 from ledger import GroupSyncer
 from sandbox.confine.spawn import SpawnRequest, reap, spawn
 from sandbox.enumerate import enumerate_writes
+from sandbox.runtime.area import SessionArea
 from sandbox.runtime.session import Runtime, Session
 
 
@@ -114,6 +115,7 @@ def confined_spawn_timer(session: Session) -> Callable[[], None]:
     without the turn's bookkeeping (checks, enumeration, ledgers).
     """
     area = session.area
+    assert isinstance(area, SessionArea)
     area.prepare()
     area.ensure_confinement()
     cg = area.turn_cgroup()

@@ -111,8 +111,29 @@ def _make_parents(dest_parent: Path, workspace: Path, created: list[Path]) -> No
         created.append(directory)
 
 
+def _open_source(src_dir: Path, write: RealizedWrite) -> int:
+    """The enumerated file, opened without following a symlink; it must still be the inode
+    that was enumerated, with one link."""
+    fd = os.open(src_dir / write.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if (st.st_ino, st.st_dev) != (write.inode, write.device) or st.st_nlink != 1:
+        os.close(fd)
+        raise PromotionError(f"{write.path}: changed since it was enumerated")
+    return fd
+
+
 def _stage_one(
-    src_dir: Path, write: RealizedWrite, workspace: Path, created: list[Path]
+    src_dir: Path,
+    fd: int,
+    write: RealizedWrite,
+    workspace: Path,
+    created: list[Path],
+    *,
+    move: bool,
 ) -> _Staged:
     dest = workspace / write.path
     _make_parents(dest.parent, workspace, created)
@@ -123,32 +144,26 @@ def _stage_one(
     if os.path.isdir(dest) and not os.path.islink(dest):
         raise PromotionError(f"{write.path}: the destination is a directory")
     src = src_dir / write.path
-    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    mode = stat.S_IMODE(st.st_mode) & 0o777 & ~0o022
+    tmp = _temp_beside(dest, "new")
+    if move and st.st_dev == os.stat(real_parent).st_dev:
+        os.fchown(fd, os.geteuid(), os.getegid())
+        os.fchmod(fd, mode)
+        os.fsync(fd)
+        os.rename(src, tmp)
+        staged = _Staged(write, src, tmp, dest, moved=True)
+        if os.lstat(tmp).st_ino != st.st_ino:
+            raise PromotionError(f"{write.path}: replaced during promotion")
+        return staged
+    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
-        st = os.fstat(fd)
-        if (st.st_ino, st.st_dev) != (write.inode, write.device) or st.st_nlink != 1:
-            raise PromotionError(f"{write.path}: changed since it was enumerated")
-        mode = stat.S_IMODE(st.st_mode) & 0o777 & ~0o022
-        tmp = _temp_beside(dest, "new")
-        if st.st_dev == os.stat(real_parent).st_dev:
-            os.fchown(fd, os.geteuid(), os.getegid())
-            os.fchmod(fd, mode)
-            os.fsync(fd)
-            os.rename(src, tmp)
-            staged = _Staged(write, src, tmp, dest, moved=True)
-            if os.lstat(tmp).st_ino != st.st_ino:
-                raise PromotionError(f"{write.path}: replaced during promotion")
-            return staged
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-        try:
-            _copy_checked(fd, out, write)
-        except BaseException:  # never leave the temporary copy beside the destination
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
-        return _Staged(write, src, tmp, dest, moved=False)
-    finally:
-        os.close(fd)
+        _copy_checked(fd, out, write)
+    except BaseException:  # never leave the temporary copy beside the destination
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return _Staged(write, src, tmp, dest, moved=False)
 
 
 def _commit(staged: list[_Staged]) -> None:
@@ -190,6 +205,7 @@ def promote_outputs(
     workspace: Path,
     *,
     done: list[PromotedOutput] | None = None,
+    writer: tuple[int, int] | None = None,
 ) -> tuple[PromotedOutput, ...]:
     """Promote every realized write of ``src_dir`` (``output/<sid>``) into *workspace*, all or
     nothing.
@@ -200,14 +216,43 @@ def promote_outputs(
     back any file that was replaced and any directory created: the workspace is unchanged and
     the error is raised (`PromotionError` for a refused output, the ``OSError`` for I/O).
     The promoted files are appended to *done* once all of them are in place.
+
+    *writer* ``(uid, gid)``: the sources are opened with this process's rights, everything in
+    the workspace is done with that file-system identity (`sandbox.confine.fsid`; always a
+    copy, the promoted files belong to *writer*). The sandbox helper promotes so for the
+    unprivileged daemon. Call it in one thread (the identity is the thread's).
     """
+    fds: list[int] = []
+    try:
+        for write in writes:
+            fds.append(_open_source(src_dir, write))
+        if writer is None:
+            return _promote(src_dir, writes, fds, workspace, done=done, move=True)
+        from sandbox.confine.fsid import fs_identity  # here: ctypes only where it is used
+
+        with fs_identity(*writer):
+            return _promote(src_dir, writes, fds, workspace, done=done, move=False)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _promote(
+    src_dir: Path,
+    writes: Sequence[RealizedWrite],
+    fds: Sequence[int],
+    workspace: Path,
+    *,
+    done: list[PromotedOutput] | None,
+    move: bool,
+) -> tuple[PromotedOutput, ...]:
     ws = Path(os.path.realpath(workspace))
     ws.mkdir(parents=True, exist_ok=True)
     staged: list[_Staged] = []
     created: list[Path] = []
     try:
-        for write in writes:
-            staged.append(_stage_one(src_dir, write, ws, created))
+        for write, fd in zip(writes, fds, strict=True):
+            staged.append(_stage_one(src_dir, fd, write, ws, created, move=move))
         _commit(staged)
     except BaseException:
         _roll_back(staged, created)

@@ -52,7 +52,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import anyio.abc
@@ -92,6 +92,9 @@ from supervisor.turns.context import CoreSettings
 from supervisor.turns.core import TurnCore
 from supervisor.turns.sessions import RuntimeLike
 from supervisor.turns.tracker import TurnEvents
+
+if TYPE_CHECKING:
+    from sandbox.runtime.runtime import RuntimeConfig
 
 __all__ = [
     "EXIT_ALREADY_RUNNING",
@@ -310,14 +313,12 @@ def _default_process_slots() -> int:
     return max(2, 2 * (os.cpu_count() or 1))
 
 
-def make_runtime(
-    config: Config, *, syncer: GroupSyncer, forbidden_sockets: tuple[Path, ...]
-) -> RuntimeLike:
-    """The sandbox runtime for *config* (its ``[sandbox]`` section)."""
-    from sandbox.runtime.session import Runtime, RuntimeConfig
+def runtime_config_of(config: Config) -> RuntimeConfig:
+    """The sandbox runtime's settings from *config*'s ``[sandbox]`` section."""
+    from sandbox.runtime.session import RuntimeConfig
 
     s = config.sandbox
-    runtime_config = RuntimeConfig(
+    return RuntimeConfig(
         enforcement=s.enforcement,
         uid_range=(s.uid_range_start, s.uid_range_start + s.uid_range_size - 1),
         memory_mb=max(1, s.memory_max_bytes // (1024 * 1024)),
@@ -326,8 +327,27 @@ def make_runtime(
         output_bytes=s.output_max_bytes,
         kernel_audit=s.kernel_audit,
     )
+
+
+def make_runtime(
+    config: Config, *, syncer: GroupSyncer, forbidden_sockets: tuple[Path, ...]
+) -> RuntimeLike:
+    """The sandbox runtime for *config* (its ``[sandbox]`` section)."""
+    from sandbox.runtime.session import Runtime
+
+    s = config.sandbox
+    runtime_config = runtime_config_of(config)
+    helper = None
+    if s.helper_socket is not None:
+        from sandbox.helper.remote import HelperClient
+
+        helper = HelperClient(s.helper_socket)
     runtime: RuntimeLike = Runtime(
-        config.root, config=runtime_config, syncer=syncer, forbidden_sockets=forbidden_sockets
+        config.root,
+        config=runtime_config,
+        syncer=syncer,
+        forbidden_sockets=forbidden_sockets,
+        helper=helper,
     )
     return runtime
 

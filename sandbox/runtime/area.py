@@ -11,13 +11,16 @@ inodes; the cgroup leaf (named with the runtime's ``cgroup_prefix``) is created 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import resource
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+import anyio
+import anyio.to_thread
 import structlog
 
 from sandbox.capabilities import CompiledCapabilities, compile_capabilities, has_glob
@@ -25,16 +28,21 @@ from sandbox.confine import landlock, seccomp
 from sandbox.confine.cgroups import TurnCgroup
 from sandbox.confine.mounts import mount_session_disk, unmount_session_disk
 from sandbox.confine.spawn import close_quietly, new_network_namespace
+from sandbox.enumerate import RealizedWrite
 from sandbox.errors import SandboxUnavailableError
 from sandbox.packages import Package
+from sandbox.policy.declarations import DeclaredOutput
+from sandbox.promote import PromotedOutput, promote_outputs
 
 if TYPE_CHECKING:
+    from sandbox.runtime.attempt import ConfinedRun
     from sandbox.runtime.runtime import Runtime
 
 __all__ = [
     "SessionArea",
     "all_empty",
     "empty_directory",
+    "implicit_forbidden",
     "remove_directory",
     "session_capabilities",
 ]
@@ -96,25 +104,31 @@ def _carve(roots: Iterable[str], caps: CompiledCapabilities, access: int) -> lis
     return rules
 
 
-def session_capabilities(
-    runtime: Runtime, package: Package, workspace: Path
-) -> CompiledCapabilities:
-    """The package's capabilities, with the runtime's own trees and sockets forbidden."""
-    cfg = runtime.config
+def implicit_forbidden(runtime: Runtime) -> list[str]:
+    """What no turn may touch whatever its package says: the runtime's own trees and sockets,
+    and the configured ``denied_paths``."""
     root = runtime.root
-    implicit_forbidden = [
+    forbidden = [
         f"{root}/{sub}/**" for sub in ("planes", "state", "installed", "run", "tmp", "output")
     ]
-    implicit_forbidden += [str(p) for p in runtime.forbidden_sockets]
-    implicit_forbidden += list(cfg.denied_paths)
+    forbidden += [str(p) for p in runtime.forbidden_sockets]
+    forbidden += list(runtime.config.denied_paths)
+    return forbidden
+
+
+def session_capabilities(
+    runtime: Runtime, package: Package, workspace: Path, *, also_forbidden: Sequence[str] = ()
+) -> CompiledCapabilities:
+    """The package's capabilities, with the runtime's own trees and sockets forbidden (and
+    *also_forbidden*: the unprivileged daemon's trees, when this runtime is its helper's)."""
     caps = package.capabilities
     return compile_capabilities(
         read=caps.read,
         write=caps.write,
         execute=caps.execute,
-        forbidden=(*caps.forbidden, *implicit_forbidden),
+        forbidden=(*caps.forbidden, *implicit_forbidden(runtime), *also_forbidden),
         workspace=workspace,
-        search_path=cfg.turn_path,
+        search_path=runtime.config.turn_path,
     )
 
 
@@ -149,6 +163,51 @@ class SessionArea:
         self._ruleset_notes: dict[str, str] = {}
         self._area_inodes: dict[str, tuple[int, int]] = {}
         self._closed = False
+        #: where the manifest's ``env_allow`` names take their values (the helper sets the
+        #: daemon's own environment here)
+        self.env_source: Mapping[str, str] = os.environ
+
+    # -- ConfinedArea (sandbox/runtime/confined_area.py) -----------------------------------
+
+    async def confinement(self) -> dict[str, str]:
+        return self.ensure_confinement()
+
+    async def run_attempt(
+        self,
+        *,
+        exe: str,
+        argv: Sequence[str],
+        declared: tuple[DeclaredOutput, ...],
+        turn: int,
+        attempt_no: int,
+        timeout_s: float,
+    ) -> ConfinedRun:
+        from sandbox.runtime.attempt import run_confined  # here: attempt.py imports this module
+
+        return await run_confined(
+            self,
+            exe=exe,
+            argv=list(argv),
+            declared=declared,
+            turn=turn,
+            attempt_no=attempt_no,
+            timeout_s=timeout_s,
+        )
+
+    async def promote(
+        self, writes: Sequence[RealizedWrite], workspace: Path, *, done: list[PromotedOutput]
+    ) -> None:
+        # Each promoted file goes onto *done* in the worker thread: a cancellation meanwhile
+        # does not lose the record of what reached the workspace.
+        await anyio.to_thread.run_sync(
+            functools.partial(promote_outputs, self.output_dir, writes, workspace, done=done)
+        )
+
+    async def empty(self) -> None:
+        if not all_empty((self.tmp_dir, self.output_dir)):
+            await anyio.to_thread.run_sync(self.empty_areas)
+
+    # -- the area itself ---------------------------------------------------------------------
 
     def open(self) -> None:
         """Take the session's uid and prepare its directories (``close`` undoes both)."""
@@ -363,8 +422,8 @@ class SessionArea:
             "HUNTER_OUTPUT_DIR": str(self.output_dir),
         }
         for name in self.package.manifest.env_allow:
-            if name in os.environ:
-                env[name] = os.environ[name]
+            if name in self.env_source:
+                env[name] = self.env_source[name]
         return tuple(env.items())
 
     def rlimits(self) -> tuple[tuple[int, int, int], ...]:

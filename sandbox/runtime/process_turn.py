@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import functools
 import hashlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -49,16 +48,14 @@ from sandbox.policy.declarations import DeclarationProblem, DeclaredOutput, comp
 from sandbox.policy.declarations import parse_declared_outputs as _parse_declared_outputs
 from sandbox.policy.faults import ExecutionFaultType
 from sandbox.policy.retry_protocol import EntropyDetector, ToolCall
-from sandbox.promote import PromotedOutput, PromotionError, promote_outputs
+from sandbox.promote import PromotedOutput, PromotionError
 from sandbox.prompt_header import PromptHeader
-from sandbox.runtime.area import all_empty
 from sandbox.runtime.attempt import (
     SPAWN_FAILED,
     ConfinedRun,
     ProcessAttempt,
     capability_violation,
     ms_since,
-    run_confined,
 )
 
 if TYPE_CHECKING:
@@ -330,11 +327,8 @@ class ProcessTurn:
         (the next attempt would remove them anyway). A failure is logged, never raised (the
         turn's result stands; the next attempt empties the directories again).
         """
-        area = self.session.area
         try:
-            if all_empty((area.tmp_dir, area.output_dir)):
-                return
-            await anyio.to_thread.run_sync(area.empty_areas)
+            await self.session.area.empty()
         except OSError as exc:
             _log.error(
                 "scratch_not_emptied",
@@ -554,7 +548,7 @@ class ProcessTurn:
                 violation=exc,
                 levels=levels,
             )
-        levels = self.session.area.ensure_confinement()
+        levels = await self.session.area.confinement()
         header = self.session.prompt_header(
             turn_number=turn,
             declared_inputs=declared_inputs,
@@ -580,8 +574,7 @@ class ProcessTurn:
 
         async def one_attempt(attempt: LoopRecord) -> AttemptReport[ConfinedRun]:
             """The runner of THE attempt loop: one confined run of the command."""
-            run = await run_confined(
-                self.session.area,
+            run = await self.session.area.run_attempt(
                 exe=exe,
                 argv=argv,
                 declared=declared,
@@ -630,16 +623,13 @@ class ProcessTurn:
         finished(end.report.payload, decision)
         if decision.verdict is Verdict.SUCCEED:
             realized = end.report.payload.surface.in_area("output")
-            # Each promoted file goes onto `progress` as it lands (in the worker thread):
-            # neither a later file failing nor a cancellation meanwhile loses the record
-            # of what already reached the workspace.
-            promote = functools.partial(promote_outputs, done=progress.promoted)
+            # The promoted files go onto `progress` once all are in place, also when the
+            # turn is cancelled meanwhile: the record of what reached the workspace is kept.
             try:
-                await anyio.to_thread.run_sync(
-                    promote,
-                    self.session.area.output_dir,
+                await self.session.area.promote(
                     [realized[d.path] for d in declared if not d.is_scratch],
                     self.session.workspace,
+                    done=progress.promoted,
                 )
             except PromotionError as exc:
                 v = capability_violation(

@@ -26,7 +26,7 @@ import orjson
 import structlog
 
 from ledger import GroupSyncer, SessionLedgers, session_dir_for
-from sandbox.capabilities import DEFAULT_TURN_PATH
+from sandbox.capabilities import DEFAULT_TURN_PATH, CompiledCapabilities
 from sandbox.confine import landlock, seccomp
 from sandbox.confine.audit import AUDIT_MECHANISM, AuditMode, KernelAudit
 from sandbox.confine.cgroups import CgroupLayout, detect_layout
@@ -37,6 +37,9 @@ from sandbox.runtime.leftovers import Leftovers, reclaim_leftovers
 from sandbox.session_ids import is_session_id, new_session_id
 
 if TYPE_CHECKING:
+    from sandbox.helper.remote import HelperClient
+    from sandbox.packages import Package
+    from sandbox.runtime.confined_area import ConfinedArea
     from sandbox.runtime.session import Session
 
 __all__ = [
@@ -185,33 +188,49 @@ class Runtime:
         config: RuntimeConfig | None = None,
         syncer: GroupSyncer | None = None,
         forbidden_sockets: Sequence[Path] = (),
+        helper: HelperClient | None = None,
     ) -> None:
         self.root = Path(os.path.abspath(root))
         self.config = config or RuntimeConfig()
         self._syncer = syncer
         self.forbidden_sockets = tuple(Path(p) for p in forbidden_sockets)
+        #: the root sandbox helper that confines this runtime's turns (None: this process)
+        self.helper = helper
         self._uids_in_use: set[int] = set()
         self._layout: CgroupLayout | None = None
         self._stdin_fd = -1
         #: the prefix of every cgroup leaf name of this root (see `leftovers`)
         self.cgroup_prefix = cgroup_prefix_for(self.root)
+        #: where Landlock's denials are read from (None: they are blocked but not recorded)
+        self.audit: KernelAudit | None = None
+        #: `landlock_restrict_self` flags of every turn (audit logging when `audit` is set)
+        self.landlock_flags = 0
+        #: what the start reclaimed from a previous run (None: another runtime is live here,
+        #: or the helper reclaims its own)
+        self.leftovers: Leftovers | None = None
+        if helper is not None:
+            self.root.mkdir(mode=0o711, parents=True, exist_ok=True)
+            self.levels, self.missing = self._ask_helper()
+            lock_fd = _lock_root(self.root)
+            self._unlock = weakref.finalize(self, os.close, lock_fd) if lock_fd >= 0 else None
+            _log.info(
+                "sandbox_enforcement",
+                root=str(self.root),
+                helper_socket=str(helper.path),
+                **self.levels,
+            )
+            return
         for sub in ("", "tmp", "output"):
             d = self.root / sub
             d.mkdir(mode=0o711, parents=True, exist_ok=True)
             if sub and d.stat().st_uid == os.geteuid():
                 d.chmod(0o711)  # others may traverse to their session dir, never list
         self.levels, self.missing = self._probe()
-        #: where Landlock's denials are read from (None: they are blocked but not recorded)
-        self.audit: KernelAudit | None = None
-        #: `landlock_restrict_self` flags of every turn (audit logging when `audit` is set)
-        self.landlock_flags = 0
         self._open_audit()
         _log.info("sandbox_enforcement", root=str(self.root), **self.levels)
         lock_fd = _lock_root(self.root)
         # Closed by `close`, or when the runtime is collected (a daemon never closes it).
         self._unlock = weakref.finalize(self, os.close, lock_fd) if lock_fd >= 0 else None
-        #: what the start reclaimed from a previous run (None: another runtime is live here)
-        self.leftovers: Leftovers | None = None
         if self._unlock is None:
             _log.warning(
                 "sandbox_leftovers_not_reclaimed",
@@ -220,6 +239,35 @@ class Runtime:
             )
         else:
             self.leftovers = self._reclaim_leftovers()
+
+    def _ask_helper(self) -> tuple[dict[str, str], dict[str, str]]:
+        """The helper's enforcement levels; ``helper`` missing while it cannot be reached."""
+        from sandbox.helper.remote import HelperError  # here: the helper imports this package
+
+        assert self.helper is not None
+        try:
+            welcome = self.helper.hello()
+        except (OSError, HelperError) as exc:
+            _log.error("sandbox_helper_unreachable", helper=str(self.helper.path), error=str(exc))
+            return {"helper": "unreachable"}, {"helper": str(exc)}
+        levels = dict(welcome.levels)
+        levels["helper"] = "separate"
+        return levels, dict(welcome.missing)
+
+    def new_area(
+        self, session_id: str, package: Package, capabilities: CompiledCapabilities, workspace: Path
+    ) -> ConfinedArea:
+        """A session's confined area: in this process, or kept by the sandbox helper."""
+        from sandbox.runtime.area import SessionArea, implicit_forbidden
+
+        if self.helper is not None:
+            return self.helper.area(
+                session_id=session_id,
+                package=package,
+                workspace=workspace,
+                forbidden=implicit_forbidden(self),
+            )
+        return SessionArea(self, session_id=session_id, package=package, capabilities=capabilities)
 
     def _open_audit(self) -> None:
         abi = landlock.abi_version()
@@ -351,7 +399,13 @@ class Runtime:
         return ""
 
     def require_enforcement(self) -> None:
-        """Raise ``SandboxUnavailableError`` in strict mode when a mechanism is missing."""
+        """Raise ``SandboxUnavailableError`` in strict mode when a mechanism is missing (and
+        whatever the mode while the sandbox helper cannot be reached)."""
+        if "helper" in self.missing:
+            self.levels, self.missing = self._ask_helper()
+            if "helper" in self.missing:
+                raise SandboxUnavailableError(mechanisms={"helper": self.missing["helper"]})
+            _log.info("sandbox_helper_reached", **self.levels)
         if self.config.enforcement == "strict" and self.missing:
             raise SandboxUnavailableError(mechanisms=self.missing)
         if "root_traversal" in self.missing:

@@ -26,8 +26,9 @@ from sandbox.policy.attempts import AgentPhase, RetryOptions
 from sandbox.policy.declarations import DeclaredOutput
 from sandbox.policy.retry_protocol import EntropyDetector
 from sandbox.prompt_header import PromptHeader, build_prompt_header
-from sandbox.runtime.area import SessionArea, session_capabilities
+from sandbox.runtime.area import session_capabilities
 from sandbox.runtime.attempt import ProcessAttempt
+from sandbox.runtime.confined_area import ConfinedArea
 from sandbox.runtime.evidence import EvidenceRef, store_evidence
 from sandbox.runtime.process_turn import (
     ProcessTurn,
@@ -89,8 +90,8 @@ class Session:
         except BaseException:
             ledgers.close()  # the session owns its ledgers from the start
             raise
-        self.area = SessionArea(
-            runtime, session_id=self.session_id, package=package, capabilities=self.capabilities
+        self.area: ConfinedArea = runtime.new_area(
+            self.session_id, package, self.capabilities, self.workspace
         )
         try:
             self.area.open()

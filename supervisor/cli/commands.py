@@ -35,6 +35,7 @@ from supervisor.cli.daemon_commands import (
     add_check_ledgers_parser,
     add_drain_parser,
     add_executors_parser,
+    add_sandbox_helper_parser,
     add_serve_parser,
     add_status_parser,
     format_executors,
@@ -81,9 +82,10 @@ __all__ = [
 
 
 def add_parser(subparsers: Subparsers) -> None:
-    """Register serve, session, submit, status, executors, turn, escalations, check-ledgers,
-    drain, demo (in that order)."""
+    """Register serve, sandbox-helper, session, submit, status, executors, turn, escalations,
+    check-ledgers, drain, store, demo (in that order)."""
     add_serve_parser(subparsers)
+    add_sandbox_helper_parser(subparsers)
     add_session_parser(subparsers)
     add_submit_parser(subparsers)
     add_status_parser(subparsers)

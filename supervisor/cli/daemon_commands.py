@@ -20,6 +20,7 @@ __all__ = [
     "add_check_ledgers_parser",
     "add_drain_parser",
     "add_executors_parser",
+    "add_sandbox_helper_parser",
     "add_serve_parser",
     "add_status_parser",
     "format_executors",
@@ -203,6 +204,43 @@ def add_serve_parser(subparsers: Any) -> None:
     p.add_argument("--config", metavar="FILE", help="TOML config file (default $HUNTER_CONFIG)")
     p.add_argument("--log-format", choices=("auto", "json", "console"), default=None)
     p.set_defaults(handler=_cmd_serve)
+
+
+def _cmd_sandbox_helper(args: argparse.Namespace) -> int:
+    from supervisor.sandbox_helper import run_sandbox_helper
+
+    return run_sandbox_helper(
+        root=Path(args.root) if args.root else None,
+        socket_path=Path(args.socket) if args.socket else None,
+        allow_users=args.allow_user or [],
+        config_path=Path(args.config) if args.config else None,
+        log_format=args.log_format,
+    )
+
+
+def add_sandbox_helper_parser(subparsers: Any) -> None:
+    """Register `hunter sandbox-helper`."""
+    p = subparsers.add_parser(
+        "sandbox-helper",
+        help="run the root sandbox helper of an unprivileged daemon (docs/operations.md)",
+    )
+    p.add_argument(
+        "--root", metavar="DIR", help="the helper's own directory (default $STATE_DIRECTORY)"
+    )
+    p.add_argument(
+        "--socket",
+        metavar="PATH",
+        help="listen here (default: the socket systemd passes, else sandbox.helper_socket)",
+    )
+    p.add_argument(
+        "--allow-user",
+        metavar="USER",
+        action="append",
+        help="the daemon's user (name or uid); repeat for more. Nobody else may connect",
+    )
+    p.add_argument("--config", metavar="FILE", help="TOML config file (default $HUNTER_CONFIG)")
+    p.add_argument("--log-format", choices=("auto", "json", "console"), default=None)
+    p.set_defaults(handler=_cmd_sandbox_helper)
 
 
 def add_status_parser(subparsers: Any) -> None:

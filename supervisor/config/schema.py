@@ -380,6 +380,17 @@ class SandboxSettings:
             choices=("enable", "auto", "off"),
         ),
     )
+    helper_socket: Path | None = field(
+        default=None,
+        metadata=_meta(
+            doc="The socket of the root sandbox helper (`hunter sandbox-helper`). Set, the daemon "
+            "needs no privileges: the helper builds and runs every confined attempt and "
+            "promotes its outputs, the daemon keeps the ledgers (docs/operations.md, 'Privilege "
+            "separation'). Unset, the daemon confines turns itself and must run as root.",
+            kind="path",
+            default_doc="unset (the daemon confines turns itself)",
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.runtime.area import SessionArea
 from sandbox.runtime.session import Runtime, RuntimeConfig
 
 pytestmark = pytest.mark.usefixtures("sandboxed")
@@ -59,6 +60,7 @@ async def test_the_session_disk_is_mounted_while_open_and_gone_after_close(
         session = runtime.open_session("pkg")
         with session:
             area = session.area
+            assert isinstance(area, SessionArea)
             assert mounted(area.tmp_dir)
             assert mounted(area.output_dir)
             assert os.stat(area.tmp_dir).st_dev == os.stat(area.output_dir).st_dev
@@ -81,6 +83,7 @@ async def test_a_killed_runs_session_disk_is_detached_at_the_next_start(
     runtime = Runtime(root)
     session = runtime.open_session("pkg")
     area = session.area
+    assert isinstance(area, SessionArea)
     (area.tmp_dir / "left.bin").write_bytes(b"x" * 4096)
     runtime.close()  # releases the root's lock; the session is abandoned, as by a SIGKILL
     try:

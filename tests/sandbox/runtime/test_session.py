@@ -199,6 +199,7 @@ async def test_write_through_preexisting_hard_link_is_denied(
     target = outside / "hard"
     target.write_text("original")
     target.chmod(0o666)
+    assert isinstance(session.area, SessionArea)
     if session.area.disk_mounted:  # on the session disk (its own tmpfs) it cannot exist
         with pytest.raises(OSError, match=r"Invalid cross-device link"):
             os.link(target, session.output_dir / "hard")
@@ -926,6 +927,7 @@ async def test_cancelled_turn_is_recorded_and_its_tree_killed(session: Session) 
     assert_recorded(session, 1, "terminated")
     exec_turn = turn_entries(session.ledgers.session_dir, 1)["exec"][0]
     assert exec_turn["reason_code"] == "TURN_CANCELLED"
+    assert isinstance(session.area, SessionArea)
     cgroup = session.area.cgroup
     assert cgroup is not None
     assert cgroup.members() == []

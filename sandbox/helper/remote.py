@@ -1,0 +1,290 @@
+"""The daemon's side of the sandbox helper: `HelperClient` and its `RemoteArea`s.
+
+A `RemoteArea` is a session's `ConfinedArea` (sandbox/runtime/confined_area.py) whose work
+the root helper does (server.py). Each request goes on a connection of its own: a request in
+flight is cancelled by closing its connection (the helper then kills the confined run), and
+requests of different sessions never wait for each other. A helper that restarted has lost
+its areas: the first request that finds its session unknown opens it again and is sent once
+more.
+"""
+
+from __future__ import annotations
+
+import errno as errno_
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Final
+
+import anyio
+import anyio.abc
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from sandbox.enumerate import RealizedWrite, WriteSurface
+from sandbox.errors import CapabilityViolation, SandboxError, SandboxUnavailableError
+from sandbox.helper import wire
+from sandbox.packages import Package
+from sandbox.policy.declarations import DeclaredOutput
+from sandbox.promote import PromotedOutput, PromotionError
+from sandbox.runtime.attempt import ConfinedRun
+
+__all__ = ["HelperClient", "HelperError", "HelperUnavailableError", "RemoteArea", "manifest_wire"]
+
+#: How long a request that is not a confined run may take (opening an area mounts a disk).
+_CALL_TIMEOUT_S: Final = 60.0
+#: A confined run's reply may come this long after its deadline (kill grace, enumeration).
+_RUN_SLACK_S: Final = 120.0
+
+
+class HelperError(SandboxError):
+    """The helper refused a request (``kind`` as in `wire.Failed`)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        self.kind = kind
+        super().__init__(f"sandbox helper: {kind}: {message}")
+
+
+class HelperUnavailableError(SandboxError, OSError):
+    """The helper's socket could not be reached, or it closed the connection."""
+
+
+def manifest_wire(package: Package) -> dict[str, object]:
+    """The package's manifest as `sandbox.packages.parse_manifest` reads it again."""
+    data = package.manifest.to_dict()
+    if data.get("id") is None:
+        data.pop("id", None)
+    limits = data.get("limits")
+    if isinstance(limits, dict):
+        data["limits"] = {k: v for k, v in limits.items() if v is not None}
+    return data
+
+
+def _raise_failed(reply: wire.Failed) -> None:
+    if reply.kind == "promotion":
+        raise PromotionError(reply.message)
+    if reply.kind == "os":
+        raise OSError(reply.errno or errno_.EIO, reply.message)
+    if reply.kind == "unavailable":
+        raise SandboxUnavailableError(mechanisms={"helper": reply.message})
+    raise HelperError(reply.kind, reply.message)
+
+
+class HelperClient:
+    """Requests to the sandbox helper listening on *path*."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def call_blocking(
+        self, request: wire.Request, *, timeout_s: float = _CALL_TIMEOUT_S
+    ) -> wire.Reply:
+        """Send *request* and wait for its reply (blocking: a worker thread, or start-up)."""
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
+                sock.settimeout(timeout_s)
+                sock.connect(str(self.path))
+                sock.sendall(wire.encode(request))
+                header = _recv_exactly(sock, wire.HEADER_SIZE)
+                body = _recv_exactly(sock, wire.frame_length(header))
+        except OSError as exc:
+            raise HelperUnavailableError(
+                exc.errno or errno_.EIO, f"sandbox helper at {self.path}: {exc.strerror or exc}"
+            ) from None
+        return wire.decode_reply(body)
+
+    async def call(
+        self, request: wire.Request, *, timeout_s: float = _CALL_TIMEOUT_S
+    ) -> wire.Reply:
+        """Send *request* and wait for its reply; cancelling closes the connection."""
+        try:
+            with anyio.fail_after(timeout_s):
+                stream = await anyio.connect_unix(self.path)
+                async with stream:
+                    await stream.send(wire.encode(request))
+                    reader = BufferedByteReceiveStream(stream)
+                    header = await reader.receive_exactly(wire.HEADER_SIZE)
+                    body = await reader.receive_exactly(wire.frame_length(header))
+        except (OSError, anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError) as exc:
+            raise HelperUnavailableError(
+                errno_.EPIPE, f"sandbox helper at {self.path}: {str(exc) or type(exc).__name__}"
+            ) from None
+        except TimeoutError:
+            raise HelperUnavailableError(
+                errno_.ETIMEDOUT, f"sandbox helper at {self.path}: no reply in {timeout_s:.0f} s"
+            ) from None
+        return wire.decode_reply(body)
+
+    def hello(self) -> wire.Welcome:
+        """What the helper enforces (`HelperUnavailableError`, `HelperError` otherwise)."""
+        reply = self.call_blocking(wire.Hello())
+        if isinstance(reply, wire.Failed):
+            _raise_failed(reply)
+        if not isinstance(reply, wire.Welcome):
+            raise HelperError("bad_reply", f"a {type(reply).__name__} to hello")
+        if reply.version != wire.PROTOCOL_VERSION:
+            raise HelperError(
+                "version",
+                f"helper speaks version {reply.version}, this daemon {wire.PROTOCOL_VERSION}",
+            )
+        return reply
+
+    def area(
+        self,
+        *,
+        session_id: str,
+        package: Package,
+        workspace: Path,
+        forbidden: Sequence[str],
+        environ: Mapping[str, str] = os.environ,
+    ) -> RemoteArea:
+        """The confined area of a session (nothing is sent before ``open``)."""
+        env = {n: environ[n] for n in package.manifest.env_allow if n in environ}
+        spec = wire.SessionSpec(
+            session_id=session_id,
+            package_id=package.package_id,
+            package_dir=str(Path(os.path.abspath(package.directory))),
+            manifest=manifest_wire(package),
+            workspace=str(Path(os.path.abspath(workspace))),
+            forbidden=tuple(forbidden),
+            env=env,
+        )
+        return RemoteArea(self, spec)
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    chunks: list[bytes] = []
+    while size:
+        chunk = sock.recv(min(size, 1 << 20))
+        if not chunk:
+            raise ConnectionResetError(errno_.ECONNRESET, "the helper closed the connection")
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+class RemoteArea:
+    """A session's `ConfinedArea` kept by the sandbox helper."""
+
+    def __init__(self, client: HelperClient, spec: wire.SessionSpec) -> None:
+        self.client = client
+        self.spec = spec
+        self._session_id = spec.session_id
+        self._tmp_dir = Path("/nonexistent")
+        self._output_dir = Path("/nonexistent")
+        self._uid = self._gid = -1
+
+    @property
+    def session_id(self) -> str:
+        return self._session_id
+
+    @property
+    def tmp_dir(self) -> Path:
+        return self._tmp_dir
+
+    @property
+    def output_dir(self) -> Path:
+        return self._output_dir
+
+    @property
+    def uid(self) -> int:
+        return self._uid
+
+    @property
+    def gid(self) -> int:
+        return self._gid
+
+    def _opened(self, reply: wire.Reply) -> None:
+        if isinstance(reply, wire.Failed):
+            _raise_failed(reply)
+        if not isinstance(reply, wire.Opened):
+            raise HelperError("bad_reply", f"a {type(reply).__name__} to open")
+        self._tmp_dir, self._output_dir = Path(reply.tmp_dir), Path(reply.output_dir)
+        self._uid, self._gid = reply.uid, reply.gid
+
+    def open(self) -> None:
+        self._opened(self.client.call_blocking(wire.Open(session=self.spec)))
+
+    def close(self) -> None:
+        reply = self.client.call_blocking(wire.Close(session_id=self._session_id))
+        if isinstance(reply, wire.Failed):
+            _raise_failed(reply)
+
+    async def _call(
+        self, request: wire.Request, *, timeout_s: float = _CALL_TIMEOUT_S
+    ) -> wire.Reply:
+        """*request*, sent again once after opening the area when the helper lost it."""
+        reply = await self.client.call(request, timeout_s=timeout_s)
+        if isinstance(reply, wire.Failed) and reply.kind == "unknown_session":
+            self._opened(await self.client.call(wire.Open(session=self.spec)))
+            reply = await self.client.call(request, timeout_s=timeout_s)
+        if isinstance(reply, wire.Failed):
+            _raise_failed(reply)
+        return reply
+
+    async def confinement(self) -> dict[str, str]:
+        reply = await self._call(wire.Confine(session_id=self._session_id))
+        if not isinstance(reply, wire.Levels):
+            raise HelperError("bad_reply", f"a {type(reply).__name__} to confine")
+        return dict(reply.levels)
+
+    async def run_attempt(
+        self,
+        *,
+        exe: str,
+        argv: Sequence[str],
+        declared: tuple[DeclaredOutput, ...],
+        turn: int,
+        attempt_no: int,
+        timeout_s: float,
+    ) -> ConfinedRun:
+        reply = await self._call(
+            wire.Run(
+                session_id=self._session_id,
+                exe=exe,
+                argv=tuple(argv),
+                declared=declared,
+                turn=turn,
+                attempt_no=attempt_no,
+                timeout_s=timeout_s,
+            ),
+            timeout_s=timeout_s + _RUN_SLACK_S,
+        )
+        if not isinstance(reply, wire.Ran):
+            raise HelperError("bad_reply", f"a {type(reply).__name__} to run")
+        return ConfinedRun(
+            reply.record,
+            reply.outcome,
+            WriteSurface(reply.writes, reply.problems),
+            [
+                CapabilityViolation(
+                    operation=v.operation,
+                    target=v.target,
+                    capability=v.capability,
+                    session_id=v.session_id,
+                    turn_number=v.turn_number,
+                    detail=v.detail,
+                )
+                for v in reply.violations
+            ],
+        )
+
+    async def promote(
+        self, writes: Sequence[RealizedWrite], workspace: Path, *, done: list[PromotedOutput]
+    ) -> None:
+        request = wire.Promote(
+            session_id=self._session_id,
+            paths=tuple(w.path for w in writes),
+            workspace=str(workspace),
+        )
+        # Shielded: the promotion is short and all or nothing; its record must not be lost.
+        with anyio.CancelScope(shield=True):
+            reply = await self.client.call(request)
+        if isinstance(reply, wire.Failed):
+            _raise_failed(reply)
+        if not isinstance(reply, wire.Promoted):
+            raise HelperError("bad_reply", f"a {type(reply).__name__} to promote")
+        done.extend(reply.outputs)
+
+    async def empty(self) -> None:
+        await self._call(wire.Empty(session_id=self._session_id))
