@@ -13,12 +13,14 @@ from __future__ import annotations
 import errno as errno_
 import os
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
 import anyio
 import anyio.abc
+import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from sandbox.enumerate import RealizedWrite, WriteSurface
@@ -27,10 +29,14 @@ from sandbox.helper import wire
 from sandbox.packages import Package
 from sandbox.policy.declarations import DeclaredOutput
 from sandbox.promote import PromotedOutput, PromotionError
-from sandbox.runtime.attempt import ConfinedRun
+from sandbox.runtime.attempt import ConfinedRun, crashed_run
 
 __all__ = ["HelperClient", "HelperError", "HelperUnavailableError", "RemoteArea", "manifest_wire"]
 
+_log = structlog.get_logger("sandbox.helper.remote")
+
+#: Reason of an attempt whose helper went away (a CRASH fault: retried).
+HELPER_LOST: Final = "HELPER_LOST"
 #: How long a request that is not a confined run may take (opening an area mounts a disk).
 _CALL_TIMEOUT_S: Final = 60.0
 #: A confined run's reply may come this long after its deadline (kill grace, enumeration).
@@ -223,7 +229,10 @@ class RemoteArea:
         return reply
 
     async def confinement(self) -> dict[str, str]:
-        reply = await self._call(wire.Confine(session_id=self._session_id))
+        try:
+            reply = await self._call(wire.Confine(session_id=self._session_id))
+        except HelperUnavailableError as exc:  # the turn is refused, not failed: say why
+            raise SandboxUnavailableError(mechanisms={"helper": str(exc)}) from None
         if not isinstance(reply, wire.Levels):
             raise HelperError("bad_reply", f"a {type(reply).__name__} to confine")
         return dict(reply.levels)
@@ -238,18 +247,29 @@ class RemoteArea:
         attempt_no: int,
         timeout_s: float,
     ) -> ConfinedRun:
-        reply = await self._call(
-            wire.Run(
-                session_id=self._session_id,
-                exe=exe,
-                argv=tuple(argv),
-                declared=declared,
-                turn=turn,
-                attempt_no=attempt_no,
-                timeout_s=timeout_s,
-            ),
-            timeout_s=timeout_s + _RUN_SLACK_S,
-        )
+        start_ns = time.monotonic_ns()
+        try:
+            reply = await self._call(
+                wire.Run(
+                    session_id=self._session_id,
+                    exe=exe,
+                    argv=tuple(argv),
+                    declared=declared,
+                    turn=turn,
+                    attempt_no=attempt_no,
+                    timeout_s=timeout_s,
+                ),
+                timeout_s=timeout_s + _RUN_SLACK_S,
+            )
+        except HelperUnavailableError as exc:
+            # The helper went away during the run (its processes are reclaimed when it starts
+            # again) or cannot be reached: the attempt crashed; the attempt loop retries it.
+            _log.error(
+                "sandbox_helper_lost", session_id=self._session_id, turn=turn, error=str(exc)
+            )
+            return crashed_run(
+                f"{HELPER_LOST}: {exc}", str(exc), attempt_no, start_ns, launcher="helper"
+            )
         if not isinstance(reply, wire.Ran):
             raise HelperError("bad_reply", f"a {type(reply).__name__} to run")
         return ConfinedRun(

@@ -85,7 +85,14 @@ class HelperServer:
         self._sessions.clear()
 
     async def handle(self, stream: anyio.abc.SocketStream) -> None:
-        """One connection: requests answered one at a time until the peer closes it."""
+        """One connection: requests answered one at a time until the peer closes it. Whatever
+        happens on it ends that connection only, never the helper."""
+        try:
+            await self._connection(stream)
+        except Exception:
+            _log.exception("helper_connection_failed")
+
+    async def _connection(self, stream: anyio.abc.SocketStream) -> None:
         async with stream:
             try:
                 _, uid, gid = peer_credentials(stream.extra(anyio.abc.SocketAttribute.raw_socket))

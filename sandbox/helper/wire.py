@@ -213,6 +213,8 @@ def frame_length(header: bytes) -> int:
 def decode_request(body: bytes) -> Request:
     try:
         return _request_decoder.decode(body)  # type: ignore[no-any-return]
+    except RecursionError:  # msgspec's answer to data nested too deep
+        raise HelperWireError("not a helper request: nested too deep") from None
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise HelperWireError(f"not a helper request: {exc}") from None
 
@@ -220,5 +222,7 @@ def decode_request(body: bytes) -> Request:
 def decode_reply(body: bytes) -> Reply:
     try:
         return _reply_decoder.decode(body)  # type: ignore[no-any-return]
+    except RecursionError:
+        raise HelperWireError("not a helper reply: nested too deep") from None
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise HelperWireError(f"not a helper reply: {exc}") from None

@@ -37,6 +37,7 @@ __all__ = [
     "ConfinedRun",
     "ProcessAttempt",
     "capability_violation",
+    "crashed_run",
     "run_confined",
 ]
 
@@ -419,7 +420,15 @@ async def _wait_and_kill(
 
 
 def _spawn_failed(exc: SpawnError, attempt_no: int, start_ns: int, launcher: str) -> ConfinedRun:
-    outcome = AttemptOutcome.fault(ExecutionFaultType.CRASH, f"{SPAWN_FAILED}: {exc}")
+    return crashed_run(f"{SPAWN_FAILED}: {exc}", str(exc), attempt_no, start_ns, launcher)
+
+
+def crashed_run(
+    message: str, stderr: str, attempt_no: int, start_ns: int, launcher: str
+) -> ConfinedRun:
+    """A run that never got to run the command, or whose outcome was lost: a CRASH fault (the
+    attempt loop retries it); *stderr* is what the attempt's record shows."""
+    outcome = AttemptOutcome.fault(ExecutionFaultType.CRASH, message)
     record = ProcessAttempt(
         attempt_number=attempt_no,
         exit_code=None,
@@ -436,7 +445,7 @@ def _spawn_failed(exc: SpawnError, attempt_no: int, start_ns: int, launcher: str
         duration_ms=ms_since(start_ns),
         started_us=time.time_ns() // 1000 - ms_since(start_ns) * 1000,
         stdout="",
-        stderr=str(exc),
+        stderr=stderr,
         stdout_truncated=False,
         stderr_truncated=False,
         leftover_processes=0,

@@ -548,7 +548,21 @@ class ProcessTurn:
                 violation=exc,
                 levels=levels,
             )
-        levels = await self.session.area.confinement()
+        try:
+            levels = await self.session.area.confinement()
+        except SandboxUnavailableError as exc:  # the sandbox helper cannot be reached
+            rejected = await self._reject(
+                turn,
+                request,
+                start_ns,
+                reason_code=SANDBOX_UNAVAILABLE,
+                reason=str(exc),
+                violation=None,
+                levels=levels,
+            )
+            if self.caller_commits:
+                return rejected
+            raise
         header = self.session.prompt_header(
             turn_number=turn,
             declared_inputs=declared_inputs,

@@ -415,6 +415,8 @@ def decode_request(body: bytes | bytearray | memoryview) -> ControlRequest:
         raise _explain(exc, lambda: _ID_DECODER.decode(body).id) from None
     except msgspec.DecodeError as exc:
         raise FrameDecodeError(f"frame body is not valid UTF-8 JSON: {exc}") from None
+    except RecursionError:  # msgspec's answer to JSON nested too deep
+        raise FrameDecodeError("frame body is JSON nested too deep") from None
 
 
 def convert_request(frame: Mapping[str, object]) -> ControlRequest:
@@ -480,6 +482,8 @@ def _explain(exc: msgspec.ValidationError, read_id: Callable[[], RequestId]) -> 
             return FrameDecodeError(f"frame body is a JSON {got['got']}, not an object")
     try:
         request_id = read_id()
+    except RecursionError:  # the body is nested too deep to read even its id
+        return FrameDecodeError("frame body is JSON nested too deep")
     except msgspec.ValidationError as id_exc:
         # The id itself is bad: that is the error reported, and the answer carries no id.
         got = re.search(r", got `(\w+)`", str(id_exc))

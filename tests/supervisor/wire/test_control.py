@@ -190,3 +190,19 @@ def test_convert_request_matches_decode_request() -> None:
         convert_request({"id": 9, "op": "turn.get", "params": {"turn_id": "x"}})
     assert (info.value.field, info.value.request_id) == ("turn_id", 9)
     assert isinstance(decode_request(json.dumps(frame).encode()), msgspec.Struct)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"id":1,"op":"ping","params":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        b'{"id":1,"op":"session.open","params":{"package_id":' + b"[" * 100_000 + b"}}",
+        b'{"id":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    ],
+    ids=["params", "field", "id"],
+)
+def test_json_nested_too_deep_is_a_clear_frame_error(body: bytes) -> None:
+    """msgspec raises RecursionError for JSON nested 100,000 deep; the request is a
+    FrameDecodeError that names the problem (before, the RecursionError escaped)."""
+    with pytest.raises(FrameDecodeError, match=r"nested too deep|not valid UTF-8 JSON"):
+        decode_request(body)

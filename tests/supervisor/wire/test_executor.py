@@ -245,3 +245,15 @@ def test_decode_executor_message_types_and_errors() -> None:
         "status": "READY",
         "detail": "",
     }
+
+
+@pytest.mark.parametrize("kind", ["hello", "response", "heartbeat"])
+def test_json_nested_too_deep_is_a_frame_error(kind: str) -> None:
+    """A frame nested 100,000 deep (msgspec raises RecursionError) is a FrameDecodeError."""
+    from supervisor.wire.executor import decode_executor_message, decode_hello
+    from supervisor.wire.frames import FrameDecodeError
+
+    body = b'{"type":"' + kind.encode() + b'","x":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    decode = decode_hello if kind == "hello" else decode_executor_message
+    with pytest.raises(FrameDecodeError, match="depth limit exceeded"):
+        decode(body)
