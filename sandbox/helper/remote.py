@@ -235,7 +235,7 @@ class RemoteArea:
             raise SandboxUnavailableError(mechanisms={"helper": str(exc)}) from None
         if not isinstance(reply, wire.Levels):
             raise HelperError("bad_reply", f"a {type(reply).__name__} to confine")
-        return dict(reply.levels)
+        return {**reply.levels, "helper": "separate"}  # the evidence says who confined it
 
     async def run_attempt(
         self,

@@ -96,6 +96,8 @@ class DemoStack:
     daemon: anyio.abc.Process | None = None
     executors: dict[str, anyio.abc.Process] = field(default_factory=dict)
     page_base_url: str = ""
+    #: wraps the daemon's command line (tests run it as an unprivileged user this way)
+    daemon_wrapper: Callable[[list[str]], list[str]] | None = None
     _logs: list[Any] = field(default_factory=list)
 
     @property
@@ -128,19 +130,20 @@ class DemoStack:
             env["NOTIFY_SOCKET"] = "@" + name
             log = self.daemon_log.open("ab")
             try:
+                argv = [
+                    sys.executable,
+                    "-m",
+                    "supervisor",
+                    "serve",
+                    "--root",
+                    str(self.root),
+                    "--config",
+                    str(self.config_path),
+                    "--log-format",
+                    "json",
+                ]
                 self.daemon = await anyio.open_process(
-                    [
-                        sys.executable,
-                        "-m",
-                        "supervisor",
-                        "serve",
-                        "--root",
-                        str(self.root),
-                        "--config",
-                        str(self.config_path),
-                        "--log-format",
-                        "json",
-                    ],
+                    self.daemon_wrapper(argv) if self.daemon_wrapper is not None else argv,
                     stdin=None,
                     stdout=log,
                     stderr=log,

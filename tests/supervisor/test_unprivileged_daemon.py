@@ -1,0 +1,133 @@
+"""The privilege-separated deployment, end to end: `hunter serve` as an unprivileged user with
+no capability at all, `hunter sandbox-helper` as root, process turns submitted on control.sock.
+
+What an operator checks: the daemon's process has uid 4242 and CapEff 0; turns still run as
+per-session sandbox uids under Landlock, namespaces and cgroups (the helper's levels); the
+promoted output belongs to the daemon's user; a read outside the grants is a violation on the
+daemon's evidence ledger; ledgers verify.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledger import verify_root
+from supervisor.control.client import ControlClient
+from supervisor.demo.stack import DemoStack, prepare_root
+from tests.helper_process import HelperProcess
+from tests.sandbox.conftest import sandbox_unavailable_reason
+from tests.unprivileged import as_unprivileged
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        sandbox_unavailable_reason() is not None, reason=str(sandbox_unavailable_reason())
+    ),
+]
+
+DAEMON_UID = 4242
+
+
+@pytest.fixture
+def world() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="hh-unpriv-"))
+    path.chmod(0o711)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def helper(world: Path) -> Iterator[HelperProcess]:
+    hroot = world / "helper"
+    hroot.mkdir(mode=0o711)
+    process = HelperProcess(hroot, world / "helper.sock", (DAEMON_UID,), world / "helper.log")
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+async def stack(world: Path, helper: HelperProcess) -> AsyncIterator[DemoStack]:
+    root = world / "d"
+    config = prepare_root(root, fresh=True)
+    text = config.read_text().replace(
+        "[sandbox]\n", f'[sandbox]\nhelper_socket = "{helper.socket_path}"\n'
+    )
+    config.write_text(text)
+    for path in (root, *root.rglob("*")):
+        os.lchown(path, DAEMON_UID, DAEMON_UID)
+    s = DemoStack(
+        root=root,
+        config_path=config,
+        daemon_wrapper=partial(as_unprivileged, DAEMON_UID, DAEMON_UID),
+    )
+    try:
+        await s.start_daemon()
+        yield s
+    finally:
+        await s.aclose()
+    report = verify_root(root, workers=1)
+    assert report.ok, report.errors
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+
+async def _turn(client: ControlClient, sid: str, argv: list[str], out: list[str]) -> dict[str, Any]:
+    submitted = await client.call(
+        "turn.submit", session_id=sid, kind="process", argv=argv, declared_outputs=out
+    )
+    waited = await client.call("turn.wait", turn_id=submitted["turn"]["turn_id"], timeout_s=30)
+    return dict(waited["turn"])
+
+
+async def test_an_unprivileged_daemon_runs_sandboxed_turns_through_the_helper(
+    stack: DemoStack, helper: HelperProcess, world: Path
+) -> None:
+    assert stack.daemon is not None
+    status = _status(stack.daemon.pid)
+    assert status["Uid"].split()[:2] == [str(DAEMON_UID)] * 2
+    assert status["CapEff"] == status["CapPrm"] == status["CapBnd"] == "0000000000000000"
+    secret = world / "secret.txt"
+    secret.write_text("s")
+    secret.chmod(0o644)
+    async with ControlClient(stack.control_socket) as client:
+        opened = await client.call("session.open", package_id="demo")
+        sid = str(opened["session_id"])
+        ok = await _turn(
+            client, sid, ["sh", "-c", 'id -u > "$HUNTER_OUTPUT_DIR/uid.txt"'], ["uid.txt"]
+        )
+        denied = await _turn(client, sid, ["cat", str(secret)], [])
+    assert ok["state"] == "succeeded", ok["result"]
+    promoted = stack.root / "workspace" / sid / "uid.txt"
+    st = promoted.stat()
+    assert (st.st_uid, st.st_gid) == (DAEMON_UID, DAEMON_UID)
+    turn_uid = int(promoted.read_text())
+    assert turn_uid not in (0, DAEMON_UID)
+    levels = ok["result"]["enforcement"]
+    assert (levels["uid_drop"], levels["network"], levels["helper"]) == (
+        "per-session",
+        "netns",
+        "separate",
+    )
+    assert denied["state"] == "violation", denied["result"]
+    (violation,) = denied["result"]["violations"]
+    assert violation["target"] == str(secret)
+    assert "landlock-audit" in violation["detail"]
+    # the helper made the areas under its own root; the daemon's root has none
+    assert not (stack.root / "tmp").exists()
+    assert "helper_area_opened" in helper.log.read_text()
