@@ -9,15 +9,18 @@ a raw walk + read + sha256.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import hashlib
 import json
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
@@ -26,6 +29,7 @@ import structlog
 from ledger import GroupSyncer
 from sandbox.confine.spawn import SpawnRequest, reap, spawn
 from sandbox.enumerate import enumerate_writes
+from sandbox.helper.remote import HelperClient
 from sandbox.runtime.area import SessionArea
 from sandbox.runtime.session import Runtime, Session
 
@@ -170,6 +174,29 @@ def make_files(directory: Path, n: int, size: int) -> None:
         (sub / f"f{i}.bin").write_bytes(payload)
 
 
+@contextlib.contextmanager
+def helper_process(work: Path) -> Iterator[Path]:
+    """A real `hunter sandbox-helper` (root) on its own root under *work*; its socket."""
+    sock = work / "helper.sock"
+    hroot = work / "helper"
+    hroot.mkdir(mode=0o711)
+    log = work / "helper.log"
+    argv = [sys.executable, "-m", "supervisor", "sandbox-helper", "--root", str(hroot)]
+    argv += ["--socket", str(sock), "--allow-user", "0", "--log-format", "json"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + 20
+        while b"sandbox_helper_ready" not in log.read_bytes():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the helper did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.05)
+        yield sock
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
 def main() -> int:
     """Run both benchmarks and print figures and ratios (``--json`` for machines)."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -190,16 +217,23 @@ def main() -> int:
         (pkg / "manifest.json").write_text(json.dumps(manifest))
 
         async def sandboxed(
-            *, group_commit: bool, store: bool = False, runtime_syncs: bool = False
+            *,
+            group_commit: bool,
+            store: bool = False,
+            runtime_syncs: bool = False,
+            helper: Path | None = None,
         ) -> list[float]:
             syncer = GroupSyncer() if group_commit else None
+            client = HelperClient(helper) if helper is not None else None
             try:
-                with Runtime(root, syncer=syncer) as runtime:
+                with Runtime(root, syncer=syncer, helper=client) as runtime:
                     results["enforcement"] = ",".join(
                         f"{k}={v}" for k, v in sorted(runtime.levels.items())
                     )
                     with runtime.open_session("bench") as session:
                         await time_turns(session, 20)  # warm up (ruleset, netns, cgroup)
+                        if helper is not None:
+                            return await time_turns(session, args.turns)
                         launcher = confined_spawn_timer(session)
                         results["confined_spawn_ms"] = round(
                             median_ms(time_sync(launcher, args.turns)), 3
@@ -228,6 +262,15 @@ def main() -> int:
                 functools.partial(sandboxed, group_commit=True, store=True, runtime_syncs=True)
             )
         )
+        with helper_process(work) as socket_path:
+            via_helper = anyio.run(
+                functools.partial(sandboxed, group_commit=False, helper=socket_path)
+            )
+            in_process = anyio.run(functools.partial(sandboxed, group_commit=False))
+        turn_helper = median_ms(via_helper)
+        results["sandboxed_turn_helper_ms"] = round(turn_helper, 3)
+        results["sandboxed_turn_beside_helper_ms"] = round(median_ms(in_process), 3)
+        results["helper_ratio"] = round(turn_helper / median_ms(in_process), 2)
         results["sandboxed_turn_store_ms"] = round(turn_store, 3)
         results["sandboxed_turn_store_before_ms"] = round(turn_store_old, 3)
         results["turn_store_before_ratio"] = round(turn_store_old / bare, 2)
@@ -273,6 +316,12 @@ def main() -> int:
             f"  same, ledgers with GroupSyncer     median "
             f"{results['sandboxed_turn_group_commit_ms']:.3f} ms"
             f"  ratio {results['turn_group_commit_ratio']}x"
+        )
+        print(
+            "  through the sandbox helper (daemon unprivileged, helper root)\n"
+            f"                                     median {results['sandboxed_turn_helper_ms']:.3f}"
+            f" ms  {results['helper_ratio']}x the same turn in-process "
+            f"({results['sandboxed_turn_beside_helper_ms']:.3f} ms, measured beside it)"
         )
         store_ms = results["sandboxed_turn_store_ms"]
         before_ms = results["sandboxed_turn_store_before_ms"]
