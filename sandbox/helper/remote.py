@@ -102,7 +102,8 @@ class HelperClient:
     async def call(
         self, request: wire.Request, *, timeout_s: float = _CALL_TIMEOUT_S
     ) -> wire.Reply:
-        """Send *request* and wait for its reply; cancelling closes the connection."""
+        """Send *request* on a connection of its own and wait for its reply; cancelling
+        closes the connection (the helper then cancels the request)."""
         try:
             with anyio.fail_after(timeout_s):
                 stream = await anyio.connect_unix(self.path)
@@ -179,6 +180,10 @@ class RemoteArea:
         self._tmp_dir = Path("/nonexistent")
         self._output_dir = Path("/nonexistent")
         self._uid = self._gid = -1
+        #: the session's levels, from the helper's last reply that carried them
+        self._levels: dict[str, str] | None = None
+        #: whether the areas may hold files (a run wrote some, or was cut short)
+        self._dirty = False
 
     @property
     def session_id(self) -> str:
@@ -207,6 +212,7 @@ class RemoteArea:
             raise HelperError("bad_reply", f"a {type(reply).__name__} to open")
         self._tmp_dir, self._output_dir = Path(reply.tmp_dir), Path(reply.output_dir)
         self._uid, self._gid = reply.uid, reply.gid
+        self._levels, self._dirty = None, False
 
     def open(self) -> None:
         self._opened(self.client.call_blocking(wire.Open(session=self.spec)))
@@ -229,13 +235,16 @@ class RemoteArea:
         return reply
 
     async def confinement(self) -> dict[str, str]:
+        if self._levels is not None:  # built once per area; each run's reply refreshes them
+            return dict(self._levels)
         try:
             reply = await self._call(wire.Confine(session_id=self._session_id))
         except HelperUnavailableError as exc:  # the turn is refused, not failed: say why
             raise SandboxUnavailableError(mechanisms={"helper": str(exc)}) from None
         if not isinstance(reply, wire.Levels):
             raise HelperError("bad_reply", f"a {type(reply).__name__} to confine")
-        return {**reply.levels, "helper": "separate"}  # the evidence says who confined it
+        self._levels = {**reply.levels, "helper": "separate"}  # the evidence says who did it
+        return dict(self._levels)
 
     async def run_attempt(
         self,
@@ -248,6 +257,7 @@ class RemoteArea:
         timeout_s: float,
     ) -> ConfinedRun:
         start_ns = time.monotonic_ns()
+        self._dirty = True  # until the reply says what the run left
         try:
             reply = await self._call(
                 wire.Run(
@@ -272,6 +282,8 @@ class RemoteArea:
             )
         if not isinstance(reply, wire.Ran):
             raise HelperError("bad_reply", f"a {type(reply).__name__} to run")
+        self._dirty = bool(reply.writes or reply.problems)
+        self._levels = {**reply.levels, "helper": "separate"}
         return ConfinedRun(
             reply.record,
             reply.outcome,
@@ -307,4 +319,7 @@ class RemoteArea:
         done.extend(reply.outputs)
 
     async def empty(self) -> None:
+        if not self._dirty:  # the last run left nothing (a copy was promoted: still dirty)
+            return
         await self._call(wire.Empty(session_id=self._session_id))
+        self._dirty = False

@@ -243,6 +243,7 @@ class HelperServer:
             )
             session.last_writes = run.surface.in_area("output")
             ran = wire.Ran(
+                levels=await session.area.confinement(),
                 record=run.record,
                 outcome=run.outcome,
                 writes=run.surface.writes,

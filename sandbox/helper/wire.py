@@ -158,6 +158,8 @@ class Violation(Struct, frozen=True, kw_only=True):
 
 
 class Ran(Reply, frozen=True, kw_only=True, tag="ran"):
+    #: the session's enforcement levels (as `Levels`), so that later turns need not ask
+    levels: dict[str, str]
     record: ProcessAttempt
     outcome: AttemptOutcome
     writes: tuple[RealizedWrite, ...]
