@@ -218,9 +218,14 @@ class RemoteArea:
         self._opened(self.client.call_blocking(wire.Open(session=self.spec)))
 
     def close(self) -> None:
-        reply = self.client.call_blocking(wire.Close(session_id=self._session_id))
+        """Ask the helper to close the area; never raises (the session's ledgers must still
+        be closed): a helper that cannot be reached reclaims the area when it starts again."""
+        try:
+            reply = self.client.call_blocking(wire.Close(session_id=self._session_id))
+        except (HelperUnavailableError, wire.HelperWireError) as exc:
+            reply = wire.Failed(kind="unreachable", message=str(exc))
         if isinstance(reply, wire.Failed):
-            _raise_failed(reply)
+            _log.warning("helper_area_not_closed", session_id=self._session_id, error=reply.message)
 
     async def _call(
         self, request: wire.Request, *, timeout_s: float = _CALL_TIMEOUT_S

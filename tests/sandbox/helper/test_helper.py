@@ -23,6 +23,7 @@ import msgspec
 import pytest
 
 from ledger import verify_session_dir
+from ledger.errors import LedgerClosedError
 from sandbox.helper import wire
 from sandbox.helper.remote import HelperClient, HelperError, RemoteArea
 from sandbox.policy.attempts import RetryOptions
@@ -302,3 +303,15 @@ def test_an_unreachable_helper_refuses_turns_with_the_reason(root: Path, world: 
 
 def test_helper_error_names_the_kind() -> None:
     assert "unknown_session" in str(HelperError("unknown_session", "x"))
+
+
+async def test_closing_a_session_while_the_helper_is_down_still_closes_its_ledgers(
+    session: Session, helper: HelperProcess
+) -> None:
+    result = await session.run_process_turn(["/bin/true"], declared_outputs=[])
+    assert result.status == "succeeded"
+    helper.stop()
+    session.close()  # logs helper_area_not_closed, raises nothing
+    with pytest.raises(LedgerClosedError):
+        session.ledgers.exec.append({"kind": "note"})
+    verify_session_dir(session.ledgers.session_dir)
