@@ -136,6 +136,12 @@ class HelperClient:
             )
         return reply
 
+    def reset(self) -> None:
+        """Tell the helper a daemon starts: it closes the areas a previous run left open."""
+        reply = self.call_blocking(wire.Reset())
+        if isinstance(reply, wire.Failed):
+            _raise_failed(reply)
+
     def area(
         self,
         *,

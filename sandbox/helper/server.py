@@ -169,6 +169,11 @@ class HelperServer:
                     missing=dict(self.runtime.missing),
                     root=str(self.runtime.root),
                 )
+            case wire.Reset():
+                closed = list(self._sessions)
+                await anyio.to_thread.run_sync(self.close)
+                _log.info("helper_areas_reset", closed=len(closed))
+                return wire.Done()
             case wire.Open(session=spec):
                 return await self._open(spec)
             case wire.Confine(session_id=sid):

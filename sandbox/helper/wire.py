@@ -39,6 +39,7 @@ __all__ = [
     "Ran",
     "Reply",
     "Request",
+    "Reset",
     "Run",
     "SessionSpec",
     "Violation",
@@ -85,6 +86,11 @@ class Request(Struct, frozen=True, kw_only=True, tag_field="op"):
 
 class Hello(Request, frozen=True, kw_only=True, tag="hello"):
     """What the helper enforces on this machine (asked at the daemon's start)."""
+
+
+class Reset(Request, frozen=True, kw_only=True, tag="reset"):
+    """A daemon starts: close every area a previous run of it left open (their processes
+    killed). The sessions it resumes open theirs again."""
 
 
 class Open(Request, frozen=True, kw_only=True, tag="open"):
@@ -186,7 +192,7 @@ class Failed(Reply, frozen=True, kw_only=True, tag="failed"):
 
 
 _request_decoder: Final = msgspec.msgpack.Decoder(
-    Hello | Open | Confine | Run | Promote | Empty | Close
+    Hello | Reset | Open | Confine | Run | Promote | Empty | Close
 )
 _reply_decoder: Final = msgspec.msgpack.Decoder(
     Welcome | Opened | Levels | Ran | Promoted | Done | Failed

@@ -196,6 +196,8 @@ class Runtime:
         self.forbidden_sockets = tuple(Path(p) for p in forbidden_sockets)
         #: the root sandbox helper that confines this runtime's turns (None: this process)
         self.helper = helper
+        #: whether the helper closed what a previous run of this daemon left open
+        self.helper_reset = False
         self._uids_in_use: set[int] = set()
         self._layout: CgroupLayout | None = None
         self._stdin_fd = -1
@@ -247,6 +249,9 @@ class Runtime:
         assert self.helper is not None
         try:
             welcome = self.helper.hello()
+            if not self.helper_reset:  # once per runtime: the previous run's areas go
+                self.helper.reset()
+                self.helper_reset = True
         except (OSError, HelperError) as exc:
             _log.error("sandbox_helper_unreachable", helper=str(self.helper.path), error=str(exc))
             return {"helper": "unreachable"}, {"helper": str(exc)}

@@ -9,6 +9,8 @@ helper that restarted, and requests an attacker could send.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import signal
 import socket
@@ -315,3 +317,43 @@ async def test_closing_a_session_while_the_helper_is_down_still_closes_its_ledge
     with pytest.raises(LedgerClosedError):
         session.ledgers.exec.append({"kind": "note"})
     verify_session_dir(session.ledgers.session_dir)
+
+
+async def test_a_starting_daemon_has_the_helper_close_what_its_previous_run_left(
+    root: Path, install: Installer, helper: HelperProcess
+) -> None:
+    """A daemon killed with SIGKILL leaves its sessions' areas open in the helper (a session
+    taken over by another host would never be reopened here); the next daemon's start closes
+    them: processes killed, session disk unmounted, directories removed."""
+    install("pkg")
+    first = Runtime(root, helper=HelperClient(helper.socket_path))
+    session = first.open_session("pkg")
+    area = session.area
+    assert isinstance(area, RemoteArea)
+    await area.confinement()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(
+            functools.partial(
+                area.run_attempt,
+                exe="/bin/sleep",
+                argv=["sleep", "60"],
+                declared=(),
+                turn=1,
+                attempt_no=1,
+                timeout_s=60,
+            )
+        )
+        await anyio.sleep(0.5)
+        assert _pids_of(session.uid)
+        first.close()  # releases the root lock: as if the daemon died (its session abandoned)
+        with Runtime(root, helper=HelperClient(helper.socket_path)):
+            resets = [
+                json.loads(line)
+                for line in helper.log.read_text().splitlines()
+                if '"helper_areas_reset"' in line
+            ]
+            assert [r["closed"] for r in resets] == [1]
+            assert not session.tmp_dir.exists()
+            assert _pids_of(session.uid) == []
+        tg.cancel_scope.cancel()
+    session.ledgers.close()
