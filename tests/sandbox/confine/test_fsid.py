@@ -8,10 +8,7 @@ could not write itself, and what it writes belongs to the daemon.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,16 +20,6 @@ from sandbox.promote import promote_outputs
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (setfsuid)")
 
 DAEMON = 4242
-
-
-@pytest.fixture
-def world() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="hunter-fsid-"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _outputs(world: Path) -> Path:
