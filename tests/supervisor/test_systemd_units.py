@@ -472,7 +472,10 @@ def test_service_under_real_systemd(tmp_path: Path) -> None:
         helper = c.show("hunter-sandbox.service", "ActiveState", "SubState", "MainPID")
         assert (helper["ActiveState"], helper["SubState"]) == ("active", "running"), helper
         assert _status_fields(c, helper["MainPID"])["Uid"].split() == ["0"] * 4
-        assert "sandbox_helper_ready" in _event_names(c, "hunter-sandbox.service")
+        _poll(
+            "sandbox_helper_ready in the journal",
+            lambda: "sandbox_helper_ready" in _event_names(c, "hunter-sandbox.service"),
+        )
         assert "sandbox_helper_unreachable" not in _event_names(c)
         # The daemon's root is its user's; the helper's root is its own, root's.
         owner = c.run(
