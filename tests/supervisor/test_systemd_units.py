@@ -349,6 +349,10 @@ def _write_share(share: Path) -> None:
         dropin += "PrivateTmp=no\n"
     (share / "helper-venv.conf").write_text(dropin, encoding="utf-8")
     dropin += "WatchdogSec=2s\n"
+    if "PrivateTmp=no" in dropin:
+        # ... and without a private /tmp, ProtectSystem=strict leaves the daemon no writable
+        # temporary directory (Python's tempfile finds none): give it the container's /tmp.
+        dropin += "ReadWritePaths=/tmp\n"
     # ProtectHome=yes hides /home, /root and /run/user from the daemon: a Python installed
     # there (pyenv under /root, a user's venv) is made visible again, read-only, on an empty
     # tmpfs (docs/operations.md: install under /opt or /usr/local instead).
