@@ -39,6 +39,8 @@ _log = structlog.get_logger("sandbox.helper.remote")
 HELPER_LOST: Final = "HELPER_LOST"
 #: How long a request that is not a confined run may take (opening an area mounts a disk).
 _CALL_TIMEOUT_S: Final = 60.0
+#: How long a request waits for a helper that is not listening (a restart) before it fails.
+_RECONNECT_S: Final = 10.0
 #: A confined run's reply may come this long after its deadline (kill grace, enumeration).
 _RUN_SLACK_S: Final = 120.0
 
@@ -106,7 +108,7 @@ class HelperClient:
         closes the connection (the helper then cancels the request)."""
         try:
             with anyio.fail_after(timeout_s):
-                stream = await anyio.connect_unix(self.path)
+                stream = await self._connect()
                 async with stream:
                     await stream.send(wire.encode(request))
                     reader = BufferedByteReceiveStream(stream)
@@ -121,6 +123,21 @@ class HelperClient:
                 errno_.ETIMEDOUT, f"sandbox helper at {self.path}: no reply in {timeout_s:.0f} s"
             ) from None
         return wire.decode_reply(body)
+
+    async def _connect(self) -> anyio.abc.SocketStream:
+        """A connection; a helper that is not listening (restarting, without systemd's socket
+        holding connections meanwhile) is waited for up to `_RECONNECT_S`: the request never
+        reached it, so sending it later is safe."""
+        delay = 0.02
+        deadline = anyio.current_time() + _RECONNECT_S
+        while True:
+            try:
+                return await anyio.connect_unix(self.path)
+            except (FileNotFoundError, ConnectionRefusedError):
+                if anyio.current_time() + delay > deadline:
+                    raise
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 0.5)
 
     def hello(self) -> wire.Welcome:
         """What the helper enforces (`HelperUnavailableError`, `HelperError` otherwise)."""

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from ledger import verify_root
 from supervisor.control.client import ControlClient
+from supervisor.demo.crash_checks import check_turn_entries, read_turn_entries
 from supervisor.demo.stack import DemoStack, prepare_root
 from tests.helper_process import HelperProcess
 from tests.sandbox.conftest import sandbox_unavailable_reason
@@ -131,3 +134,63 @@ async def test_an_unprivileged_daemon_runs_sandboxed_turns_through_the_helper(
     # the helper made the areas under its own root; the daemon's root has none
     assert not (stack.root / "tmp").exists()
     assert "helper_area_opened" in helper.log.read_text()
+
+
+async def test_helper_killed_repeatedly_under_load_loses_no_turn_and_records_none_twice(
+    stack: DemoStack, helper: HelperProcess
+) -> None:
+    """SIGKILL of the root helper three times while 24 process turns run through the
+    unprivileged daemon (restarted each time, as systemd would): attempts in flight become
+    CRASH and are retried, every turn succeeds, each has exactly one final entry in each
+    ledger, and no process of a sandbox uid is left."""
+    script = 'sleep 0.3; echo "$HUNTER_TURN_NUMBER" > "$HUNTER_OUTPUT_DIR/out.txt"'
+    async with ControlClient(stack.control_socket) as client:
+        sids = [str((await client.call("session.open", package_id="demo"))["session_id"])]
+        sids += [str((await client.call("session.open", package_id="demo"))["session_id"])]
+        sids += [str((await client.call("session.open", package_id="demo"))["session_id"])]
+        ids = []
+        for n in range(24):
+            submitted = await client.call(
+                "turn.submit",
+                session_id=sids[n % 3],
+                kind="process",
+                argv=["sh", "-c", script],
+                declared_outputs=["out.txt"],
+            )
+            ids.append(int(submitted["turn"]["turn_id"]))
+        for _ in range(3):
+            await anyio.sleep(0.6)
+            helper.stop(signal.SIGKILL)
+            await anyio.sleep(0.2)  # turns that start now wait for the helper to listen
+            await anyio.to_thread.run_sync(helper.restart)
+        turns = []
+        for turn_id in ids:
+            waited = await client.call("turn.wait", turn_id=turn_id, timeout_s=60)
+            turns.append(dict(waited["turn"]))
+    assert [t["state"] for t in turns] == ["succeeded"] * 24, [
+        (t["turn_id"], t["state"], t.get("reason_code")) for t in turns if t["state"] != "succeeded"
+    ]
+    faults = [a.get("fault_type") for t in turns for a in t["attempts"]]
+    assert faults.count("CRASH") >= 1, "no attempt was in flight at a kill"
+    problems: list[str] = []
+    for sid in sids:
+        (session_dir,) = stack.root.glob(f"planes/*/sessions/{sid}")
+        by_number, _ = read_turn_entries(session_dir, problems)
+        duplicates, missing = check_turn_entries(
+            [t for t in turns if t["session_id"] == sid], by_number
+        )
+        assert (duplicates, missing) == ([], [])
+    assert problems == []
+    leftovers = [
+        pid
+        for pid in os.listdir("/proc")
+        if pid.isdigit() and _uid_of(pid) in range(1_900_000_000, 1_900_065_536)
+    ]
+    assert leftovers == []
+
+
+def _uid_of(pid: str) -> int:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except FileNotFoundError:
+        return -1
