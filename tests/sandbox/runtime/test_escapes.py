@@ -34,21 +34,6 @@ CONNECT = (
 
 
 @pytest.fixture
-def runtime(root: Path) -> Iterator[Runtime]:
-    """A strict runtime on the test root."""
-    with Runtime(root) as rt:
-        yield rt
-
-
-@pytest.fixture
-def session(runtime: Runtime, install: Installer) -> Iterator[Session]:
-    """A session of the default test package (no socket grant)."""
-    install("pkg")
-    with runtime.open_session("pkg") as sess:
-        yield sess
-
-
-@pytest.fixture
 def listener(world: Path) -> Iterator[tuple[Path, socket.socket]]:
     """A listening pathname socket, mode 0777, in a world-writable directory outside."""
     directory = world / "run-outside"

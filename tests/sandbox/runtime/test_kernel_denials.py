@@ -8,7 +8,7 @@ import contextlib
 import json
 import socket
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,30 +44,20 @@ def _audit_status(enabled: int | None = None) -> int:
 
 
 @pytest.fixture
-def runtime(root: Path) -> Iterator[Runtime]:
-    with Runtime(root) as rt:
-        if rt.levels["fs_denials"] != "landlock-audit":
-            pytest.skip(f"Landlock denials are not recorded here ({rt.levels['fs_denials']})")
-        yield rt
+def runtime(runtime: Runtime) -> Runtime:
+    """The conftest's runtime, where the kernel reports Landlock's denials."""
+    if runtime.levels["fs_denials"] != "landlock-audit":
+        pytest.skip(f"Landlock denials are not recorded here ({runtime.levels['fs_denials']})")
+    return runtime
 
 
 @pytest.fixture
-def session(runtime: Runtime, install: Installer) -> Iterator[Session]:
-    install("pkg")
-    with runtime.open_session("pkg") as sess:
-        yield sess
-
-
-@pytest.fixture
-def outside(world: Path) -> Path:
-    """A directory outside every grant, world-writable, with a world-readable file in it."""
-    directory = world / "outside"
-    directory.mkdir()
-    directory.chmod(0o777)
-    secret = directory / "secret.txt"
+def outside(outside: Path) -> Path:
+    """The conftest's directory outside, with a world-readable file in it."""
+    secret = outside / "secret.txt"
     secret.write_text("not yours")
     secret.chmod(0o644)
-    return directory
+    return outside
 
 
 async def sh(session: Session, script: str) -> TurnResult:

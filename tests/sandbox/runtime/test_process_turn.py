@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ import pytest
 import structlog
 
 from sandbox.runtime.area import SessionArea
-from sandbox.runtime.session import Runtime, Session
+from sandbox.runtime.session import Session
 
 pytestmark = pytest.mark.usefixtures("sandboxed")
 
@@ -22,13 +22,6 @@ Installer = Callable[..., Path]
 SCRATCH_BYTES = 48 << 20
 #: scratch in tmp/<sid> must be declared (FR-RT-016, fail closed)
 SCRATCH = {"path": "tmp/**", "role": "scratch"}  # below the default 64 MiB per-file limit
-
-
-@pytest.fixture
-def session(root: Path, install: Installer) -> Iterator[Session]:
-    install("pkg")
-    with Runtime(root) as runtime, runtime.open_session("pkg") as sess:
-        yield sess
 
 
 def turn_entry(session: Session, ledger: str, turn_number: int) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,30 +45,6 @@ def turn_entries(session_dir: Path, turn_number: int) -> dict[str, list[dict[str
 
 
 Installer = Callable[..., Path]
-
-
-@pytest.fixture
-def runtime(root: Path) -> Iterator[Runtime]:
-    """A strict runtime on the test root."""
-    with Runtime(root) as rt:
-        yield rt
-
-
-@pytest.fixture
-def session(runtime: Runtime, install: Installer) -> Iterator[Session]:
-    """A session of the default test package (write anything, execute /usr/bin, /bin)."""
-    install("pkg")
-    with runtime.open_session("pkg") as sess:
-        yield sess
-
-
-@pytest.fixture
-def outside(world: Path) -> Path:
-    """A world-writable directory outside the sandbox (so only the sandbox can stop writes)."""
-    path = world / "outside"
-    path.mkdir()
-    path.chmod(0o777)
-    return path
 
 
 async def sh(session: Session, script: str, **kwargs: object) -> TurnResult:
