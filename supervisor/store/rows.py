@@ -17,11 +17,18 @@ from typing import Final, TypeVar
 import orjson
 
 from sandbox.policy.attempt_record import AttemptRecord
-from sandbox.policy.lifecycle import TurnKind, TurnState
+from sandbox.policy.lifecycle import FINAL_STATES, TurnKind, TurnState
 from supervisor.errors import StoreIntegrityError
-from supervisor.store.protocol import SessionRecord, SessionState, TurnRecord
+from supervisor.store.protocol import SessionRecord, SessionState, TurnEnding, TurnRecord
 
-__all__ = ["attempt_from_row", "dumps", "loads", "session_from_row", "turn_from_row"]
+__all__ = [
+    "attempt_from_row",
+    "dumps",
+    "ending_values",
+    "loads",
+    "session_from_row",
+    "turn_from_row",
+]
 
 _EMPTY: Final[Mapping[str, object]] = MappingProxyType({})
 
@@ -188,4 +195,23 @@ def _turn(
         attempts=attempts,
         owner=_text(row[17]),
         token=token,
+    )
+
+
+def ending_values(
+    ending: TurnEnding, attempts: Sequence[AttemptRecord], now: int
+) -> tuple[object, ...]:
+    """The ending's columns, in the order every engine's finish binds them: state, attempt
+    count, updated, finished (final states only), verdict, reason code, reason, fault type and
+    result (SQLite's ``finish``, both of PostgreSQL's ways)."""
+    return (
+        ending.state.value,
+        max((a.attempt for a in attempts), default=0),
+        now,
+        now if ending.state in FINAL_STATES else None,
+        ending.verdict,
+        ending.reason_code,
+        ending.reason,
+        ending.fault_type,
+        dumps(ending.result),
     )

@@ -34,11 +34,11 @@ import asyncpg
 
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
-from sandbox.policy.lifecycle import FINAL_STATES, LEGAL_MOVES, TurnState
+from sandbox.policy.lifecycle import LEGAL_MOVES, TurnState
 from supervisor.store.postgres.batches import note_xid
 from supervisor.store.postgres.schema import ATTEMPT_COLUMNS, TURN_COLUMNS
 from supervisor.store.protocol import Claim, NewTurn, TurnEnding
-from supervisor.store.rows import dumps
+from supervisor.store.rows import dumps, ending_values
 
 __all__ = ["accept_row", "finish_from", "finish_row"]
 
@@ -146,25 +146,6 @@ def finish_from(to_state: TurnState, started: bool) -> tuple[str, ...]:
             return ()
         return tuple(s.value for s, moves in LEGAL_MOVES.items() if TurnState.RUNNING in moves)
     return tuple(s.value for s, moves in LEGAL_MOVES.items() if to_state in moves)
-
-
-def ending_values(
-    ending: TurnEnding, attempts: Sequence[AttemptRecord], now: int
-) -> tuple[object, ...]:
-    """The ending's columns, in the order both ways of finishing bind them ($1..$9): state,
-    attempt count, updated, finished (final states only), verdict, reason code, reason, fault
-    type and result."""
-    return (
-        ending.state.value,
-        max((a.attempt for a in attempts), default=0),
-        now,
-        now if ending.state in FINAL_STATES else None,
-        ending.verdict,
-        ending.reason_code,
-        ending.reason,
-        ending.fault_type,
-        dumps(ending.result),
-    )
 
 
 async def finish_row(

@@ -48,7 +48,6 @@ from supervisor.store.fleet import StaleHomeError
 from supervisor.store.postgres.one_trip import (
     ATTEMPT_UPSERT,
     accept_row,
-    ending_values,
     finish_row,
     retry_row,
     start_row,
@@ -76,6 +75,7 @@ from supervisor.store.protocol import (
 from supervisor.store.rows import (
     attempt_from_row,
     dumps,
+    ending_values,
     loads,
     session_from_row,
     turn_from_row,

@@ -26,7 +26,7 @@ from typing import Any, Final
 
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
-from sandbox.policy.lifecycle import FINAL_STATES, TurnKind, TurnState, check_move
+from sandbox.policy.lifecycle import TurnKind, TurnState, check_move
 from supervisor.errors import (
     NotEscalatedError,
     SessionClosedError,
@@ -51,6 +51,7 @@ from supervisor.store.protocol import (
 from supervisor.store.rows import (
     attempt_from_row,
     dumps,
+    ending_values,
     loads,
     session_from_row,
     turn_from_row,
@@ -467,18 +468,7 @@ def finish(
         " next_attempt_us = NULL, verdict = ?, reason_code = ?, reason = ?, fault_type = ?,"
         " result = ?, owner = NULL, lease_until_us = NULL"
         f" WHERE turn_id = ? RETURNING {TURN_COLUMNS}",
-        (
-            ending.state.value,
-            max((a.attempt for a in attempts), default=0),
-            now,
-            now if ending.state in FINAL_STATES else None,
-            ending.verdict,
-            ending.reason_code,
-            ending.reason,
-            ending.fault_type,
-            dumps(ending.result),
-            claim.turn_id,
-        ),
+        (*ending_values(ending, attempts, now), claim.turn_id),
     ).fetchall()
     # The spec never changes: the claim's copy saves parsing it again.
     return turn_from_row(rows[0], _attempts_of(conn, claim.turn_id), spec=claim.turn.spec)
