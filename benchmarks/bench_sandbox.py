@@ -177,6 +177,7 @@ def make_files(directory: Path, n: int, size: int) -> None:
 @contextlib.contextmanager
 def helper_process(work: Path) -> Iterator[Path]:
     """A real `hunter sandbox-helper` (root) on its own root under *work*; its socket."""
+    work.mkdir(mode=0o711, parents=True, exist_ok=True)
     sock = work / "helper.sock"
     hroot = work / "helper"
     hroot.mkdir(mode=0o711)

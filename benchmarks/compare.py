@@ -347,6 +347,9 @@ Each figure is the median time of one run of `/bin/true`, spawned and waited for
   writes the process made (realized vs declared), both hash-chained ledger lines, and the turn's
   ending committed with them in the turn store (one fsync). Enforcement reported by the runtime:
   `{enforcement}`.
+- **hunter turn through the helper**: the same turn with a real root `hunter sandbox-helper`
+  process doing the confinement for the daemon's runtime, as the shipped systemd units run it
+  (one request per turn on a Unix socket; docs/sandbox.md, "Privilege separation").
 
 ![sandbox](sandbox.png)
 """
@@ -360,6 +363,7 @@ def run_sandbox(s: Settings, out: Path) -> str:
     bwrap: list[float] = []
     launcher: list[float] = []
     turn: list[float] = []
+    helper_turn: list[float] = []
     enforcement = ""
     with sandbox_peer.sandbox_root() as work:
         argv = sandbox_peer.bwrap_argv(work / "bwrap-writable")
@@ -377,6 +381,7 @@ def run_sandbox(s: Settings, out: Path) -> str:
             figures = anyio.run(sandbox_peer.hunter_round, work, s.sandbox_runs, r)
             launcher.append(figures.launcher_ms)
             turn.append(figures.turn_ms)
+            helper_turn.append(figures.helper_turn_ms)
             enforcement = figures.enforcement
 
         for r in range(s.rounds):
@@ -396,12 +401,14 @@ def run_sandbox(s: Settings, out: Path) -> str:
          ratio_cell(launcher, bwrap), ratio_cell(launcher, bare)],
         ["hunter turn (full, daemon's path)", cell(turn, "{:.3f}"),
          ratio_cell(turn, bwrap), ratio_cell(turn, bare)],
+        ["hunter turn through the sandbox helper (shipped units)", cell(helper_turn, "{:.3f}"),
+         ratio_cell(helper_turn, bwrap), ratio_cell(helper_turn, bare)],
     ]  # fmt: skip
     grouped_bars(
         out / "sandbox.png",
         title="Spawn and wait for /bin/true (median, min-max)",
-        groups=["bare posix_spawn", "bwrap", "hunter launcher", "hunter turn"],
-        series={"ms per run": [bare, bwrap, launcher, turn]},
+        groups=["bare posix_spawn", "bwrap", "hunter launcher", "hunter turn", "via helper"],
+        series={"ms per run": [bare, bwrap, launcher, turn, helper_turn]},
         ylabel="milliseconds",
     )
     text = SANDBOX_TEXT.format(bwrap=_version(["bwrap", "--version"]), enforcement=enforcement)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from benchmarks import bench_sandbox
 from ledger import GroupSyncer
+from sandbox.helper.remote import HelperClient
 from sandbox.runtime.session import Runtime
 
 
@@ -58,6 +59,8 @@ class HunterFigures:
     launcher_ms: float
     turn_ms: float
     enforcement: str
+    #: the same turn with the root sandbox helper doing the confinement (the shipped units)
+    helper_turn_ms: float = 0.0
 
 
 @contextmanager
@@ -91,12 +94,27 @@ async def hunter_round(work: Path, turns: int, round_no: int) -> HunterFigures:
                 samples = await bench_sandbox.time_turns_store(
                     session, work / f"turns-{round_no}.sqlite3", turns
                 )
+        helper_syncer = GroupSyncer()
+        try:
+            with bench_sandbox.helper_process(work / f"helper-{round_no}") as sock:
+                helper = HelperClient(sock)
+                with (
+                    Runtime(work / "root", syncer=helper_syncer, helper=helper) as runtime,
+                    runtime.open_session("bench") as session,
+                ):
+                    await bench_sandbox.time_turns(session, 20)
+                    via_helper = await bench_sandbox.time_turns_store(
+                        session, work / f"turns-helper-{round_no}.sqlite3", turns
+                    )
+        finally:
+            helper_syncer.close()
     finally:
         syncer.close()
     return HunterFigures(
         launcher_ms=launcher_ms,
         turn_ms=bench_sandbox.median_ms(samples),
         enforcement=enforcement,
+        helper_turn_ms=bench_sandbox.median_ms(via_helper),
     )
 
 
