@@ -26,6 +26,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from sandbox.enumerate import RealizedWrite, WriteSurface
 from sandbox.errors import CapabilityViolation, SandboxError, SandboxUnavailableError
 from sandbox.helper import wire
+from sandbox.helper.channel import RECONNECT_S, Channel
 from sandbox.packages import Package
 from sandbox.policy.declarations import DeclaredOutput
 from sandbox.promote import PromotedOutput, PromotionError
@@ -39,8 +40,6 @@ _log = structlog.get_logger("sandbox.helper.remote")
 HELPER_LOST: Final = "HELPER_LOST"
 #: How long a request that is not a confined run may take (opening an area mounts a disk).
 _CALL_TIMEOUT_S: Final = 60.0
-#: How long a request waits for a helper that is not listening (a restart) before it fails.
-_RECONNECT_S: Final = 10.0
 #: A confined run's reply may come this long after its deadline (kill grace, enumeration).
 _RUN_SLACK_S: Final = 120.0
 
@@ -126,10 +125,10 @@ class HelperClient:
 
     async def _connect(self) -> anyio.abc.SocketStream:
         """A connection; a helper that is not listening (restarting, without systemd's socket
-        holding connections meanwhile) is waited for up to `_RECONNECT_S`: the request never
+        holding connections meanwhile) is waited for up to `RECONNECT_S`: the request never
         reached it, so sending it later is safe."""
         delay = 0.02
-        deadline = anyio.current_time() + _RECONNECT_S
+        deadline = anyio.current_time() + RECONNECT_S
         while True:
             try:
                 return await anyio.connect_unix(self.path)
@@ -207,6 +206,7 @@ class RemoteArea:
         self._levels: dict[str, str] | None = None
         #: whether the areas may hold files (a run wrote some, or was cut short)
         self._dirty = False
+        self._channel = Channel(client.path)
 
     @property
     def session_id(self) -> str:
@@ -243,6 +243,7 @@ class RemoteArea:
     def close(self) -> None:
         """Ask the helper to close the area; never raises (the session's ledgers must still
         be closed): a helper that cannot be reached reclaims the area when it starts again."""
+        self._channel.close()
         try:
             reply = self.client.call_blocking(wire.Close(session_id=self._session_id))
         except (HelperUnavailableError, wire.HelperWireError) as exc:
@@ -250,14 +251,31 @@ class RemoteArea:
         if isinstance(reply, wire.Failed):
             _log.warning("helper_area_not_closed", session_id=self._session_id, error=reply.message)
 
+    async def _send(
+        self, request: wire.Request, *, timeout_s: float = _CALL_TIMEOUT_S
+    ) -> wire.Reply:
+        """*request* on the session's own connection (`Channel`), and its reply."""
+        try:
+            body = await self._channel.request(wire.encode(request), timeout_s=timeout_s)
+        except OSError as exc:
+            raise HelperUnavailableError(
+                exc.errno or errno_.EPIPE, f"sandbox helper at {self.client.path}: {exc}"
+            ) from None
+        except TimeoutError:
+            raise HelperUnavailableError(
+                errno_.ETIMEDOUT,
+                f"sandbox helper at {self.client.path}: no reply in {timeout_s:.0f} s",
+            ) from None
+        return wire.decode_reply(body)
+
     async def _call(
         self, request: wire.Request, *, timeout_s: float = _CALL_TIMEOUT_S
     ) -> wire.Reply:
         """*request*, sent again once after opening the area when the helper lost it."""
-        reply = await self.client.call(request, timeout_s=timeout_s)
+        reply = await self._send(request, timeout_s=timeout_s)
         if isinstance(reply, wire.Failed) and reply.kind == "unknown_session":
-            self._opened(await self.client.call(wire.Open(session=self.spec)))
-            reply = await self.client.call(request, timeout_s=timeout_s)
+            self._opened(await self._send(wire.Open(session=self.spec)))
+            reply = await self._send(request, timeout_s=timeout_s)
         if isinstance(reply, wire.Failed):
             _raise_failed(reply)
         return reply
@@ -332,6 +350,8 @@ class RemoteArea:
     async def promote(
         self, writes: Sequence[RealizedWrite], workspace: Path, *, done: list[PromotedOutput]
     ) -> None:
+        if not writes:  # nothing declared to promote: no request
+            return
         request = wire.Promote(
             session_id=self._session_id,
             paths=tuple(w.path for w in writes),
@@ -339,7 +359,7 @@ class RemoteArea:
         )
         # Shielded: the promotion is short and all or nothing; its record must not be lost.
         with anyio.CancelScope(shield=True):
-            reply = await self.client.call(request)
+            reply = await self._send(request)
         if isinstance(reply, wire.Failed):
             _raise_failed(reply)
         if not isinstance(reply, wire.Promoted):

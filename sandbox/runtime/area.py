@@ -197,6 +197,8 @@ class SessionArea:
     async def promote(
         self, writes: Sequence[RealizedWrite], workspace: Path, *, done: list[PromotedOutput]
     ) -> None:
+        if not writes:  # nothing declared to promote: no worker thread
+            return
         # Each promoted file goes onto *done* in the worker thread: a cancellation meanwhile
         # does not lose the record of what reached the workspace.
         await anyio.to_thread.run_sync(
