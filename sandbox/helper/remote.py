@@ -1,11 +1,11 @@
 """The daemon's side of the sandbox helper: `HelperClient` and its `RemoteArea`s.
 
 A `RemoteArea` is a session's `ConfinedArea` (sandbox/runtime/confined_area.py) whose work
-the root helper does (server.py). Each request goes on a connection of its own: a request in
-flight is cancelled by closing its connection (the helper then kills the confined run), and
-requests of different sessions never wait for each other. A helper that restarted has lost
-its areas: the first request that finds its session unknown opens it again and is sent once
-more.
+the root helper does (server.py). A session's requests go one after the other on its own
+connection (channel.py): a request in flight is cancelled by closing it (the helper then kills
+the confined run), and requests of different sessions never wait for each other. A helper that
+restarted has lost its areas: the first request that finds its session unknown opens it again
+and is sent once more.
 """
 
 from __future__ import annotations
@@ -19,14 +19,12 @@ from pathlib import Path
 from typing import Final
 
 import anyio
-import anyio.abc
 import structlog
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 from sandbox.enumerate import RealizedWrite, WriteSurface
 from sandbox.errors import CapabilityViolation, SandboxError, SandboxUnavailableError
 from sandbox.helper import wire
-from sandbox.helper.channel import RECONNECT_S, Channel
+from sandbox.helper.channel import Channel
 from sandbox.packages import Package
 from sandbox.policy.declarations import DeclaredOutput
 from sandbox.promote import PromotedOutput, PromotionError
@@ -105,38 +103,11 @@ class HelperClient:
     ) -> wire.Reply:
         """Send *request* on a connection of its own and wait for its reply; cancelling
         closes the connection (the helper then cancels the request)."""
+        channel = Channel(self.path)
         try:
-            with anyio.fail_after(timeout_s):
-                stream = await self._connect()
-                async with stream:
-                    await stream.send(wire.encode(request))
-                    reader = BufferedByteReceiveStream(stream)
-                    header = await reader.receive_exactly(wire.HEADER_SIZE)
-                    body = await reader.receive_exactly(wire.frame_length(header))
-        except (OSError, anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError) as exc:
-            raise HelperUnavailableError(
-                errno_.EPIPE, f"sandbox helper at {self.path}: {str(exc) or type(exc).__name__}"
-            ) from None
-        except TimeoutError:
-            raise HelperUnavailableError(
-                errno_.ETIMEDOUT, f"sandbox helper at {self.path}: no reply in {timeout_s:.0f} s"
-            ) from None
-        return wire.decode_reply(body)
-
-    async def _connect(self) -> anyio.abc.SocketStream:
-        """A connection; a helper that is not listening (restarting, without systemd's socket
-        holding connections meanwhile) is waited for up to `RECONNECT_S`: the request never
-        reached it, so sending it later is safe."""
-        delay = 0.02
-        deadline = anyio.current_time() + RECONNECT_S
-        while True:
-            try:
-                return await anyio.connect_unix(self.path)
-            except (FileNotFoundError, ConnectionRefusedError):
-                if anyio.current_time() + delay > deadline:
-                    raise
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 0.5)
+            return await exchange(channel, request, timeout_s=timeout_s)
+        finally:
+            channel.close()
 
     def hello(self) -> wire.Welcome:
         """What the helper enforces (`HelperUnavailableError`, `HelperError` otherwise)."""
@@ -179,6 +150,22 @@ class HelperClient:
             env=env,
         )
         return RemoteArea(self, spec)
+
+
+async def exchange(channel: Channel, request: wire.Request, *, timeout_s: float) -> wire.Reply:
+    """*request* on *channel*, and its reply; `HelperUnavailableError` when the helper cannot
+    be reached, goes away or does not answer in *timeout_s*."""
+    try:
+        body = await channel.request(wire.encode(request), timeout_s=timeout_s)
+    except OSError as exc:
+        raise HelperUnavailableError(
+            exc.errno or errno_.EPIPE, f"sandbox helper at {channel.path}: {exc}"
+        ) from None
+    except TimeoutError:
+        raise HelperUnavailableError(
+            errno_.ETIMEDOUT, f"sandbox helper at {channel.path}: no reply in {timeout_s:.0f} s"
+        ) from None
+    return wire.decode_reply(body)
 
 
 def _recv_exactly(sock: socket.socket, size: int) -> bytes:
@@ -255,18 +242,7 @@ class RemoteArea:
         self, request: wire.Request, *, timeout_s: float = _CALL_TIMEOUT_S
     ) -> wire.Reply:
         """*request* on the session's own connection (`Channel`), and its reply."""
-        try:
-            body = await self._channel.request(wire.encode(request), timeout_s=timeout_s)
-        except OSError as exc:
-            raise HelperUnavailableError(
-                exc.errno or errno_.EPIPE, f"sandbox helper at {self.client.path}: {exc}"
-            ) from None
-        except TimeoutError:
-            raise HelperUnavailableError(
-                errno_.ETIMEDOUT,
-                f"sandbox helper at {self.client.path}: no reply in {timeout_s:.0f} s",
-            ) from None
-        return wire.decode_reply(body)
+        return await exchange(self._channel, request, timeout_s=timeout_s)
 
     async def _call(
         self, request: wire.Request, *, timeout_s: float = _CALL_TIMEOUT_S
