@@ -22,6 +22,7 @@ class HelperProcess:
         self.allow = allow
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
+        self.offset = 0
 
     def start(self, *, timeout_s: float = 20.0) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HUNTER_", "LISTEN_"))}
@@ -32,6 +33,8 @@ class HelperProcess:
             argv += ["--allow-user", str(uid)]
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
+        #: where this run's lines begin in the log (a restart appends)
+        self.offset = self.log.stat().st_size if self.log.exists() else 0
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=out, env=env)
         deadline = time.monotonic() + timeout_s
@@ -58,6 +61,5 @@ class HelperProcess:
             return proc.wait()
 
     def restart(self) -> None:
-        """A new helper process on the same root and socket (the log is cleared first)."""
-        self.log.write_bytes(b"")
+        """A new helper process on the same root and socket (its lines appended to the log)."""
         self.start()

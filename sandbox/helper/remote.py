@@ -123,9 +123,10 @@ class HelperClient:
             )
         return reply
 
-    def reset(self) -> None:
-        """Tell the helper a daemon starts: it closes the areas a previous run left open."""
-        reply = self.call_blocking(wire.Reset())
+    def reset(self, owner: Path) -> None:
+        """Tell the helper the daemon of root *owner* starts: it closes the areas a previous
+        run of that daemon left open."""
+        reply = self.call_blocking(wire.Reset(owner=str(owner)))
         if isinstance(reply, wire.Failed):
             _raise_failed(reply)
 
@@ -136,6 +137,7 @@ class HelperClient:
         package: Package,
         workspace: Path,
         forbidden: Sequence[str],
+        owner: Path,
         environ: Mapping[str, str] = os.environ,
     ) -> RemoteArea:
         """The confined area of a session (nothing is sent before ``open``)."""
@@ -148,6 +150,7 @@ class HelperClient:
             workspace=str(Path(os.path.abspath(workspace))),
             forbidden=tuple(forbidden),
             env=env,
+            owner=str(owner),
         )
         return RemoteArea(self, spec)
 

@@ -169,10 +169,12 @@ class HelperServer:
                     missing=dict(self.runtime.missing),
                     root=str(self.runtime.root),
                 )
-            case wire.Reset():
-                closed = list(self._sessions)
-                await anyio.to_thread.run_sync(self.close)
-                _log.info("helper_areas_reset", closed=len(closed))
+            case wire.Reset(owner=owner):
+                left = [s for s in self._sessions.values() if s.spec.owner == owner]
+                for stale in left:
+                    self._sessions.pop(stale.spec.session_id, None)
+                    await anyio.to_thread.run_sync(stale.area.close)
+                _log.info("helper_areas_reset", owner=owner, closed=len(left))
                 return wire.Done()
             case wire.Open(session=spec):
                 return await self._open(spec)

@@ -78,6 +78,8 @@ class SessionSpec(Struct, frozen=True, kw_only=True):
     forbidden: tuple[Annotated[str, Meta(max_length=4096)], ...] = ()
     #: the values of the manifest's ``env_allow`` names in the daemon's environment
     env: dict[str, str] = {}
+    #: the daemon that opened it (its root directory): a `Reset` of that daemon closes it
+    owner: _Path = "/"
 
 
 class Request(Struct, frozen=True, kw_only=True, tag_field="op"):
@@ -89,8 +91,11 @@ class Hello(Request, frozen=True, kw_only=True, tag="hello"):
 
 
 class Reset(Request, frozen=True, kw_only=True, tag="reset"):
-    """A daemon starts: close every area a previous run of it left open (their processes
-    killed). The sessions it resumes open theirs again."""
+    """A daemon starts: close every area a previous run of it (the same *owner*, its root)
+    left open, their processes killed. Other daemons' areas stay. The sessions it resumes
+    open theirs again."""
+
+    owner: _Path
 
 
 class Open(Request, frozen=True, kw_only=True, tag="open"):

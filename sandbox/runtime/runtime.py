@@ -250,7 +250,7 @@ class Runtime:
         try:
             welcome = self.helper.hello()
             if not self.helper_reset:  # once per runtime: the previous run's areas go
-                self.helper.reset()
+                self.helper.reset(self.root)
                 self.helper_reset = True
         except (OSError, HelperError) as exc:
             _log.error("sandbox_helper_unreachable", helper=str(self.helper.path), error=str(exc))
@@ -271,6 +271,7 @@ class Runtime:
                 package=package,
                 workspace=workspace,
                 forbidden=implicit_forbidden(self),
+                owner=self.root,
             )
         return SessionArea(self, session_id=session_id, package=package, capabilities=capabilities)
 

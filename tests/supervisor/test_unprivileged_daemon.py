@@ -9,6 +9,7 @@ daemon's evidence ledger; ledgers verify.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -181,11 +182,14 @@ async def test_helper_killed_repeatedly_under_load_loses_no_turn_and_records_non
         )
         assert (duplicates, missing) == ([], [])
     assert problems == []
-    leftovers = [
-        pid
-        for pid in os.listdir("/proc")
-        if pid.isdigit() and _uid_of(pid) in range(1_900_000_000, 1_900_065_536)
-    ]
+    # the sandbox uids of these sessions (from every helper run's log): none has a process
+    uids = {
+        int(json.loads(line)["uid"])
+        for line in helper.log.read_text().splitlines()
+        if '"helper_area_opened"' in line
+    }
+    assert uids
+    leftovers = [pid for pid in os.listdir("/proc") if pid.isdigit() and _uid_of(pid) in uids]
     assert leftovers == []
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -170,7 +171,7 @@ async def test_a_helper_killed_during_a_run_is_a_crash_and_the_retry_succeeds(
     assert [a.fault_type for a in result.attempts] == ["CRASH", None]
     assert "HELPER_LOST" in result.attempts[0].stderr or result.attempts[0].launcher == "helper"
     assert (session.workspace / "out.txt").read_text() == "done\n"
-    assert "sandbox_leftovers_reclaimed" in helper.log.read_text()
+    assert b"sandbox_leftovers_reclaimed" in helper.log.read_bytes()[helper.offset :]
 
 
 async def test_a_restarted_helper_reopens_the_area_on_first_use(
@@ -180,7 +181,7 @@ async def test_a_restarted_helper_reopens_the_area_on_first_use(
     await anyio.to_thread.run_sync(helper.start)
     result = await session.run_process_turn(["/bin/true"], declared_outputs=[])
     assert result.status == "succeeded", result.to_dict()
-    assert "helper_area_opened" in helper.log.read_text()
+    assert b"helper_area_opened" in helper.log.read_bytes()[helper.offset :]
 
 
 def _frame(body: bytes) -> bytes:
@@ -320,12 +321,18 @@ async def test_closing_a_session_while_the_helper_is_down_still_closes_its_ledge
 
 
 async def test_a_starting_daemon_has_the_helper_close_what_its_previous_run_left(
-    root: Path, install: Installer, helper: HelperProcess
+    root: Path, world: Path, install: Installer, helper: HelperProcess
 ) -> None:
     """A daemon killed with SIGKILL leaves its sessions' areas open in the helper (a session
     taken over by another host would never be reopened here); the next daemon's start closes
-    them: processes killed, session disk unmounted, directories removed."""
-    install("pkg")
+    them: processes killed, session disk unmounted, directories removed. Another daemon's
+    (another root) areas in the same helper stay."""
+    installed = install("pkg")
+    other_root = world / "other"
+    (other_root / "installed").mkdir(parents=True)
+    shutil.copytree(installed, other_root / "installed" / "pkg")
+    other = Runtime(other_root, helper=HelperClient(helper.socket_path))
+    other_session = other.open_session("pkg")
     first = Runtime(root, helper=HelperClient(helper.socket_path))
     session = first.open_session("pkg")
     area = session.area
@@ -352,8 +359,13 @@ async def test_a_starting_daemon_has_the_helper_close_what_its_previous_run_left
                 for line in helper.log.read_text().splitlines()
                 if '"helper_areas_reset"' in line
             ]
-            assert [r["closed"] for r in resets] == [0, 1]  # each start; the second finds one
+            assert [r["closed"] for r in resets] == [0, 0, 1]  # each start; the third finds one
             assert not session.tmp_dir.exists()
             assert _pids_of(session.uid) == []
+            assert other_session.tmp_dir.exists()
+            result = await other_session.run_process_turn(["/bin/true"], declared_outputs=[])
+            assert result.status == "succeeded", result.to_dict()
         tg.cancel_scope.cancel()
-    session.ledgers.close()
+    session.close()
+    other_session.close()
+    other.close()
