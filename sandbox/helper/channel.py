@@ -11,6 +11,7 @@ peeked without blocking before it is used.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import socket
 from pathlib import Path
@@ -44,7 +45,9 @@ class Channel:
         sock = self._idle() or await self._connect()
         try:
             with anyio.fail_after(timeout_s):
-                await _send_all(sock, frame)
+                # the helper may refuse a connection (and close it) before reading: read why
+                with contextlib.suppress(BrokenPipeError):
+                    await _send_all(sock, frame)
                 header = await _recv_exactly(sock, wire.HEADER_SIZE)
                 body = await _recv_exactly(sock, wire.frame_length(header))
         except BaseException:

@@ -10,6 +10,7 @@ and is sent once more.
 
 from __future__ import annotations
 
+import contextlib
 import errno as errno_
 import os
 import socket
@@ -89,7 +90,8 @@ class HelperClient:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
                 sock.settimeout(timeout_s)
                 sock.connect(str(self.path))
-                sock.sendall(wire.encode(request))
+                with contextlib.suppress(BrokenPipeError):  # refused before reading: why?
+                    sock.sendall(wire.encode(request))
                 header = _recv_exactly(sock, wire.HEADER_SIZE)
                 body = _recv_exactly(sock, wire.frame_length(header))
         except OSError as exc:

@@ -17,6 +17,7 @@ import signal
 import socket
 import struct
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,6 +34,7 @@ from sandbox.policy.attempts import RetryOptions
 from sandbox.runtime.session import Runtime, Session
 from tests.helper_process import HelperProcess
 from tests.sandbox.conftest import SYSTEM_PYTHON
+from tests.unprivileged import as_unprivileged
 
 pytestmark = pytest.mark.usefixtures("sandboxed")
 
@@ -271,7 +273,10 @@ def test_a_user_not_allowed_is_refused(helper: HelperProcess) -> None:
         "import socket,struct,sys\n"
         "s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
         "body=bytes([0x81,0xa2])+b'op'+bytes([0xa5])+b'hello'\n"
-        "s.sendall(struct.pack('>I',len(body))+body)\n"
+        "try:\n"
+        "    s.sendall(struct.pack('>I',len(body))+body)\n"
+        "except BrokenPipeError:\n"  # the helper may refuse (and close) before it is sent
+        "    pass\n"
         "sys.stdout.buffer.write(s.recv(65536))\n"
     )
     helper.socket_path.chmod(0o666)  # file modes are not the only guard
@@ -369,3 +374,31 @@ async def test_a_starting_daemon_has_the_helper_close_what_its_previous_run_left
     session.close()
     other_session.close()
     other.close()
+
+
+def test_a_daemon_of_a_uid_not_allowed_is_told_why(helper: HelperProcess) -> None:
+    """The daemon's side of a refused connection: the helper's `forbidden` reply is read and
+    named, even when the helper closed the connection before the request was sent."""
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from sandbox.helper.remote import HelperClient, HelperError\n"
+        "try:\n"
+        "    HelperClient(Path(sys.argv[1])).hello()\n"
+        "except HelperError as exc:\n"
+        "    print(exc)\n"
+    )
+    helper.socket_path.chmod(0o666)
+    repo = Path(__file__).resolve().parents[3]
+    for _ in range(5):  # the helper may close before or after the request arrives
+        proc = subprocess.run(
+            as_unprivileged(
+                STRANGER, STRANGER, [sys.executable, "-c", script, str(helper.socket_path)]
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+            cwd=repo,
+        )
+        assert f"forbidden: uid {STRANGER} may not use the sandbox helper" in proc.stdout, proc
