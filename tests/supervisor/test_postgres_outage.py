@@ -91,7 +91,11 @@ async def test_daemon_rides_out_a_postgres_crash(own_pg_cluster: PgCluster, root
             for t in acknowledged
         ]
         assert len(acknowledged) == 40
-        assert [t["state"] for t in finals] == ["succeeded"] * 40
+        assert [t["state"] for t in finals] == ["succeeded"] * 40, [
+            (t["turn_id"], t["state"], t.get("reason_code"), t.get("reason"), t["attempts"])
+            for t in finals
+            if t["state"] != "succeeded"
+        ]
         listed = (await call_once(sock, "turns.list", session_id=sid, limit=500))["turns"]
         assert sorted(int(t["turn_id"]) for t in listed) == sorted(acknowledged)
         assert stack.daemon is not None
