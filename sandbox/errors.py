@@ -132,6 +132,12 @@ class SpawnError(SandboxError, OSError):
         super().__init__(errno_, message)
 
 
+class ConfinementLostError(SandboxError, OSError):
+    """The process that confined a session's runs went away (the sandbox helper died or
+    restarted): what the last run left in its areas is gone with it. An attempt it cut short
+    is a CRASH, retried as the policy says."""
+
+
 class SessionNotFoundError(SandboxError, LookupError):
     """Raised by ``Runtime.resume_session`` when the session's ledgers do not exist."""
 

@@ -43,6 +43,7 @@ import asyncio
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import os
 import signal
 import socket
@@ -52,7 +53,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 import anyio
 import anyio.abc
@@ -329,6 +330,28 @@ def runtime_config_of(config: Config) -> RuntimeConfig:
     )
 
 
+@runtime_checkable
+class _Enforcing(Protocol):
+    """A runtime that reports its enforcement (`sandbox.runtime.Runtime` does)."""
+
+    levels: dict[str, str]
+    missing: dict[str, str]
+
+
+def sandbox_summary(runtime: object, config: Config) -> dict[str, object]:
+    """What `status` says of the sandbox: the enforcement mode, each mechanism's level, what is
+    missing (strict mode refuses process turns while anything is), and the helper's socket."""
+    levels = dict(runtime.levels) if isinstance(runtime, _Enforcing) else {}
+    missing = dict(runtime.missing) if isinstance(runtime, _Enforcing) else {}
+    helper = config.sandbox.helper_socket
+    return {
+        "enforcement": config.sandbox.enforcement,
+        "helper_socket": None if helper is None else str(helper),
+        "levels": levels,
+        "missing": missing,
+    }
+
+
 def make_runtime(
     config: Config, *, syncer: GroupSyncer, forbidden_sockets: tuple[Path, ...]
 ) -> RuntimeLike:
@@ -515,7 +538,12 @@ class Daemon:
                 listeners = await _open_listeners(config, listen_fds())
                 try:
                     return await self._serve(
-                        config, core=core, hub=hub, listeners=listeners, task_status=task_status
+                        config,
+                        core=core,
+                        hub=hub,
+                        listeners=listeners,
+                        sandbox=functools.partial(sandbox_summary, runtime, config),
+                        task_status=task_status,
                     )
                 finally:
                     for path in listeners.created:
@@ -542,6 +570,7 @@ class Daemon:
         core: TurnCore,
         hub: ExecutorHub,
         listeners: _Listeners,
+        sandbox: Callable[[], Mapping[str, object]],
         task_status: anyio.abc.TaskStatus[None],
     ) -> int:
         control = ControlServer(
@@ -550,6 +579,7 @@ class Daemon:
             max_frame_bytes=config.executors.max_frame_bytes,
             on_drain=self.request_drain,
             info={"root": str(config.root), "control_socket": str(config.control_socket)},
+            sandbox=sandbox,
         )
         async with anyio.create_task_group() as tg:
             if self._handle_signals:  # first, so that a signal during start-up drains cleanly

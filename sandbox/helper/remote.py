@@ -23,7 +23,12 @@ import anyio
 import structlog
 
 from sandbox.enumerate import RealizedWrite, WriteSurface
-from sandbox.errors import CapabilityViolation, SandboxError, SandboxUnavailableError
+from sandbox.errors import (
+    CapabilityViolation,
+    ConfinementLostError,
+    SandboxError,
+    SandboxUnavailableError,
+)
 from sandbox.helper import wire
 from sandbox.helper.channel import Channel
 from sandbox.packages import Package
@@ -51,7 +56,7 @@ class HelperError(SandboxError):
         super().__init__(f"sandbox helper: {kind}: {message}")
 
 
-class HelperUnavailableError(SandboxError, OSError):
+class HelperUnavailableError(ConfinementLostError):
     """The helper's socket could not be reached, or it closed the connection."""
 
 
@@ -341,6 +346,11 @@ class RemoteArea:
         # Shielded: the promotion is short and all or nothing; its record must not be lost.
         with anyio.CancelScope(shield=True):
             reply = await self._send(request)
+        if isinstance(reply, wire.Failed) and reply.kind == "unknown_session":
+            # the helper restarted since the run: the area, and the outputs in it, are gone
+            raise ConfinementLostError(
+                errno_.ENOENT, f"sandbox helper at {self.client.path}: {reply.message}"
+            )
         if isinstance(reply, wire.Failed):
             _raise_failed(reply)
         if not isinstance(reply, wire.Promoted):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import hashlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -33,7 +34,12 @@ import structlog
 from ledger import LedgerEntry, SealedLine
 from sandbox.capabilities import resolve_command
 from sandbox.enumerate import RealizedWrite
-from sandbox.errors import CapabilityViolation, DeclarationError, SandboxUnavailableError
+from sandbox.errors import (
+    CapabilityViolation,
+    ConfinementLostError,
+    DeclarationError,
+    SandboxUnavailableError,
+)
 from sandbox.policy.attempt_loop import AttemptReport, run_attempts
 from sandbox.policy.attempt_record import AttemptRecord as LoopRecord
 from sandbox.policy.attempts import (
@@ -55,6 +61,7 @@ from sandbox.runtime.attempt import (
     ConfinedRun,
     ProcessAttempt,
     capability_violation,
+    crashed_run,
     ms_since,
 )
 
@@ -63,6 +70,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CAPABILITY_REJECTED",
+    "CONFINEMENT_LOST",
     "DECLARATION_INVALID",
     "PROMOTION_FAILED",
     "PROMOTION_IO_FAILED",
@@ -97,6 +105,8 @@ CAPABILITY_REJECTED: Final = "CAPABILITY_REJECTED"
 SANDBOX_UNAVAILABLE: Final = "SANDBOX_UNAVAILABLE"
 PROMOTION_FAILED: Final = "PROMOTION_FAILED"
 PROMOTION_IO_FAILED: Final = "PROMOTION_IO_FAILED"
+#: What a lost sandbox helper (outputs gone before promotion) makes of the attempt: a CRASH.
+CONFINEMENT_LOST: Final = "CONFINEMENT_LOST"
 TURN_CANCELLED: Final = "TURN_CANCELLED"
 TURN_ERROR: Final = "TURN_ERROR"
 
@@ -619,7 +629,9 @@ class ProcessTurn:
             )
 
         hooks = _ProcessHooks(self.session.session_id, turn, finished)
-        end = await run_attempts(
+        name = f"{self.session.session_id}#{turn}"
+        loop = functools.partial(
+            run_attempts,
             one_attempt,
             phase=phase,
             options=options,
@@ -627,16 +639,21 @@ class ProcessTurn:
             sleep=delay,
             hooks=hooks,
             execution_id=self.session.session_id,
-            instruction_id=lambda _n: f"{self.session.session_id}#{turn}",
+            instruction_id=lambda _n: name,
         )
-        # No drain and no interrupted attempt here: the loop always ends with a report.
+        # No drain here: the loop always ends (with a report, unless an interrupted attempt
+        # below ends the turn itself).
+        end = await loop()
         assert end is not None
-        assert end.report is not None
-        decision = end.decision
-        last_outcome = end.outcome
-        finished(end.report.payload, decision)
-        if decision.verdict is Verdict.SUCCEED:
-            realized = end.report.payload.surface.in_area("output")
+        while True:
+            decision = end.decision
+            last_outcome = end.outcome
+            ran = end.report.payload if end.report is not None else hooks.last
+            assert ran is not None
+            finished(ran, decision)
+            if decision.verdict is not Verdict.SUCCEED:
+                break
+            realized = ran.surface.in_area("output")
             # The promoted files go onto `progress` once all are in place, also when the
             # turn is cancelled meanwhile: the record of what reached the workspace is kept.
             try:
@@ -645,6 +662,26 @@ class ProcessTurn:
                     self.session.workspace,
                     done=progress.promoted,
                 )
+            except ConfinementLostError as exc:
+                # The sandbox helper went away with the run's outputs: the attempt crashed
+                # after all. The policy retries it (or ends the turn) like any interrupted one.
+                attempts.pop()
+                number = ran.record.attempt_number
+                why = f"the outputs were lost before promotion: {exc}"
+                hooks.last = crashed_run(
+                    f"{CONFINEMENT_LOST}: {why}",
+                    why,
+                    number,
+                    time.monotonic_ns() - ran.record.duration_ms * 1_000_000,
+                    launcher=ran.record.launcher,
+                )
+                end = await loop(
+                    interrupted=LoopRecord(
+                        attempt=number, started_us=ran.record.started_us, instruction_id=name
+                    )
+                )
+                assert end is not None
+                continue
             except PromotionError as exc:
                 v = capability_violation(
                     self.session.session_id,
@@ -673,6 +710,7 @@ class ProcessTurn:
                         ExecutionFaultType.RESOURCE_EXHAUSTED if full else ExecutionFaultType.CRASH
                     ),
                 )
+            break
         if decision.record_entropy and entropy_detector is not None and phase is not None:
             entropy_detector.record(
                 ToolCall(

@@ -58,6 +58,17 @@ def format_status(status: dict[str, Any]) -> str:
             f"STORE UNAVAILABLE (writes wait; outages {store.get('outages')}):"
             f" {store.get('last_error', '')}",
         )
+    sandbox = status.get("sandbox")
+    if sandbox:
+        levels = sandbox.get("levels") or {}
+        where = (
+            f"helper {sandbox['helper_socket']} ({levels.get('helper', '?')})"
+            if sandbox.get("helper_socket")
+            else "in the daemon"
+        )
+        lines.insert(2, f"sandbox: {sandbox.get('enforcement')}, confined {where}")
+        for name, why in sorted((sandbox.get("missing") or {}).items()):
+            lines.insert(3, f"SANDBOX MISSING {name}: {why}")
     queued = hub.get("queued_by_command") or {}
     lines += [
         "",

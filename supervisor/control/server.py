@@ -157,8 +157,11 @@ class ControlServer:
         max_requests_per_connection: int = MAX_REQUESTS_PER_CONNECTION,
         on_drain: Callable[[], None] | None = None,
         info: Mapping[str, object] | None = None,
+        sandbox: Callable[[], Mapping[str, object]] | None = None,
     ) -> None:
         self._scheduler = scheduler
+        #: the sandbox's enforcement now (levels, what is missing), for `status`
+        self._sandbox = sandbox
         self._hub = hub
         self._max_frame_bytes = max_frame_bytes
         self._max_requests = max_requests_per_connection
@@ -492,6 +495,8 @@ class ControlServer:
             "executors_total": len(executors),
             # the daemon-wide retry budget's window (docs/policy.md "The retry budget")
             "retry_budget": self._scheduler.retry_budget().to_dict(),
+            # what confines process turns, and what is missing (a sandbox helper unreachable)
+            "sandbox": None if self._sandbox is None else dict(self._sandbox()),
         }
 
     async def _executors_list(self, params: ExecutorsListParams) -> object:

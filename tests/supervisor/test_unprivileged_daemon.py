@@ -24,9 +24,11 @@ import anyio
 import pytest
 
 from ledger import verify_root
+from supervisor.cli.daemon_commands import format_status
 from supervisor.control.client import ControlClient
 from supervisor.demo.crash_checks import check_turn_entries, read_turn_entries
 from supervisor.demo.stack import DemoStack, prepare_root
+from supervisor.errors import ControlClientError
 from tests.helper_process import HelperProcess
 from tests.sandbox.conftest import sandbox_unavailable_reason
 from tests.unprivileged import as_unprivileged
@@ -113,6 +115,9 @@ async def test_an_unprivileged_daemon_runs_sandboxed_turns_through_the_helper(
     secret.write_text("s")
     secret.chmod(0o644)
     async with ControlClient(stack.control_socket) as client:
+        sandbox = (await client.call("status"))["sandbox"]
+        assert sandbox["helper_socket"] == str(helper.socket_path)
+        assert (sandbox["levels"]["helper"], sandbox["missing"]) == ("separate", {})
         opened = await client.call("session.open", package_id="demo")
         sid = str(opened["session_id"])
         ok = await _turn(
@@ -228,3 +233,47 @@ def _uid_of(pid: str) -> int:
         return os.stat(f"/proc/{pid}").st_uid
     except FileNotFoundError:
         return -1
+
+
+async def test_a_helper_that_is_not_there_yet_is_named_until_it_listens(
+    world: Path,
+) -> None:
+    """The daemon starts before its helper (no socket unit holding connections): `status`
+    names what is missing, and opening a session says the helper cannot be reached; once the
+    helper listens, sessions open and turns run, and `status` has nothing missing."""
+    root = world / "d"
+    socket_path = world / "late.sock"
+    config = prepare_root(root, fresh=True)
+    config.write_text(
+        config.read_text().replace("[sandbox]\n", f'[sandbox]\nhelper_socket = "{socket_path}"\n')
+    )
+    for path in (root, *root.rglob("*")):
+        os.lchown(path, DAEMON_UID, DAEMON_UID)
+    stack = DemoStack(
+        root=root,
+        config_path=config,
+        daemon_wrapper=partial(as_unprivileged, DAEMON_UID, DAEMON_UID),
+    )
+    hroot = world / "helper"
+    hroot.mkdir(mode=0o711)
+    helper = HelperProcess(hroot, socket_path, (DAEMON_UID,), world / "helper.log")
+    try:
+        await stack.start_daemon()
+        async with ControlClient(stack.control_socket) as client:
+            status = await client.call("status")
+            assert "helper" in status["sandbox"]["missing"]
+            text = format_status(status)
+            (missing,) = [line for line in text.splitlines() if "SANDBOX MISSING" in line]
+            assert missing.startswith("SANDBOX MISSING helper: ")
+            assert f"sandbox helper at {socket_path}" in missing
+            assert "sandbox: best-effort, confined helper" in text
+            with pytest.raises(ControlClientError, match=r"sandbox helper at .*late\.sock"):
+                await client.call("session.open", package_id="demo")
+            await anyio.to_thread.run_sync(helper.start)
+            sid = str((await client.call("session.open", package_id="demo"))["session_id"])
+            ran = await _turn(client, sid, ["true"], [])
+            assert ran["state"] == "succeeded", ran["result"]
+            assert (await client.call("status"))["sandbox"]["missing"] == {}
+    finally:
+        await stack.aclose()
+        helper.stop()

@@ -19,7 +19,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import anyio
@@ -28,9 +28,11 @@ import pytest
 
 from ledger import verify_session_dir
 from ledger.errors import LedgerClosedError
+from sandbox.enumerate import RealizedWrite
 from sandbox.helper import wire
 from sandbox.helper.remote import HelperClient, HelperError, RemoteArea
 from sandbox.policy.attempts import RetryOptions
+from sandbox.promote import PromotedOutput
 from sandbox.runtime.session import Runtime, Session
 from tests.helper_process import HelperProcess
 from tests.sandbox.conftest import SYSTEM_PYTHON
@@ -402,3 +404,51 @@ def test_a_daemon_of_a_uid_not_allowed_is_told_why(helper: HelperProcess) -> Non
             cwd=repo,
         )
         assert f"forbidden: uid {STRANGER} may not use the sandbox helper" in proc.stdout, proc
+
+
+async def test_outputs_lost_with_the_helper_before_promotion_make_the_attempt_a_crash(
+    session: Session, helper: HelperProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The helper is killed (SIGKILL) and restarted after the run, before its outputs are
+    promoted: they are gone with it. The attempt is a CRASH (CONFINEMENT_LOST) and is run
+    again; the second attempt's output is promoted, once."""
+    promote = RemoteArea.promote
+    kills: list[int] = []
+
+    async def kill_first(
+        self: RemoteArea,
+        writes: Sequence[RealizedWrite],
+        workspace: Path,
+        *,
+        done: list[PromotedOutput],
+    ) -> None:
+        if not kills:
+            kills.append(1)
+            helper.stop(signal.SIGKILL)
+            await anyio.to_thread.run_sync(helper.restart)
+        await promote(self, writes, workspace, done=done)
+
+    monkeypatch.setattr(RemoteArea, "promote", kill_first)
+    result = await session.run_process_turn(
+        ["/bin/sh", "-c", 'echo "$$" > "$HUNTER_OUTPUT_DIR/out.txt"'],
+        declared_outputs=["out.txt"],
+        options=RetryOptions(max_attempts=3, base_delay_ms=10, max_delay_ms=10),
+    )
+    assert result.status == "succeeded", result.to_dict()
+    first, second = result.attempts
+    assert (first.fault_type, first.verdict, first.reason_code) == (
+        "CRASH",
+        "RETRY",
+        "RETRY_AFTER_CRASH",
+    )
+    assert "the outputs were lost before promotion" in first.stderr
+    assert "no open area for session" in first.stderr
+    assert second.verdict == "SUCCEED"
+    assert [p.path for p in result.promoted_outputs] == ["out.txt"]
+    assert (session.workspace / "out.txt").exists()
+    exec_turns = [
+        json.loads(line)
+        for line in (session.ledgers.session_dir / "ledger" / "exec.jsonl").read_text().splitlines()
+        if '"kind":"turn"' in line
+    ]
+    assert len(exec_turns) == 1
