@@ -18,6 +18,7 @@ import stat
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
@@ -25,6 +26,9 @@ import anyio.abc
 from supervisor.config import ConfigError, load_config
 from supervisor.logging import configure_logging, get_logger
 from supervisor.sdnotify import listen_fds, notify
+
+if TYPE_CHECKING:
+    from sandbox.runtime.runtime import RuntimeConfig
 
 __all__ = ["parse_user", "run_sandbox_helper"]
 
@@ -66,16 +70,15 @@ def _bind(path: Path, allowed: Sequence[int]) -> socket.socket:
 
 async def _serve(
     root: Path,
-    config_runtime: object,
+    config_runtime: RuntimeConfig,
     allowed: Sequence[int],
     socket_path: Path | None,
     activated: Mapping[str, socket.socket],
 ) -> int:
     from sandbox.helper.server import HelperServer
-    from sandbox.runtime.runtime import Runtime, RuntimeConfig
+    from sandbox.runtime.runtime import Runtime
 
     log = get_logger("supervisor.sandbox_helper")
-    assert isinstance(config_runtime, RuntimeConfig)
     raw = next(iter(activated.values()), None)
     created: Path | None = None
     if raw is None:

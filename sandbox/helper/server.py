@@ -71,9 +71,6 @@ class HelperServer:
         self.allowed_uids = frozenset(allowed_uids) | {0}
         self._sessions: dict[str, _HelperSession] = {}
 
-    def __len__(self) -> int:
-        return len(self._sessions)
-
     async def serve(self, listener: anyio.abc.Listener[anyio.abc.SocketStream]) -> None:
         """Serve connections until cancelled."""
         await listener.serve(self.handle)

@@ -428,6 +428,29 @@ class ProcessTurn:
         )
         return result
 
+    async def _unavailable(
+        self,
+        turn: int,
+        request: dict[str, object],
+        start_ns: int,
+        exc: SandboxUnavailableError,
+        levels: Mapping[str, str],
+    ) -> TurnResult:
+        """Record a turn refused because a confinement mechanism is missing; the result when
+        the caller ends the turn from it, else *exc* again."""
+        rejected = await self._reject(
+            turn,
+            request,
+            start_ns,
+            reason_code=SANDBOX_UNAVAILABLE,
+            reason=str(exc),
+            violation=None,
+            levels=levels,
+        )
+        if self.caller_commits:  # recorded: the caller ends the turn from the result
+            return rejected
+        raise exc
+
     async def _record_violation(
         self, turn: int, violation: CapabilityViolation
     ) -> list[dict[str, object]]:
@@ -524,18 +547,7 @@ class ProcessTurn:
         try:
             self.session.runtime.require_enforcement()
         except SandboxUnavailableError as exc:
-            rejected = await self._reject(
-                turn,
-                request,
-                start_ns,
-                reason_code=SANDBOX_UNAVAILABLE,
-                reason=str(exc),
-                violation=None,
-                levels=levels,
-            )
-            if self.caller_commits:  # recorded: the caller ends the turn from the result
-                return rejected
-            raise
+            return await self._unavailable(turn, request, start_ns, exc, levels)
         try:
             exe, declared = check_request(self.session, argv, declared_outputs, turn)
         except DeclarationError as exc:
@@ -561,18 +573,7 @@ class ProcessTurn:
         try:
             levels = await self.session.area.confinement()
         except SandboxUnavailableError as exc:  # the sandbox helper cannot be reached
-            rejected = await self._reject(
-                turn,
-                request,
-                start_ns,
-                reason_code=SANDBOX_UNAVAILABLE,
-                reason=str(exc),
-                violation=None,
-                levels=levels,
-            )
-            if self.caller_commits:
-                return rejected
-            raise
+            return await self._unavailable(turn, request, start_ns, exc, levels)
         header = self.session.prompt_header(
             turn_number=turn,
             declared_inputs=declared_inputs,

@@ -265,6 +265,11 @@ class Runtime:
         """A session's confined area: in this process, or kept by the sandbox helper."""
         from sandbox.runtime.area import SessionArea, implicit_forbidden
 
+        if self.helper is not None and "helper" in self.missing:
+            # unreachable so far: ask again here (blocking; sessions open in worker threads)
+            self.levels, self.missing = self._ask_helper()
+            if "helper" not in self.missing:
+                _log.info("sandbox_helper_reached", **self.levels)
         if self.helper is not None:
             return self.helper.area(
                 session_id=session_id,
@@ -407,11 +412,8 @@ class Runtime:
     def require_enforcement(self) -> None:
         """Raise ``SandboxUnavailableError`` in strict mode when a mechanism is missing (and
         whatever the mode while the sandbox helper cannot be reached)."""
-        if "helper" in self.missing:
-            self.levels, self.missing = self._ask_helper()
-            if "helper" in self.missing:
-                raise SandboxUnavailableError(mechanisms={"helper": self.missing["helper"]})
-            _log.info("sandbox_helper_reached", **self.levels)
+        if "helper" in self.missing:  # asked again when a session opens (a worker thread)
+            raise SandboxUnavailableError(mechanisms={"helper": self.missing["helper"]})
         if self.config.enforcement == "strict" and self.missing:
             raise SandboxUnavailableError(mechanisms=self.missing)
         if "root_traversal" in self.missing:

@@ -160,8 +160,7 @@ class ControlServer:
         sandbox: Callable[[], Mapping[str, object]] | None = None,
     ) -> None:
         self._scheduler = scheduler
-        #: the sandbox's enforcement now (levels, what is missing), for `status`
-        self._sandbox = sandbox
+        self._sandbox = sandbox  # the sandbox's enforcement now, for `status`
         self._hub = hub
         self._max_frame_bytes = max_frame_bytes
         self._max_requests = max_requests_per_connection
@@ -495,7 +494,6 @@ class ControlServer:
             "executors_total": len(executors),
             # the daemon-wide retry budget's window (docs/policy.md "The retry budget")
             "retry_budget": self._scheduler.retry_budget().to_dict(),
-            # what confines process turns, and what is missing (a sandbox helper unreachable)
             "sandbox": None if self._sandbox is None else dict(self._sandbox()),
         }
 
