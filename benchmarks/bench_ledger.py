@@ -197,6 +197,7 @@ def bench_store_commit(
                             ledger_lines=lines,
                             started=AttemptRecord(attempt=1, started_us=0),
                         )
+                        session.release(lines)
                         session.flush()
                         entries += 2
 

@@ -334,7 +334,9 @@ class SessionLedgers:
 
         For a caller whose own store commits the two lines in its transaction (the daemon's turn
         store): the pair is durable once that commit is; the files catch up with `sync`, and
-        after a crash from the store (`LedgerWriter.restore`).
+        after a crash from the store (`LedgerWriter.restore`). The two lines are held out of
+        the files until the caller's `release` (after its commit), so the files only ever hold
+        what the store committed: a crash leaves both lines of a turn or neither.
         """
         exec_record, evidence_record = self._turn_records(
             turn_number=turn_number,
@@ -352,9 +354,37 @@ class SessionLedgers:
         exec_fields = self.exec.prepare(exec_record)
         evidence_fields = self.evidence.prepare(evidence_record)
         return (
-            self.exec.seal_prepared(exec_fields)[1],
-            self.evidence.seal_prepared(evidence_fields)[1],
+            self.exec.seal_prepared(exec_fields, hold=True)[1],
+            self.evidence.seal_prepared(evidence_fields, hold=True)[1],
         )
+
+    def seal_evidence(self, record: Mapping[str, object]) -> SealedLine:
+        """Seal and hold one evidence entry (as `seal_turn` does a pair): for a turn whose exec
+        entry survived a crash without its evidence entry, rebuilt by the caller."""
+        return self.evidence.seal_prepared(self.evidence.prepare(record), hold=True)[1]
+
+    def _let_exec_out(self) -> int:
+        """Release the exec ledger's held lines; the seq to make durable before an evidence
+        entry that lets the evidence ledger's out (0: nothing to wait for)."""
+        self.exec.release_all()
+        seq = self.exec.ready_seq
+        return seq if seq > self.exec.durable_seq else 0
+
+    def release(self, lines: Iterable[SealedLine]) -> None:
+        """The caller's store committed these sealed lines: they may go to the files now (with
+        the next `flush` or `sync`). Lines of other ledgers are ignored."""
+        exec_seqs: list[int] = []
+        evidence_seqs: list[int] = []
+        exec_id, evidence_id = self.exec.ledger_id, self.evidence.ledger_id
+        for line in lines:
+            if line.ledger_id == exec_id:
+                exec_seqs.append(line.seq)
+            elif line.ledger_id == evidence_id:
+                evidence_seqs.append(line.seq)
+        if exec_seqs:
+            self.exec.release(exec_seqs)
+        if evidence_seqs:
+            self.evidence.release(evidence_seqs)
 
     def flush(self) -> None:
         """Write both files' queued lines now, without syncing (see `LedgerWriter.flush`)."""
@@ -362,9 +392,10 @@ class SessionLedgers:
         self.evidence.flush()
 
     def sync(self) -> tuple[int, int]:
-        """Make everything written to both files durable (one sync round; blocking); returns
-        the durable ``(exec seq, evidence seq)``."""
-        exec_seq, evidence_seq = self.exec.head[0], self.evidence.head[0]
+        """Make everything written to both files durable (one sync round; blocking), up to
+        the first line still held for its commit; returns the durable ``(exec seq, evidence
+        seq)``."""
+        exec_seq, evidence_seq = self.exec.ready_seq, self.evidence.ready_seq
         items: list[tuple[Syncable, int]] = []
         if exec_seq > self.exec.durable_seq:
             items.append((self.exec, exec_seq))
@@ -426,7 +457,13 @@ class SessionLedgers:
         work_order_id: str | None = None,
         timestamp_us: int | None = None,
     ) -> LedgerEntry:
-        """Write a ``capability_violation`` evidence entry now (durable on return)."""
+        """Write a ``capability_violation`` evidence entry now (durable on return); lines held
+        for a commit go out with it, on both ledgers, the exec ledger's first and durable
+        before it (a crash leaves a turn's exec entry without its evidence entry, which
+        recovery rebuilds, never the reverse)."""
+        exec_seq = self._let_exec_out()
+        if exec_seq:
+            self._syncer.make_durable(((self.exec, exec_seq),))
         return self.evidence.append(
             self._violation_record(
                 turn_number=turn_number,
@@ -543,6 +580,9 @@ class SessionLedgers:
         timestamp_us: int | None = None,
     ) -> LedgerEntry:
         """`record_violation` for async callers (see `LedgerWriter.aappend`)."""
+        exec_seq = self._let_exec_out()
+        if exec_seq:
+            await await_durable(self._syncer, ((self.exec, exec_seq),))
         return await self.evidence.aappend(
             self._violation_record(
                 turn_number=turn_number,

@@ -129,7 +129,11 @@ class LedgerWriter:
         self._failure: str | None = None
         self._waiters: list[tuple[int, Waiter]] = []
         self._pending: list[bytes] = []
+        #: ``(seq, entry_hash)`` of each line in ``_pending``, in the same order
+        self._pending_marks: list[tuple[int, str]] = []
         self._pending_bytes = 0
+        #: seqs of queued lines held back from the file until `release` (their commit is due)
+        self._held: set[int] = set()
         self.device = 0
         self.legacy_entries = 0
         self.head_path = path
@@ -254,10 +258,24 @@ class LedgerWriter:
         """`write_entry` for a record returned by `prepare` (which it takes over)."""
         return self.seal_prepared(fields)[0]
 
-    def seal_prepared(self, fields: dict[str, object]) -> tuple[LedgerEntry, SealedLine]:
+    def seal_prepared(
+        self, fields: dict[str, object], *, hold: bool = False
+    ) -> tuple[LedgerEntry, SealedLine]:
         """`write_prepared` that also returns the sealed line (for a store that makes it
-        durable in its own transaction; see `restore`)."""
+        durable in its own transaction; see `restore`).
+
+        With *hold*, the line takes its place in the chain now but stays out of the file (and
+        so do the lines sealed after it) until `release` is called with its seq: the caller's
+        store commits it first. A crash before the commit then leaves the file without it, as
+        the store is; never one of a turn's two lines in a file that the store does not have.
+
+        A line sealed without *hold* lets every held line before it out: its writer may wait
+        for it to be durable (a violation, a checkpoint), and must never wait on a commit that
+        its own thread would have to finish (the event loop's, in the daemon).
+        """
         with self._lock:
+            if not hold and self._held:
+                self._held.clear()
             self._check_usable()
             seq = self._seq + 1
             ts = max(self._clock(), self._last_ts)
@@ -267,12 +285,44 @@ class LedgerWriter:
             fields["previous_hash"] = self._hash
             fields["ts_us"] = ts
             line, digest = seal(fields)
-            self._queue_locked(line)
+            if hold:
+                self._held.add(seq)
+            self._queue_locked(line, seq, digest)
             self._seq = seq
             self._hash = digest
             self._last_ts = ts
-            self._written = (seq, digest)
         return LedgerEntry.from_dict(fields), SealedLine(self.ledger_id, seq, digest, line)
+
+    def release(self, seqs: Iterable[int]) -> None:
+        """Let held lines (`seal_prepared` with *hold*) go to the file with the next flush or
+        sync: the store committed them. Unknown or already released seqs are ignored."""
+        with self._lock:
+            if self._held:
+                self._held.difference_update(seqs)
+
+    def release_all(self) -> None:
+        """Let every held line go to the file with the next flush or sync (a line that must be
+        durable now is sealed behind them, in this ledger or its sibling)."""
+        with self._lock:
+            self._held.clear()
+
+    @property
+    def ready_seq(self) -> int:
+        """The last seq that may reach the file now: the chain's head, or the line before the
+        first one still held (what a sync round can make durable without waiting for a
+        commit)."""
+        with self._lock:
+            return self._ready_locked()[0]
+
+    def _ready_locked(self) -> tuple[int, str]:
+        if not self._held:
+            return self._seq, self._hash
+        ready = self._written
+        for mark in self._pending_marks:
+            if mark[0] in self._held:
+                break
+            ready = mark
+        return ready
 
     def restore(self, lines: Iterable[SealedLine]) -> int:
         """Append lines that a store kept durable but the file lost (a crash before the file
@@ -293,12 +343,11 @@ class LedgerWriter:
                 if sealed.seq <= self._seq:
                     continue
                 fields = self._check_restored(sealed)
-                self._queue_locked(sealed.line)
+                self._queue_locked(sealed.line, sealed.seq, sealed.entry_hash)
                 self._seq = sealed.seq
                 self._hash = sealed.entry_hash
                 ts = fields.get("ts_us")
                 self._last_ts = max(self._last_ts, ts if type(ts) is int else 0)
-                self._written = (self._seq, self._hash)
                 appended += 1
             seq = self._seq
         if appended:
@@ -329,8 +378,9 @@ class LedgerWriter:
             raise refuse("it does not link to the file's last entry")
         return fields
 
-    def _queue_locked(self, line: bytes) -> None:
+    def _queue_locked(self, line: bytes, seq: int, entry_hash: str) -> None:
         self._pending.append(line)
+        self._pending_marks.append((seq, entry_hash))
         self._pending_bytes += len(line)
         if self._pending_bytes > MAX_PENDING_BYTES:  # bound memory when nobody waits
             try:
@@ -380,8 +430,12 @@ class LedgerWriter:
             if self._closed:
                 return
             self._closed = True
-            pending = self._failure is None and self._written[0] > self._synced_seq
-            seq = self._written[0]
+            seq = self._ready_locked()[0]
+            pending = self._failure is None and seq > self._synced_seq
+            if self._held:  # sealed, never committed: the store does not have them either
+                _log.warning(
+                    "ledger_held_lines_dropped", path=str(self._path), seqs=sorted(self._held)
+                )
         try:
             if pending:
                 try:
@@ -411,11 +465,31 @@ class LedgerWriter:
             return self._fd, self._written[0], self._written[1]
 
     def _flush_locked(self) -> None:
-        if not self._pending:
+        """Write the queued lines up to the first held one."""
+        pending = self._pending
+        if not pending:
             return
-        data = b"".join(self._pending) if len(self._pending) > 1 else self._pending[0]
-        self._pending.clear()
-        self._pending_bytes = 0
+        count = len(pending)
+        if self._held:
+            count = 0
+            for seq, _ in self._pending_marks:
+                if seq in self._held:
+                    break
+                count += 1
+            if count == 0:
+                return
+        if count == len(pending):
+            data = b"".join(pending) if count > 1 else pending[0]
+            pending.clear()
+            last = self._pending_marks[-1]
+            self._pending_marks.clear()
+        else:
+            data = b"".join(pending[:count])
+            del pending[:count]
+            last = self._pending_marks[count - 1]
+            del self._pending_marks[:count]
+        self._pending_bytes -= len(data)
+        self._written = last  # what the file holds once the write below returns
         view = memoryview(data)
         while view:
             written = os.write(self._fd, view)

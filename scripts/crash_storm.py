@@ -4,8 +4,11 @@ The scenario is `supervisor.demo.crash` (the CI test ``tests/supervisor/test_cra
 short one): clients submit instruction turns with idempotency keys while the daemon is
 SIGKILLed ``--kills`` times at seeded random points and restarted; then every acknowledged
 turn must be final, every key must name one turn, every final turn must have exactly one final
-entry in each of its session's two ledgers, the ledgers must verify and the daemon log must
-hold no traceback.
+entry in its session's exec ledger and exactly one entry for its ending in its evidence ledger,
+every turn a restart rolled forward (ended from its ledger entry) must show an attempt count of
+at least 1 and attempts that ended (outcome, decision, reason code, finish time), the ledgers
+must verify and the daemon log must hold no traceback. The summary counts the rolled-forward
+turns.
 
 With ``--mixed`` about 30% of the turns are sandboxed process turns (some running when a kill
 lands, one leaving a background child behind), and after the final clean stop nothing may be

@@ -36,6 +36,7 @@ __all__ = [
     "add_timestamp",
     "bind_ids",
     "configure_logging",
+    "describe_error",
     "drop_below_level",
     "get_logger",
     "render",
@@ -273,3 +274,11 @@ def _isatty(stream: object) -> bool:
         return bool(isatty())
     except (OSError, ValueError):  # closed or detached stream
         return False
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` of *exc* for a log line; for an exception group (what an anyio task
+    group raises, whatever the number of its errors), of each error inside it."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(describe_error(inner) for inner in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}"

@@ -84,53 +84,58 @@ class HelperServer:
     async def handle(self, stream: anyio.abc.SocketStream) -> None:
         """One connection: requests answered one at a time until the peer closes it. Whatever
         happens on it ends that connection only, never the helper."""
+        peer: tuple[int, int, int] | None = None
         try:
-            await self._connection(stream)
-        except Exception:
-            _log.exception("helper_connection_failed")
+            async with stream:
+                try:
+                    peer = peer_credentials(stream.extra(anyio.abc.SocketAttribute.raw_socket))
+                except OSError as exc:
+                    _log.warning("helper_peer_unknown", error=str(exc))
+                    return
+                await self._connection(stream, peer)
+        except Exception as exc:
+            _log.exception(
+                "helper_connection_failed",
+                uid=None if peer is None else peer[1],
+                pid=None if peer is None else peer[0],
+                error=f"{type(exc).__name__}: {exc}",
+            )
 
-    async def _connection(self, stream: anyio.abc.SocketStream) -> None:
-        async with stream:
+    async def _connection(self, stream: anyio.abc.SocketStream, peer: tuple[int, int, int]) -> None:
+        _pid, uid, gid = peer
+        if uid not in self.allowed_uids:
+            _log.warning("helper_peer_refused", uid=uid)
+            await _send(
+                stream,
+                wire.Failed(kind="forbidden", message=f"uid {uid} may not use the sandbox helper"),
+            )
+            return
+        reader = BufferedByteReceiveStream(stream)
+        while True:
             try:
-                _, uid, gid = peer_credentials(stream.extra(anyio.abc.SocketAttribute.raw_socket))
-            except OSError as exc:
-                _log.warning("helper_peer_unknown", error=str(exc))
+                header = await reader.receive_exactly(wire.HEADER_SIZE)
+                body = await reader.receive_exactly(wire.frame_length(header))
+            except (
+                anyio.EndOfStream,
+                anyio.IncompleteRead,
+                anyio.BrokenResourceError,
+                OSError,
+            ):
                 return
-            if uid not in self.allowed_uids:
-                _log.warning("helper_peer_refused", uid=uid)
-                await _send(
-                    stream,
-                    wire.Failed(
-                        kind="forbidden", message=f"uid {uid} may not use the sandbox helper"
-                    ),
-                )
+            except wire.HelperWireError as exc:
+                await _send(stream, wire.Failed(kind="bad_request", message=str(exc)))
                 return
-            reader = BufferedByteReceiveStream(stream)
-            while True:
-                try:
-                    header = await reader.receive_exactly(wire.HEADER_SIZE)
-                    body = await reader.receive_exactly(wire.frame_length(header))
-                except (
-                    anyio.EndOfStream,
-                    anyio.IncompleteRead,
-                    anyio.BrokenResourceError,
-                    OSError,
-                ):
-                    return
-                except wire.HelperWireError as exc:
-                    await _send(stream, wire.Failed(kind="bad_request", message=str(exc)))
-                    return
-                try:
-                    request = wire.decode_request(body)
-                except wire.HelperWireError as exc:
-                    _log.warning("helper_bad_request", uid=uid, error=str(exc))
-                    await _send(stream, wire.Failed(kind="bad_request", message=str(exc)))
-                    return
-                reply = await self._answer(request, reader, (uid, gid))
-                if reply is None:  # the peer went away during a run: it was killed
-                    return
-                if not await _send(stream, reply):
-                    return
+            try:
+                request = wire.decode_request(body)
+            except wire.HelperWireError as exc:
+                _log.warning("helper_bad_request", uid=uid, error=str(exc))
+                await _send(stream, wire.Failed(kind="bad_request", message=str(exc)))
+                return
+            reply = await self._answer(request, reader, (uid, gid))
+            if reply is None:  # the peer went away during a run: it was killed
+                return
+            if not await _send(stream, reply):
+                return
 
     async def _answer(
         self, request: wire.Request, reader: BufferedByteReceiveStream, peer: tuple[int, int]

@@ -230,6 +230,10 @@ def decode_request(body: bytes) -> Request:
         raise HelperWireError("not a helper request: nested too deep") from None
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise HelperWireError(f"not a helper request: {exc}") from None
+    except UnicodeError as exc:  # msgspec's answer to a str that is not UTF-8
+        raise HelperWireError(f"not a helper request: a string is not UTF-8 ({exc})") from None
+    except Exception as exc:  # anything unforeseen in a body is a bad frame, never a crash
+        raise HelperWireError(f"not a helper request: {type(exc).__name__}: {exc}") from None
 
 
 def decode_reply(body: bytes) -> Reply:
@@ -239,3 +243,7 @@ def decode_reply(body: bytes) -> Reply:
         raise HelperWireError("not a helper reply: nested too deep") from None
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise HelperWireError(f"not a helper reply: {exc}") from None
+    except UnicodeError as exc:  # msgspec's answer to a str that is not UTF-8
+        raise HelperWireError(f"not a helper reply: a string is not UTF-8 ({exc})") from None
+    except Exception as exc:  # anything unforeseen in a body is a bad frame, never a crash
+        raise HelperWireError(f"not a helper reply: {type(exc).__name__}: {exc}") from None

@@ -4,8 +4,8 @@
 ``SandboxExecutor`` inside THE attempt loop (``sandbox.policy.attempt_loop.run_attempts``), which
 asks ``decide_attempt`` (sandbox/policy/attempts.py, the one mapping of DESIGN.md) what to do
 after every attempt; this module has neither retry rules nor a loop of its own. Backoff waits
-go through the injected ``delay`` (default ``anyio.sleep``; a zero backoff does not wait) so
-tests can record them. Every
+go through the injected ``delay`` (required: the caller passes its event loop's sleep, such as
+``anyio.sleep``; a zero backoff does not wait) so tests can record them. Every
 attempt receives the same, deep-frozen ``ToolCall`` object (identical arguments); resetting the
 sandbox or making the call idempotent between attempts is the executor's job.
 
@@ -19,8 +19,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol, runtime_checkable
-
-import anyio
 
 from sandbox.policy import reason_codes as rc
 from sandbox.policy.attempt_loop import AttemptReport, run_attempts
@@ -244,7 +242,7 @@ class SandboxRetryProtocol:
         entropy_detector: EntropyDetector,
         options: RetryOptions | None = None,
         *,
-        delay: Callable[[float], Awaitable[None]] = anyio.sleep,
+        delay: Callable[[float], Awaitable[None]],
         clock: Callable[[], int] = _no_clock,
     ) -> None:
         self._executor = executor

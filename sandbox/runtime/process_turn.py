@@ -418,7 +418,11 @@ class ProcessTurn:
             duration_ms=ms_since(start_ns),
             enforcement=dict(levels),
         )
-        await self._record(turn, request, result, recorded, declared=(), header=None)
+        sealed = await self._record(
+            turn, request, result, recorded, declared=(), header=None, seal_only=self.caller_commits
+        )
+        if sealed:  # the caller commits them with the ending (held out of the files until then)
+            result = dataclasses.replace(result, sealed_lines=sealed)
         _log.warning(
             "turn_rejected",
             session_id=self.session.session_id,

@@ -182,9 +182,9 @@ class Session:
 
         ``ledger_commit="caller"``: the normal ending's two entries are sealed and queued but
         not synced; they are in ``TurnResult.sealed_lines`` for the caller's store to commit with
-        the turn's ending (the daemon's one durable step). A rejection is still recorded durably
-        here and returned (``SandboxUnavailableError`` too becomes a rejected result); a turn
-        cut short (cancelled, an error) is not recorded here: the caller records its ending.
+        the turn's ending (the daemon's one durable step), a rejection's as well
+        (``SandboxUnavailableError`` too becomes a rejected result); a turn cut short
+        (cancelled, an error) is not recorded here: the caller records its ending.
 
         A request that is malformed or not allowed is *rejected* before it runs (status
         ``rejected``; ``violations`` holds the recorded ``CapabilityViolation``).
@@ -276,8 +276,15 @@ class Session:
     def exec_ledger_path(self) -> Path:
         return self.ledgers.exec_path
 
-    def flush_ledgers(self) -> None:
-        """Write the queued lines to both files now, without syncing."""
+    def seal_evidence(self, record: Mapping[str, object]) -> SealedLine:
+        """Seal and hold one evidence entry for the caller's store to commit (see
+        `SessionLedgers.seal_evidence`)."""
+        return self.ledgers.seal_evidence(record)
+
+    def flush_ledgers(self, committed: Iterable[SealedLine] = ()) -> None:
+        """Release *committed* (sealed lines the caller's store has committed), then write the
+        queued lines to both files up to the first one still held, without syncing."""
+        self.ledgers.release(committed)
         self.ledgers.flush()
 
     def sync_ledgers(self) -> tuple[int, int]:

@@ -60,7 +60,8 @@ from ledger import session_dir_for
 from sandbox.policy.lifecycle import TurnState
 from supervisor.errors import RequestError, StoreIntegrityError
 from supervisor.executors.hub import ExecutorHub
-from supervisor.logging import get_logger
+from supervisor.executors.peercred import stream_peer_credentials
+from supervisor.logging import describe_error, get_logger
 from supervisor.store.protocol import TurnRecord
 from supervisor.turns.core import TurnCore
 from supervisor.turns.requests import TurnRequest, parse_turn_request
@@ -204,7 +205,26 @@ class ControlServer:
             await listener.serve(self._connection, task_group=tg)
 
     async def _connection(self, stream: anyio.abc.SocketStream) -> None:
+        """One control connection, and its error boundary: whatever happens on it, an exception
+        nobody foresaw included, costs this connection only (closed, and logged with the peer's
+        uid and pid), never the server or the daemon. Cancellation passes through."""
         self._connections += 1
+        creds = stream_peer_credentials(stream)
+        try:
+            await self._serve_connection(stream)
+        except Exception as exc:
+            self._log.exception(
+                "control_connection_failed",
+                uid=creds.uid if creds else None,
+                pid=creds.pid if creds else None,
+                error=describe_error(exc),
+            )
+            with contextlib.suppress(Exception):
+                await stream.aclose()
+        finally:
+            self._connections -= 1
+
+    async def _serve_connection(self, stream: anyio.abc.SocketStream) -> None:
         reader = FrameReader(stream, max_bytes=self._max_frame_bytes)
         # Corked writer: answers completed in the same event-loop pass (a group commit ends
         # many turns at once) leave in one send; a lone answer is written at once.
@@ -248,7 +268,6 @@ class ControlServer:
             # The client went away: nobody will read the answers. Waits and reads in progress
             # are cancelled; requests that change state run to the end (they are shielded).
             tg.cancel_scope.cancel()
-        self._connections -= 1
 
     async def _serve_counted(
         self,

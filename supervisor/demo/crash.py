@@ -22,15 +22,21 @@ The scenario
    compared with the keys; ``ledger.verify`` runs. Then the daemon is stopped with SIGTERM and
    the session's ledgers are read: each final turn must have exactly one final ``turn`` entry
    in ``exec.jsonl`` and one in ``evidence.jsonl`` (entries of one turn are paired in file
-   order; an escalated turn's pair is not final), agreeing with the store's state. The ledgers
-   are verified offline too, and the daemon log must hold no traceback.
+   order; an escalated turn's pair is not final), agreeing with the store's state. Every turn
+   the store has (``turns.list``, all sessions) is checked against its session's files too:
+   each final turn must have exactly one final ``turn`` entry in its exec ledger and exactly
+   one ``turn`` entry for its ending in its evidence ledger (`check_ledger_pairs`), and every
+   turn the restarts rolled forward (ended from its ledger entry) must carry an attempt count
+   of at least 1 and attempt records that ended: outcome, decision, reason code and finish
+   time (`check_rolled_forward`); their number is in the summary. The ledgers are verified
+   offline too, and the daemon log must hold no traceback.
 5. Mixed load (``mixed``): about ``process_share`` of the turns are sandboxed process turns
    (`PROCESS_TURNS`), so kills also land while sandboxed processes run. The storm's daemon has
    its own sandbox uid range (`storm_uids`); after the final clean stop no process of those
    uids may live, no turn cgroup leaf of the root may be left and every session scratch dir
    (``tmp/<sid>``, ``output/<sid>``) must be empty or gone (`check_leftovers`).
 
-About 650 lines, past the usual 600: the storm's loop (kills, restarts, resubmissions) and
+About 700 lines, past the usual 600: the storm's loop (kills, restarts, resubmissions) and
 its report share the run's state; the checks it applies live in `crash_checks`.
 """
 
@@ -54,9 +60,13 @@ from supervisor.control.client import ControlClient
 from supervisor.demo.crash_checks import (
     LedgerTurnEntries,
     check_daemon_log,
+    check_ledger_pairs,
     check_leftovers,
+    check_rolled_forward,
     check_turn_entries,
+    count_log_events,
     read_turn_entries,
+    rolled_forward,
 )
 from supervisor.demo.stack import DEMO_CONFIG, DemoStack, prepare_root
 from supervisor.errors import ConnectionLost, ControlClientError, DaemonNotRunning
@@ -68,10 +78,13 @@ __all__ = [
     "StormConfig",
     "StormReport",
     "check_daemon_log",
+    "check_ledger_pairs",
     "check_leftovers",
+    "check_rolled_forward",
     "check_turn_entries",
     "format_violations",
     "read_turn_entries",
+    "rolled_forward",
     "run_storm",
     "storm_config_text",
     "storm_uids",
@@ -162,6 +175,10 @@ class StormReport:
     resubmitted_existing: int = 0
     states: Counter[str] = field(default_factory=Counter)
     ledger_entries: int = 0
+    #: turns the restarts ended from their ledger entry (reason ``ROLLED_FORWARD``), and the
+    #: daemon log's ``turn_rolled_forward`` events (more when a kill landed in a roll forward)
+    rolled_forward: int = 0
+    rolled_forward_logged: int = 0
     elapsed_s: float = 0.0
     session_id: str = ""
     #: an acknowledged turn missing from the store or not final
@@ -172,6 +189,12 @@ class StormReport:
     ledger_duplicates: list[str] = field(default_factory=list)
     #: a final turn without its pair of entries, an unpaired entry, a status the store denies
     ledger_missing: list[str] = field(default_factory=list)
+    #: a final turn of any session (the store's ``turns.list``) without exactly one final
+    #: entry in its exec ledger and exactly one entry for its ending in its evidence ledger
+    ledger_pairs: list[str] = field(default_factory=list)
+    #: a rolled-forward turn with an attempt count of 0 or an attempt record that never ended
+    #: (no outcome, decision, reason code or finish time)
+    rolled_forward_attempts: list[str] = field(default_factory=list)
     #: ledger verification failures (through the daemon and offline)
     verification: list[str] = field(default_factory=list)
     #: tracebacks and error events in the daemon log
@@ -191,6 +214,8 @@ class StormReport:
             "idempotency": self.idempotency,
             "ledger_duplicates": self.ledger_duplicates,
             "ledger_missing": self.ledger_missing,
+            "ledger_pairs": self.ledger_pairs,
+            "rolled_forward_attempts": self.rolled_forward_attempts,
             "verification": self.verification,
             "leftovers": self.leftovers,
             "log": self.log,
@@ -213,7 +238,9 @@ class StormReport:
             f"crash storm {verdict}: seed {self.seed}, {self.kills} SIGKILLs, "
             f"{self.acknowledged} turns acknowledged ({kinds or 'none'}; {states or 'none'}), "
             f"{self.resubmissions} resubmissions ({self.resubmitted_existing} found the turn "
-            f"already accepted), {self.ledger_entries} ledger entries, {self.elapsed_s:.1f} s"
+            f"already accepted), {self.rolled_forward} rolled forward "
+            f"({self.rolled_forward_logged} turn_rolled_forward events), "
+            f"{self.ledger_entries} ledger entries, {self.elapsed_s:.1f} s"
         )
 
 
@@ -301,6 +328,9 @@ class _Storm:
         #: set once ``len(ack_order)`` reaches ``_target`` (or the clients are done)
         self._target = 0
         self._reached = anyio.Event()
+        #: after `settle`: every turn the store has (``turns.list``), every session's directory
+        self.stored_turns: list[dict[str, Any]] = []
+        self.session_dirs: dict[str, Path] = {}
 
     # -- clients ------------------------------------------------------------------------------
 
@@ -564,6 +594,7 @@ class _Storm:
                 self.report.idempotency.append(
                     f"the store holds {stored} turns for {len(self.acks)} idempotency keys"
                 )
+            await self._list_stored(client)
             verify = await client.call("ledger.verify", session_id=self.session_id)
             for failure in verify["failures"]:
                 self.report.verification.append(
@@ -587,6 +618,23 @@ class _Storm:
                 self.report.kinds["process" if submitted.process else "instruction"] += 1
         return turns
 
+    async def _list_stored(self, client: ControlClient) -> None:
+        """Every turn and session the store has, for the checks over all of them."""
+        sessions = await client.call("session.list")
+        self.session_dirs = {
+            str(s["session_id"]): session_dir_for(
+                self.stack.root, str(s["tier"]), str(s["session_id"])
+            )
+            for s in sessions["sessions"]
+        }
+        after = 0
+        while True:
+            page = await client.call("turns.list", after_turn_id=after, limit=500)
+            self.stored_turns.extend(page["turns"])
+            if page["next_after"] is None:
+                return
+            after = int(page["next_after"])
+
     def check_ledgers(self, turns: Mapping[int, Mapping[str, Any]]) -> None:
         session_dir = session_dir_for(self.stack.root, "default", self.session_id)
         problems: list[str] = []
@@ -596,6 +644,9 @@ class _Storm:
         duplicates, missing = check_turn_entries(turns.values(), by_number)
         self.report.ledger_duplicates.extend(duplicates)
         self.report.ledger_missing.extend(missing)
+        self.report.ledger_pairs.extend(check_ledger_pairs(self.stored_turns, self.session_dirs))
+        self.report.rolled_forward = len(rolled_forward(self.stored_turns))
+        self.report.rolled_forward_attempts.extend(check_rolled_forward(self.stored_turns))
         try:
             verify_session_dir(session_dir)
         except IntegrityError as exc:
@@ -638,6 +689,7 @@ async def run_storm(
     finally:
         await stack.aclose()
         report.log.extend(check_daemon_log(stack.daemon_log))
+        report.rolled_forward_logged = count_log_events(stack.daemon_log, "turn_rolled_forward")
         report.elapsed_s = time.monotonic() - started
     return report
 

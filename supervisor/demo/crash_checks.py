@@ -1,5 +1,6 @@
-"""Reading what a crash storm's daemon left behind: its ledgers' ``turn`` entries, its log, and
-what a clean stop must not leave (processes of the sandbox uids, turn cgroups, scratch files).
+"""Reading what a crash storm's daemon left behind: its ledgers' ``turn`` entries, its turns'
+records (rolled-forward turns must carry a finished attempt), its log, and what a clean stop
+must not leave (processes of the sandbox uids, turn cgroups, scratch files).
 
 `supervisor.demo.crash` runs the storm; these checks judge what it left (and are tested on their
 own, on hand-made ledgers and logs, so that a checker that cannot fail is noticed).
@@ -16,20 +17,25 @@ from typing import Any, Final
 
 import orjson
 
+from ledger.verify import session_ledger_paths
 from sandbox.confine.procs import LEAF_PARENT, process_uids
 from sandbox.policy.lifecycle import FINAL_STATES
 from sandbox.runtime.leftovers import AREAS
 from sandbox.runtime.runtime import cgroup_prefix_for
+from supervisor.turns.recovery import ROLLED_FORWARD
 
 __all__ = [
     "ANYIO_READ_RACE",
     "FINAL_STATUSES",
     "LedgerTurnEntries",
     "check_daemon_log",
+    "check_ledger_pairs",
     "check_leftovers",
+    "check_rolled_forward",
     "check_turn_entries",
     "count_log_events",
     "read_turn_entries",
+    "rolled_forward",
 ]
 
 FINAL_STATUSES: Final = frozenset(s.value for s in FINAL_STATES)
@@ -200,6 +206,142 @@ def check_turn_entries(
             f"seqs {entries.exec_seqs}) but no acknowledged turn"
         )
     return duplicates, missing
+
+
+def _turn_name(turn: Mapping[str, Any]) -> str:
+    return (
+        f"session {turn['session_id']} turn {turn['turn_id']} "
+        f"(turn_number {turn['turn_number']}, {turn['state']})"
+    )
+
+
+def _session_entries(
+    session_id: str, session_dir: Path, problems: list[str]
+) -> dict[int, LedgerTurnEntries] | None:
+    """The ``turn`` entries of one session's ledgers, or None (and a problem) when one of its
+    two ledger files is missing."""
+    absent = [path for path in session_ledger_paths(session_dir) if not path.is_file()]
+    if absent:
+        problems.extend(
+            f"session {session_id}: ledger {path} is missing (none of the session's final "
+            f"turns can have its entry there)"
+            for path in absent
+        )
+        return None
+    unreadable: list[str] = []
+    by_number, _ = read_turn_entries(session_dir, unreadable)
+    problems.extend(f"session {session_id}: {line}" for line in unreadable)
+    return by_number
+
+
+def check_ledger_pairs(
+    turns: Iterable[Mapping[str, Any]], session_dirs: Mapping[str, Path]
+) -> list[str]:
+    """Every turn in a final state (``state`` in `FINAL_STATUSES`; *turns* are ``turn.get`` /
+    ``turns.list`` dicts, any sessions) must have exactly one final ``turn`` entry for its
+    turn_number in its session's exec ledger and exactly one ``turn`` entry for its ending in
+    the evidence ledger (*session_dirs*: session id -> session directory).
+
+    An evidence entry carries no status: the daemon writes a turn's exec and evidence entries
+    as a pair for each ending and each escalation, so the evidence ledger must hold one entry
+    per non-final exec entry of the turn (its escalations) plus one for the ending. Returns
+    one problem per missing or doubled entry, naming the session, turn id, turn number and the
+    ledger file; a session whose ledger file is missing or has a line that is not JSON is named
+    once. Each session's files are read once."""
+    problems: list[str] = []
+    read: dict[str, dict[int, LedgerTurnEntries] | None] = {}
+    for turn in sorted(turns, key=lambda t: int(t["turn_id"])):
+        if str(turn["state"]) not in FINAL_STATUSES:
+            continue
+        session_id = str(turn["session_id"])
+        number = int(turn["turn_number"])
+        name = _turn_name(turn)
+        session_dir = session_dirs.get(session_id)
+        if session_dir is None:
+            problems.append(f"{name}: the directory of session {session_id} is not known")
+            continue
+        if session_id not in read:
+            read[session_id] = _session_entries(session_id, session_dir, problems)
+        by_number = read[session_id]
+        if by_number is None:
+            continue  # a ledger file is missing: named once for the session
+        exec_path, evidence_path = session_ledger_paths(session_dir)
+        entries = by_number.get(number, LedgerTurnEntries())
+        finals = entries.final_exec()
+        if not finals:
+            problems.append(
+                f"{name}: exec entry missing: {exec_path} holds no final turn entry for "
+                f"turn_number {number} (its turn entries there: statuses "
+                f"{entries.exec_statuses}, seqs {entries.exec_seqs})"
+            )
+        elif len(finals) > 1:
+            problems.append(
+                f"{name}: exec entry doubled: {exec_path} holds {len(finals)} final turn "
+                f"entries for turn_number {number} (seqs {[seq for seq, _ in finals]}, statuses "
+                f"{[status for _, status in finals]})"
+            )
+        escalations = len(entries.exec_statuses) - len(finals)
+        expected = escalations + 1
+        held = len(entries.evidence_seqs)
+        if held != expected:
+            problems.append(
+                f"{name}: evidence entry {'missing' if held < expected else 'doubled'}: "
+                f"{evidence_path} holds {held} turn entries for turn_number {number} (seqs "
+                f"{entries.evidence_seqs}), {expected} expected: one for its ending"
+                + (
+                    f" and {escalations} for its non-final exec entries (statuses "
+                    f"{[s for s in entries.exec_statuses if s not in FINAL_STATUSES]})"
+                    if escalations
+                    else ""
+                )
+            )
+    return problems
+
+
+def rolled_forward(turns: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The turns a restarted daemon ended from their ledger entry (the ending's ``reason`` is
+    `supervisor.turns.recovery.ROLLED_FORWARD`), by turn id."""
+    return sorted(
+        (t for t in turns if t.get("reason") == ROLLED_FORWARD), key=lambda t: int(t["turn_id"])
+    )
+
+
+def check_rolled_forward(turns: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Every rolled-forward turn among *turns* (``turn.get`` / ``turns.list`` dicts, with their
+    ``attempts``; see `rolled_forward`) must show attempts that ended, as ``hunter turn show``
+    reads them: an attempt count (``attempt``) of at least 1, at least one attempt record, and
+    on every attempt record an outcome (or a fault type), a decision, a reason code and a
+    finish time. Returns one problem per turn and failing item, naming the session, turn id
+    and turn number."""
+    problems: list[str] = []
+    for turn in rolled_forward(turns):
+        name = f"{_turn_name(turn)}, rolled forward ({turn.get('reason_code')})"
+        count = turn.get("attempt")
+        if not isinstance(count, int) or count < 1:
+            problems.append(f"{name}: its attempt count is {count!r}, not at least 1")
+        attempts: list[Mapping[str, Any]] = list(turn.get("attempts") or [])
+        if not attempts:
+            problems.append(f"{name}: it has no attempt record")
+        for attempt in attempts:
+            lacking = [
+                what
+                for what, present in (
+                    (
+                        "outcome (nor fault type)",
+                        attempt.get("outcome") or attempt.get("fault_type"),
+                    ),
+                    ("decision", attempt.get("decision")),
+                    ("reason code", attempt.get("reason_code")),
+                    ("finish time", attempt.get("finished_us")),
+                )
+                if not present
+            ]
+            if lacking:
+                problems.append(
+                    f"{name}: attempt {attempt.get('attempt')} has no {', '.join(lacking)}: "
+                    f"an attempt that never ended"
+                )
+    return problems
 
 
 def _turn_leaf_parents() -> list[Path]:

@@ -66,6 +66,7 @@ from supervisor.executors.reception import Reception, open_executor_listener
 from supervisor.executors.reports import AttemptReport, ExecutorInfo, HubReason, HubStatistics
 from supervisor.executors.roster import Roster
 from supervisor.executors.settings import HubSettings
+from supervisor.logging import describe_error
 from supervisor.wire.executor import Reject, RejectReason
 from supervisor.wire.frames import FrameError
 
@@ -465,16 +466,31 @@ class ExecutorHub:
 
     # ------------------------------------------------------------------ connections
     async def _handle_connection(self, stream: anyio.abc.SocketStream) -> None:
+        """One executor connection, and its error boundary: whatever happens on it costs this
+        connection only (closed, logged with the peer's uid and pid), never the hub."""
+        creds: PeerCredentials | None = None
         try:
             async with stream:
-                await self._connection(stream)
+                creds = stream_peer_credentials(stream)
+                await self._connection(stream, creds)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            self._log.info("connection_lost", detail=repr(exc))
-        except Exception:  # one broken connection must never take the hub down
-            self._log.exception("connection_failed")
+            self._log.info(
+                "connection_lost",
+                detail=repr(exc),
+                uid=creds.uid if creds else None,
+                pid=creds.pid if creds else None,
+            )
+        except Exception as exc:  # one broken connection must never take the hub down
+            self._log.exception(
+                "connection_failed",
+                uid=creds.uid if creds else None,
+                pid=creds.pid if creds else None,
+                error=describe_error(exc),
+            )
 
-    async def _connection(self, stream: anyio.abc.SocketStream) -> None:
-        creds = stream_peer_credentials(stream)
+    async def _connection(
+        self, stream: anyio.abc.SocketStream, creds: PeerCredentials | None
+    ) -> None:
         reception = self._reception
         greeted = await reception.greet(
             stream, creds, allowed_uids=self._allowed_uids, closing=self._closing

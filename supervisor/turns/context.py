@@ -241,8 +241,10 @@ async def end_turn(
     started: AttemptRecord | None = None,
 ) -> TurnRecord:
     """End (or park) *turn* under its claim in one durable step: the turn's exec and evidence
-    lines are sealed here, or come *sealed* from the sandbox runtime (empty: it already wrote
-    them), and commit with the ending in one store transaction; then the tracker and the log.
+    lines are sealed here, or come *sealed* from the sandbox runtime, and commit with the ending
+    in one store transaction; then the tracker and the log. Sealed lines stay out of the files
+    until the commit is done (`SessionLedgers.seal_turn`), so a crash leaves both of a turn's
+    lines in the files, or neither.
 
     The files get the lines from their writers and are synced later in rounds
     (`DaemonSessions.sync_ledgers`); after a crash the store gives back what they lost.
@@ -253,13 +255,13 @@ async def end_turn(
         raise RuntimeError(msg)
     if sealed is None:
         lines: Sequence[SealedLine] = deps.sessions.record_end(with_ending(turn, ending, attempts))
-    else:  # the sandbox runtime sealed them (or, for a rejection, already wrote them)
+    else:  # the sandbox runtime sealed them
         lines = sealed
     tail: Tail | None = None
-    if deps.anchors is not None and sealed is not None:
-        # In a fleet the runtime's own lines (violations, a rejection's pair) go with it.
-        lines, tail = await deps.anchors.with_pending(deps.sessions.get(turn.session_id), lines)
     try:
+        if deps.anchors is not None and sealed is not None:
+            # In a fleet the runtime's own lines (violations) go with it.
+            lines, tail = await deps.anchors.with_pending(deps.sessions.get(turn.session_id), lines)
         finished = await deps.store.finish(
             claim, ending, attempts, ledger_lines=lines, started=started
         )
@@ -271,13 +273,15 @@ async def end_turn(
                 seqs=[x.seq for x in lines],
                 reason="the store refused or failed the turn's ending",
             )
+            # Held, they would stop every later line of the session from reaching its files.
+            deps.sessions.flush(turn.session_id, lines)
         raise
     if deps.anchors is not None:
         if tail is not None:
             deps.anchors.advance(tail)
         deps.anchors.noted(lines)
-    if lines:
-        deps.sessions.flush(turn.session_id)
+    if lines:  # committed: the files may have them now (both lines, or neither after a crash)
+        deps.sessions.flush(turn.session_id, lines)
     active.claim = None
     deps.tracker.remember(finished)
     deps.tracker.ended(finished, attempts, lines)

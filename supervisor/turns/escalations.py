@@ -89,9 +89,13 @@ class Escalations:
                 turn.turn_id, resolution, ledger_lines=lines
             )
         except NotEscalatedError as exc:
+            deps.sessions.flush(turn.session_id, lines)  # held, they would stop later lines
             raise _not_escalated(turn.turn_id, exc.state) from None
-        if lines:
-            deps.sessions.flush(turn.session_id)
+        except BaseException:
+            deps.sessions.flush(turn.session_id, lines)
+            raise
+        if lines:  # committed: the files may have them now
+            deps.sessions.flush(turn.session_id, lines)
         self._log.info("escalation_resolved", turn_id=turn.turn_id, action=resolution.value)
         if resolved.final:
             deps.tracker.remember(resolved)

@@ -175,8 +175,8 @@ async def run_process_turn(
             )
             for record in records:
                 hooks.log_fault(record)
-            # The runtime sealed both ledger lines of this ending (or, for a rejection, wrote
-            # them): they commit with the ending, one durable step.
+            # The runtime sealed both ledger lines of this ending (a rejection's too): they
+            # commit with the ending, one durable step.
             return await end_turn(
                 deps, turn, active, ending, records, sealed=tuple(result.sealed_lines)
             )

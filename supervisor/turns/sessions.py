@@ -118,8 +118,14 @@ class SessionLike(Protocol):
     @property
     def exec_ledger_path(self) -> Path: ...
 
-    def flush_ledgers(self) -> None:
-        """Write the queued lines to both files now, without syncing."""
+    def seal_evidence(self, record: Mapping[str, object]) -> SealedLine:
+        """Seal one evidence entry, held for the store's commit (a rebuilt one, after a
+        crash)."""
+        ...
+
+    def flush_ledgers(self, committed: Iterable[SealedLine] = ()) -> None:
+        """Release *committed* (sealed lines the store has now), then write the queued lines
+        to both files up to the first one still held, without syncing."""
         ...
 
     def sync_ledgers(self) -> tuple[int, int]:
@@ -305,14 +311,15 @@ class DaemonSessions:
             },
         )
 
-    def flush(self, session_id: str) -> None:
+    def flush(self, session_id: str, committed: Iterable[SealedLine] = ()) -> None:
         """Put a session's committed lines into its files now (no sync: the store holds them
-        durably), so that readers of the files see every ended turn."""
+        durably), so that readers of the files see every ended turn. *committed*: the sealed
+        lines the store just committed, held out of the files until now (`seal_turn`)."""
         session = self._sessions.get(session_id)
         if session is None:
             return
         try:
-            session.flush_ledgers()
+            session.flush_ledgers(committed)
         except Exception as exc:  # the store keeps the lines; the sync round reports it
             self._log.error("ledger_flush_failed", session_id=session_id, error=str(exc))
 

@@ -27,7 +27,7 @@ from sandbox.policy.attempts import AgentPhase
 from sandbox.policy.envelopes import ExecutorCommandType, ExecutorStatus
 from sandbox.policy.lifecycle import TurnKind, TurnState
 from supervisor.errors import RequestError
-from supervisor.wire.frames import FrameDecodeError
+from supervisor.wire.frames import FrameDecodeError, undecodable
 
 __all__ = [
     "MAX_TURN_ID",
@@ -73,7 +73,9 @@ MAX_TURN_ID: Final = 2**63 - 1
 #: Longest wait a client may ask for (one year, in seconds).
 _MAX_WAIT_S: Final = 365 * 86_400.0
 
-RequestId: TypeAlias = int | str | None
+#: A request's id: the answer echoes it, so an integer id is a 64-bit one, which the JSON
+#: encoder can write; a larger one is a bad ``id``, never an answer that cannot be sent.
+RequestId: TypeAlias = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | str | None
 _Id = Annotated[str, Meta(min_length=1, max_length=256)]
 _Path = Annotated[str, Meta(min_length=1, max_length=4096)]
 _Seconds = Annotated[float, Meta(ge=0, le=_MAX_WAIT_S)]
@@ -413,10 +415,8 @@ def decode_request(body: bytes | bytearray | memoryview) -> ControlRequest:
         return _DECODER.decode(body)
     except msgspec.ValidationError as exc:
         raise _explain(exc, lambda: _ID_DECODER.decode(body).id) from None
-    except msgspec.DecodeError as exc:
-        raise FrameDecodeError(f"frame body is not valid UTF-8 JSON: {exc}") from None
-    except RecursionError:  # msgspec's answer to JSON nested too deep
-        raise FrameDecodeError("frame body is JSON nested too deep") from None
+    except Exception as exc:  # not JSON, not UTF-8 (UnicodeDecodeError), too deep, unforeseen
+        raise undecodable(exc) from None
 
 
 def convert_request(frame: Mapping[str, object]) -> ControlRequest:
@@ -488,14 +488,17 @@ def _explain(exc: msgspec.ValidationError, read_id: Callable[[], RequestId]) -> 
         # The id itself is bad: that is the error reported, and the answer carries no id.
         got = re.search(r", got `(\w+)`", str(id_exc))
         shown = f", got {got[1]}" if got is not None else ""
+        if got is None and re.match(r"^Expected `int` [<>]=", str(id_exc)):
+            shown = ", got an integer outside -2**63..2**63-1"
         return RequestDecodeError(
             "bad_request",
             f"id: must be an integer, a string or null{shown}",
             field="id",
         )
-    except msgspec.DecodeError as bad_json:
-        # The decoder stopped at a missing field before reaching the malformed part.
-        return FrameDecodeError(f"frame body is not valid UTF-8 JSON: {bad_json}")
+    except Exception as bad_body:  # any failure to read it is a bad frame
+        # The decoder stopped at a missing field before reaching the malformed part (bad JSON,
+        # a string that is not UTF-8 in the id).
+        return undecodable(bad_body)
     if isinstance(cause, _FieldProblem):
         field_name = cause.field
         if cause.code == "bad_request":

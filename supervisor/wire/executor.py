@@ -444,7 +444,7 @@ def decode_hello(body: bytes | bytearray | memoryview) -> Hello:
     """
     try:
         wire = _HELLO_DECODER.decode(body)
-    except (msgspec.DecodeError, RecursionError):  # ValidationError included; too deep
+    except Exception:  # any failure (ValidationError, not UTF-8, too deep): the slow path
         # The slow path: FrameDecodeError for a body that is no JSON object, else the
         # hand-written rules raise the stable ProtocolError.
         return parse_hello(decode_body(body))
@@ -468,7 +468,7 @@ def decode_executor_message(body: bytes | bytearray | memoryview) -> ExecutorMes
     """
     try:
         return _MESSAGE_DECODER.decode(body)
-    except (msgspec.DecodeError, RecursionError):  # ValidationError included; too deep
+    except Exception:  # any failure (ValidationError, not UTF-8, too deep): the slow path
         return _explain_message(decode_body(body))
 
 

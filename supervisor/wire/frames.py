@@ -19,6 +19,7 @@ from typing import Any, Final
 
 import anyio
 import anyio.lowlevel
+import msgspec
 import orjson
 from anyio.abc import ByteReceiveStream, ByteSendStream, SocketAttribute
 
@@ -34,6 +35,7 @@ __all__ = [
     "decode_body",
     "encode_frame",
     "read_frame",
+    "undecodable",
     "write_frame",
 ]
 
@@ -107,6 +109,24 @@ class FrameDecodeError(FrameError):
     """Raised when a frame body is not UTF-8 JSON whose top level is an object."""
 
 
+def undecodable(exc: BaseException) -> FrameDecodeError:
+    """The `FrameDecodeError` for whatever a decoder raised on a body (the one place that words
+    it): a body that fails to decode is a bad frame, whatever the exception's type. msgspec
+    raises ``UnicodeDecodeError`` (a ``ValueError``), not its ``DecodeError``, for a string that
+    holds bytes that are not UTF-8, and ``RecursionError`` for nesting too deep."""
+    if isinstance(exc, FrameDecodeError):
+        return exc
+    if isinstance(exc, UnicodeError):
+        return FrameDecodeError(
+            f"frame body is not valid UTF-8 JSON: a string holds bytes that are not UTF-8 ({exc})"
+        )
+    if isinstance(exc, RecursionError):
+        return FrameDecodeError("frame body is JSON nested too deep")
+    if isinstance(exc, msgspec.DecodeError | orjson.JSONDecodeError):
+        return FrameDecodeError(f"frame body is not valid UTF-8 JSON: {exc}")
+    return FrameDecodeError(f"frame body cannot be decoded: {type(exc).__name__}: {exc}")
+
+
 def encode_frame(obj: object, *, max_bytes: int | None = None) -> bytes:
     """Return the frame (header + orjson body) for ``obj``.
 
@@ -124,8 +144,8 @@ def decode_body(body: bytes | bytearray | memoryview) -> dict[str, Any]:
     """Decode one frame body; raises ``FrameDecodeError`` unless it is a JSON object."""
     try:
         obj = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise FrameDecodeError(f"frame body is not valid UTF-8 JSON: {exc}") from None
+    except Exception as exc:  # JSONDecodeError, and anything unforeseen: a bad frame
+        raise undecodable(exc) from None
     if not isinstance(obj, dict):
         raise FrameDecodeError(f"frame body is a JSON {type(obj).__name__}, not an object")
     return obj

@@ -234,3 +234,34 @@ def test_bad_evidence_writes_neither(tmp_path: Path, quick_syncer: InlineSyncer)
                 capability_violations=[{"target": "/x"}],
             )
         assert ledgers.exec.head[0] == ledgers.evidence.head[0] == 1
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_violation_lets_held_turn_lines_out_exec_first(
+    tmp_path: Path, quick_syncer: InlineSyncer, asynchronous: bool
+) -> None:
+    """A violation recorded while a turn's lines wait for their commit lets both out, and the
+    turn's exec entry is durable before the evidence ledger gets anything past it: a crash can
+    leave the exec entry without the evidence entry (recovery rebuilds it), never the reverse."""
+    with SessionLedgers.create(
+        root=tmp_path, tier="t", session_id="S", syncer=quick_syncer
+    ) as ledgers:
+        exec_line, evidence_line = ledgers.seal_turn(
+            turn_number=1, query_hash="a" * 64, result_hash="b" * 64, status="succeeded"
+        )
+        ledgers.flush()
+        assert exec_line.line not in ledgers.exec_path.read_bytes()  # held for its commit
+        if asynchronous:
+            anyio.run(
+                lambda: ledgers.arecord_violation(
+                    turn_number=2, operation="write", target="/etc/x", capability="w"
+                )
+            )
+        else:
+            ledgers.record_violation(
+                turn_number=2, operation="write", target="/etc/x", capability="w"
+            )
+        assert ledgers.exec.durable_seq >= exec_line.seq
+        assert ledgers.exec_path.read_bytes().endswith(exec_line.line)
+        assert evidence_line.line in ledgers.evidence_path.read_bytes()
+    assert [r.entries for r in verify_session_dir(ledgers.session_dir)] == [2, 3]

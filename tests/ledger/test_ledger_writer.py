@@ -1,9 +1,11 @@
-"""Tests of ledger.writer: locking, crash recovery, durability and failure handling."""
+"""Tests of ledger.writer: locking, crash recovery, durability, failure handling and held lines."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -16,15 +18,21 @@ import pytest
 import structlog
 
 from ledger import (
+    GroupSyncer,
     InlineSyncer,
     IntegrityError,
     LedgerClosedError,
+    LedgerEntry,
     LedgerLockedError,
     LedgerRecordError,
     LedgerSyncError,
+    LedgerWriter,
+    SealedLine,
+    SessionLedgers,
     open_ledger,
     read_head,
     verify,
+    verify_session_dir,
 )
 from ledger.chain import genesis_hash
 
@@ -306,3 +314,235 @@ def test_sigkill_mid_append_loses_no_acknowledged_entry(tmp_path: Path) -> None:
     assert (torn == 0) == (not broken.exists())
     seqs = [orjson.loads(line)["seq"] for line in path.read_bytes().splitlines()]
     assert seqs == list(range(1, len(seqs) + 1))
+
+
+# -- held lines (sealed for a store's commit, kept out of the file until released) -----------
+
+
+def _no_sync(fd: int) -> None:
+    """Skip fdatasync (the GroupSyncer variant of the `quick_syncer` fixture)."""
+
+
+def _seqs(path: Path) -> list[int]:
+    return [orjson.loads(line)["seq"] for line in path.read_bytes().splitlines()]
+
+
+def _turn_numbers(path: Path) -> list[int]:
+    entries = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    return [entry["turn_number"] for entry in entries if entry["kind"] == "turn"]
+
+
+def _seal_held(writer: LedgerWriter, kind: str) -> SealedLine:
+    return writer.seal_prepared(writer.prepare({"kind": kind}), hold=True)[1]
+
+
+def _seal_turn(ledgers: SessionLedgers, turn: int) -> tuple[SealedLine, SealedLine]:
+    return ledgers.seal_turn(
+        turn_number=turn,
+        query_hash=f"q{turn}",
+        result_hash=f"r{turn}",
+        status="succeeded",
+        external_calls=[{"attempt": 1, "outcome": "SUCCESS", "decision": "SUCCEED"}],
+    )
+
+
+def _returns_within(call: Callable[[], object], timeout_s: float) -> object:
+    """Run *call* in a thread; its result, or fail if it has not returned after *timeout_s*."""
+    results: list[object] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            results.append(call())
+        finally:
+            done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert done.wait(timeout_s), f"did not return within {timeout_s} s"
+    assert results, "raised (see the thread's exception above)"
+    return results[0]
+
+
+@pytest.mark.parametrize("syncer_kind", ["inline", "group"])
+@pytest.mark.parametrize("push", ["flush", "wait_durable"])
+def test_held_line_and_later_lines_stay_out_until_released(
+    tmp_path: Path, syncer_kind: str, push: str
+) -> None:
+    """A held line, and a line sealed after it (another turn's, already released), stay out of
+    the file through a flush or a sync of an earlier seq; once the first is released, both
+    reach the file in chain order and the file verifies."""
+    path = tmp_path / "l.jsonl"
+    with contextlib.ExitStack() as stack:
+        syncer = (
+            InlineSyncer(sync=_no_sync)
+            if syncer_kind == "inline"
+            else stack.enter_context(GroupSyncer(sync=_no_sync))
+        )
+        writer = stack.enter_context(open_ledger(path, ledger_id="L", syncer=syncer))
+        first = writer.append({"kind": "a"})
+        held = _seal_held(writer, "b")
+        later = _seal_held(writer, "c")
+        writer.release([later.seq])  # committed first: still behind the held line
+        assert (held.seq, later.seq, writer.head) == (2, 3, (3, later.entry_hash))
+        assert writer.ready_seq == 1
+        if push == "flush":
+            writer.flush()
+        else:
+            _returns_within(lambda: writer.wait_durable(first.seq), 10)
+            assert writer.durable_seq == 1
+        assert _seqs(path) == [1]
+        assert verify(path).head_hash == first.entry_hash
+        writer.release([held.seq])
+        assert writer.ready_seq == 3
+        writer.flush()
+        assert path.read_bytes().splitlines(keepends=True)[1:] == [held.line, later.line]
+        writer.wait_durable(later.seq)
+        assert writer.durable_seq == 3
+    report = verify(path)
+    assert (report.entries, report.head_hash, report.anchored_seq) == (3, later.entry_hash, 3)
+
+
+def test_release_of_a_later_held_line_alone_writes_nothing(
+    tmp_path: Path, quick_syncer: InlineSyncer
+) -> None:
+    """Two held lines, only the second released: nothing reaches the file; releasing the first
+    then writes both, in order, and the file verifies."""
+    path = tmp_path / "l.jsonl"
+    with open_ledger(path, ledger_id="L", syncer=quick_syncer) as writer:
+        writer.append({"kind": "a"})
+        first = _seal_held(writer, "b")
+        second = _seal_held(writer, "c")
+        writer.release([second.seq])
+        writer.flush()
+        writer.wait_durable(1)
+        assert (_seqs(path), writer.ready_seq) == ([1], 1)
+        writer.release([first.seq, 99])  # an unknown seq is ignored
+        writer.flush()
+        assert path.read_bytes().splitlines(keepends=True)[1:] == [first.line, second.line]
+        writer.wait_durable(second.seq)
+    assert verify(path).entries == 3
+
+
+def test_an_unheld_line_lets_the_held_lines_before_it_out(
+    tmp_path: Path, quick_syncer: InlineSyncer
+) -> None:
+    """A line sealed without *hold* (whose writer may wait for it) releases every held line
+    before it: waiting for it returns, and the file holds all of them in order."""
+    path = tmp_path / "l.jsonl"
+    with open_ledger(path, ledger_id="L", syncer=quick_syncer) as writer:
+        writer.append({"kind": "a"})
+        held = _seal_held(writer, "b")
+        entry = _returns_within(lambda: writer.append({"kind": "c"}), 10)
+        assert isinstance(entry, LedgerEntry)
+        assert (entry.seq, writer.ready_seq, writer.durable_seq) == (3, 3, 3)
+        assert _seqs(path) == [1, 2, 3]
+        assert path.read_bytes().splitlines(keepends=True)[1] == held.line
+    assert verify(path).entries == 3
+
+
+def test_session_sync_returns_promptly_while_a_turn_is_held(tmp_path: Path) -> None:
+    """`SessionLedgers.sync` never waits for a held line: it returns at once with the seqs just
+    before it durable (a later turn already released stays behind it), and leaves both turns
+    out of both files until the first is released."""
+    with (
+        GroupSyncer(sync=_no_sync) as syncer,
+        SessionLedgers.create(root=tmp_path, tier="t", session_id="S", syncer=syncer) as ledgers,
+    ):
+        ledgers.record_turn(turn_number=1, query_hash="q1", result_hash="r1", status="succeeded")
+        held = _seal_turn(ledgers, 2)
+        ledgers.release(_seal_turn(ledgers, 3))  # committed, behind turn 2
+        assert (ledgers.exec.head[0], ledgers.exec.ready_seq, ledgers.evidence.ready_seq) == (
+            4,
+            2,
+            2,
+        )
+        assert _returns_within(ledgers.sync, 10) == (2, 2)
+        assert (ledgers.exec.durable_seq, ledgers.evidence.durable_seq) == (2, 2)
+        assert _turn_numbers(ledgers.exec_path) == _turn_numbers(ledgers.evidence_path) == [1]
+        ledgers.release(held)
+        assert _returns_within(ledgers.sync, 10) == (4, 4)
+        assert _turn_numbers(ledgers.exec_path) == [1, 2, 3]
+        assert _turn_numbers(ledgers.evidence_path) == [1, 2, 3]
+    assert [report.entries for report in verify_session_dir(ledgers.session_dir)] == [4, 4]
+
+
+def test_close_drops_held_lines(tmp_path: Path, quick_syncer: InlineSyncer) -> None:
+    """Closing with held lines leaves them out of the file and logs
+    ``ledger_held_lines_dropped`` with their seqs; the file verifies and a reopen continues
+    after the last line written."""
+    path = tmp_path / "l.jsonl"
+    writer = open_ledger(path, ledger_id="L", syncer=quick_syncer)
+    first = writer.append({"kind": "a"})
+    held = [_seal_held(writer, "b"), _seal_held(writer, "c")]
+    with structlog.testing.capture_logs() as logs:
+        writer.close()
+    dropped = [log for log in logs if log["event"] == "ledger_held_lines_dropped"]
+    assert [log["seqs"] for log in dropped] == [[line.seq for line in held]]
+    assert _seqs(path) == [1]
+    report = verify(path)
+    assert (report.entries, report.head_hash, report.anchored_seq) == (1, first.entry_hash, 1)
+    with open_ledger(path, ledger_id="L", syncer=quick_syncer) as again:
+        assert again.head == (1, first.entry_hash)
+        assert again.append({"kind": "d"}).seq == 2
+    assert verify(path).entries == 2
+
+
+_HELD_CHILD = """
+import os, signal, sys
+from pathlib import Path
+from ledger import GroupSyncer, SessionLedgers
+root, out = Path(sys.argv[1]), int(sys.argv[2])
+syncer = GroupSyncer()  # the daemon's syncer, real fdatasync
+ledgers = SessionLedgers.create(root=root, tier="t", session_id="S", syncer=syncer)
+
+def seal(turn):
+    return ledgers.seal_turn(
+        turn_number=turn, query_hash=f"q{turn}", result_hash=f"r{turn}", status="succeeded",
+        external_calls=[{"attempt": 1, "outcome": "SUCCESS", "decision": "SUCCEED"}],
+    )
+
+first = seal(1)
+ledgers.release(first)  # the store committed turn 1
+ledgers.flush()
+ledgers.sync()
+seal(2)  # turn 2's commit is still due when the process dies
+synced = ledgers.sync()  # the daemon's sync round
+ledgers.flush()  # another turn's ending
+os.write(out, f"ready {synced[0]} {synced[1]}\\n".encode())
+while True:
+    signal.pause()
+"""
+
+
+def test_sigkill_with_a_turn_held_leaves_it_out_of_both_files(tmp_path: Path) -> None:
+    """A real SIGKILL while turn 2's lines are held (after a sync round and a flush): both
+    files hold turn 1's entries and no entry of turn 2, both verify, and reopen continues."""
+    read_fd, write_fd = os.pipe()
+    child = subprocess.Popen(
+        [sys.executable, "-c", _HELD_CHILD, str(tmp_path), str(write_fd)],
+        pass_fds=(write_fd,),
+        stderr=subprocess.PIPE,
+    )
+    os.close(write_fd)
+    try:
+        ready, _, _ = select.select([read_fd], [], [], 30)
+        message = os.read(read_fd, 100) if ready else b""
+    finally:
+        os.close(read_fd)
+        child.send_signal(signal.SIGKILL)
+        _, stderr = child.communicate(timeout=60)
+    assert message == b"ready 2 2\n", stderr.decode(errors="replace")
+    assert child.returncode == -signal.SIGKILL
+    session_dir = tmp_path / "planes" / "t" / "sessions" / "S"
+    exec_path, evidence_path = (
+        session_dir / "ledger/exec.jsonl",
+        session_dir / "ledger/evidence.jsonl",
+    )
+    assert _turn_numbers(exec_path) == _turn_numbers(evidence_path) == [1]
+    assert [report.entries for report in verify_session_dir(session_dir)] == [2, 2]
+    with SessionLedgers.open(
+        root=tmp_path, tier="t", session_id="S", syncer=InlineSyncer(sync=_no_sync)
+    ) as ledgers:
+        assert ledgers.exec.head[0] == ledgers.evidence.head[0] == 2
+        ledgers.record_turn(turn_number=2, query_hash="q2", result_hash="r2", status="succeeded")
+    assert [report.entries for report in verify_session_dir(session_dir)] == [3, 3]

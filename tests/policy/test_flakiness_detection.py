@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import anyio
 import pytest
 
 from sandbox.policy.attempts import AgentPhase, RetryOptions
@@ -124,11 +125,14 @@ async def test_backoff_for_transient_faults_is_the_same_schedule() -> None:
     assert delay.waits == [0.5, 1.0]
 
 
-async def test_default_delay_is_anyio_sleep() -> None:
-    """Without an injected delay the protocol awaits anyio.sleep (zero base delay here)."""
+async def test_delay_is_injected_never_defaulted() -> None:
+    """The policy imports no event loop: the caller injects the delay (anyio.sleep here), and
+    a protocol built without one is refused."""
     executor = ScriptedExecutor([COMPILE, OK])
     options = RetryOptions(base_delay_ms=0)
-    protocol = SandboxRetryProtocol(executor, SpyDetector(), options)
+    with pytest.raises(TypeError, match=r"delay"):
+        SandboxRetryProtocol(executor, SpyDetector(), options)  # type: ignore[call-arg]
+    protocol = SandboxRetryProtocol(executor, SpyDetector(), options, delay=anyio.sleep)
     assert await protocol.execute_with_retry(CALL, P.GREEN) is OK
 
 

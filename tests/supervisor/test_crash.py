@@ -4,13 +4,15 @@ The storm is `supervisor.demo.crash` (``scripts/crash_storm.py --mixed`` runs a 
 real ``hunter serve``, real chaos executor processes that reconnect, clients submitting
 instruction turns and sandboxed process turns with idempotency keys (resubmitting after each
 restart), a seeded killer. Afterwards
-every acknowledged turn must be final, every key must name one turn, every final turn must
-have exactly one final entry in each of its session's two ledgers, the ledgers must verify and
-the daemon log must hold no traceback (nor error event), and after the final clean stop no
-process of the storm's sandbox uids, no turn cgroup and no scratch file may be left.
-``HUNTER_CRASH_SEED`` picks another seed.
+every acknowledged turn must be final, every key must name one turn, every final turn the
+store has must have exactly one final entry in each of its session's two ledgers, every turn a
+restart rolled forward (ended from its ledger entry) must show attempts that ended, the ledgers
+must verify and the daemon log must hold no traceback (nor error event), and after the final
+clean stop no process of the storm's sandbox uids, no turn cgroup and no scratch file may be
+left. ``HUNTER_CRASH_SEED`` picks another seed.
 
-The checker itself is tested on hand-made ledger entries below (no daemon).
+The checker itself is tested on hand-made ledger entries and turn records below (no daemon);
+the ledger pair check on files written by the real ledger writer.
 """
 
 from __future__ import annotations
@@ -26,22 +28,29 @@ from typing import Any
 import anyio
 import pytest
 
-from ledger import verify_root
+from ledger import SessionLedgers, session_dir_for, verify_root
 from sandbox.confine.cgroups import detect_layout
+from sandbox.policy.attempt_record import AttemptRecord
+from sandbox.policy.lifecycle import TurnKind, TurnState
 from sandbox.runtime.runtime import cgroup_prefix_for
 from supervisor.demo.crash import (
     LedgerTurnEntries,
     StormConfig,
     StormReport,
     check_daemon_log,
+    check_ledger_pairs,
     check_leftovers,
+    check_rolled_forward,
     check_turn_entries,
     format_violations,
     read_turn_entries,
+    rolled_forward,
     run_storm,
     storm_uids,
 )
 from supervisor.demo.crash_checks import ANYIO_READ_RACE, count_log_events
+from supervisor.store.protocol import TurnRecord
+from supervisor.turns.recovery import ROLLED_FORWARD
 
 SEED = int(os.environ.get("HUNTER_CRASH_SEED", "7"))
 CI_STORM = StormConfig(
@@ -71,8 +80,9 @@ async def test_sigkill_storm_loses_nothing(
     root: Path, capsys: pytest.CaptureFixture[str], headline: Callable[[str, str], None]
 ) -> None:
     """SIGKILL the daemon 6 times under 300 mixed turns: nothing acknowledged is lost, one
-    turn per key, exactly one final ledger pair per turn, ledgers verify, no traceback in the
-    log, nothing left behind after the clean stop."""
+    turn per key, exactly one final ledger pair per turn, rolled-forward turns show ended
+    attempts, ledgers verify, no traceback in the log, nothing left behind after the clean
+    stop."""
     progress: list[str] = []
     with anyio.fail_after(55):
         report = await run_storm(root, CI_STORM, show=progress.append)
@@ -94,6 +104,14 @@ async def test_sigkill_storm_loses_nothing(
     assert not report.ledger_missing, "final turns without their ledger pair:\n" + _listing(
         report, report.ledger_missing
     )
+    assert not report.ledger_pairs, (
+        "final turns without exactly one entry in each of their session's ledgers:\n"
+        + _listing(report, report.ledger_pairs)
+    )
+    assert not report.rolled_forward_attempts, (
+        "rolled-forward turns with an attempt that never ended:\n"
+        + _listing(report, report.rolled_forward_attempts)
+    )
     assert not report.verification, "ledgers do not verify:\n" + _listing(
         report, report.verification
     )
@@ -103,6 +121,7 @@ async def test_sigkill_storm_loses_nothing(
     assert not report.leftovers, "left behind after the clean stop:\n" + _listing(
         report, report.leftovers
     )
+    assert report.ok, _listing(report, report.violations)  # a category not asserted above
     after = verify_root(root, workers=1)
     assert after.ok, after.errors
 
@@ -183,6 +202,161 @@ def test_read_turn_entries_pairs_exec_and_evidence(tmp_path: Path) -> None:
     assert by_number[1].final_exec() == [(3, "terminated")]
     assert by_number[1].final_evidence() == [3]
     assert problems == ["evidence.jsonl line 4 is not JSON: b'not json\\n'"]
+
+
+def _exec_record(session_id: str, number: int, status: str) -> dict[str, object]:
+    return {
+        "kind": "turn",
+        "session_id": session_id,
+        "turn_number": number,
+        "query_hash": "0" * 64,
+        "result_hash": "1" * 64,
+        "status": status,
+    }
+
+
+def _evidence_record(session_id: str, number: int) -> dict[str, object]:
+    return {
+        "kind": "turn",
+        "session_id": session_id,
+        "turn_number": number,
+        "declared_reads": [],
+        "declared_writes": [],
+        "external_calls": [],
+        "capability_violations": [],
+    }
+
+
+def _stored(session_id: str, turn_id: int, number: int, state: str) -> dict[str, Any]:
+    return {"turn_id": turn_id, "session_id": session_id, "turn_number": number, "state": state}
+
+
+def test_ledger_pair_check_on_real_ledgers(tmp_path: Path) -> None:
+    """Written by the real ledger writer: complete pairs (one after an escalation) pass; a turn
+    in the exec ledger only, a doubled evidence entry, an evidence-only turn and a session
+    without ledgers are named with the session, turn, turn number and ledger file."""
+    sid, other, bare = "SES-crash-a", "SES-crash-b", "SES-crash-c"
+    with SessionLedgers.create(root=tmp_path, tier="default", session_id=sid) as ledgers:
+        for number, status in ((1, "succeeded"), (2, "escalated"), (2, "terminated")):
+            ledgers.record_turn(
+                turn_number=number, query_hash="0" * 64, result_hash="1" * 64, status=status
+            )
+        ledgers.exec.append(_exec_record(sid, 3, "succeeded"))  # the operator's finding
+    with SessionLedgers.create(root=tmp_path, tier="default", session_id=other) as ledgers:
+        ledgers.record_turn(
+            turn_number=1, query_hash="0" * 64, result_hash="1" * 64, status="failed"
+        )
+        ledgers.evidence.append(_evidence_record(other, 1))
+        ledgers.evidence.append(_evidence_record(other, 2))
+    dirs = {s: session_dir_for(tmp_path, "default", s) for s in (sid, other, bare)}
+    evidence_a = dirs[sid] / "ledger" / "evidence.jsonl"
+    exec_b, evidence_b = (dirs[other] / "ledger" / n for n in ("exec.jsonl", "evidence.jsonl"))
+    turns = [
+        _stored(sid, 1, 1, "succeeded"),
+        _stored(sid, 2, 2, "terminated"),
+        _stored(sid, 3, 3, "succeeded"),
+        _stored(sid, 4, 4, "running"),  # not final: not checked (the storm reports it as lost)
+        _stored(other, 5, 1, "failed"),
+        _stored(other, 6, 2, "succeeded"),
+        _stored(bare, 7, 1, "succeeded"),
+        _stored(bare, 8, 2, "succeeded"),
+        _stored("SES-unknown", 9, 1, "succeeded"),
+    ]
+    assert check_ledger_pairs(turns[:2], dirs) == []
+    problems = check_ledger_pairs(turns, dirs)
+    assert problems == [
+        f"session {sid} turn 3 (turn_number 3, succeeded): evidence entry missing: "
+        f"{evidence_a} holds 0 turn entries for turn_number 3 (seqs []), 1 expected: one for "
+        "its ending",
+        f"session {other} turn 5 (turn_number 1, failed): evidence entry doubled: "
+        f"{evidence_b} holds 2 turn entries for turn_number 1 (seqs [2, 3]), 1 expected: one "
+        "for its ending",
+        f"session {other} turn 6 (turn_number 2, succeeded): exec entry missing: {exec_b} "
+        "holds no final turn entry for turn_number 2 (its turn entries there: statuses [], "
+        "seqs [])",
+        f"session {bare}: ledger {dirs[bare] / 'ledger' / 'exec.jsonl'} is missing (none of "
+        "the session's final turns can have its entry there)",
+        f"session {bare}: ledger {dirs[bare] / 'ledger' / 'evidence.jsonl'} is missing (none "
+        "of the session's final turns can have its entry there)",
+        "session SES-unknown turn 9 (turn_number 1, succeeded): the directory of session "
+        "SES-unknown is not known",
+    ]
+    # an escalation whose evidence entry is gone leaves the ending without its own
+    with SessionLedgers.open(root=tmp_path, tier="default", session_id=sid) as ledgers:
+        ledgers.exec.append(_exec_record(sid, 5, "escalated"))
+        ledgers.record_turn(
+            turn_number=5, query_hash="0" * 64, result_hash="1" * 64, status="succeeded"
+        )
+    assert check_ledger_pairs([_stored(sid, 10, 5, "succeeded")], dirs) == [
+        f"session {sid} turn 10 (turn_number 5, succeeded): evidence entry missing: "
+        f"{evidence_a} holds 1 turn entries for turn_number 5 (seqs [5]), 2 expected: one for "
+        "its ending and 1 for its non-final exec entries (statuses ['escalated'])"
+    ]
+
+
+def _turn_record(
+    turn_id: int, *, attempt: int, attempts: tuple[AttemptRecord, ...], **fields: Any
+) -> dict[str, object]:
+    """A turn as the control API gives it (`TurnRecord.to_dict`)."""
+    return TurnRecord(
+        turn_id=turn_id,
+        session_id="SES-crash-a",
+        turn_number=turn_id,
+        kind=TurnKind.INSTRUCTION,
+        spec={},
+        idempotency_key=f"k{turn_id}",
+        state=TurnState.SUCCEEDED,
+        attempt=attempt,
+        accepted_us=1_000,
+        updated_us=2_000,
+        finished_us=2_000,
+        verdict="SUCCEED",
+        attempts=attempts,
+        **fields,
+    ).to_dict()
+
+
+def test_rolled_forward_check_names_an_attempt_that_never_ended() -> None:
+    """A rolled-forward turn whose attempt record has no outcome, decision, reason code or
+    finish time, or whose attempt count is 0, is named; one restored from its entry is not, nor
+    is an unfinished attempt of a turn that was not rolled forward."""
+    unfinished = AttemptRecord(
+        attempt=1, started_us=1_000, detail="recovered from the ledger after a crash"
+    )
+    ended = AttemptRecord(
+        attempt=1,
+        started_us=1_000,
+        finished_us=1_500,
+        outcome="SUCCESS",
+        decision="SUCCEED",
+        reason_code="RECOVERED_FROM_LEDGER",
+    )
+    rolled = {"reason": ROLLED_FORWARD, "reason_code": "RECOVERED_FROM_LEDGER"}
+    turns = [
+        _turn_record(1, attempt=0, attempts=(unfinished,), **rolled),  # the operator's finding
+        _turn_record(2, attempt=1, attempts=(ended,), **rolled),
+        _turn_record(3, attempt=1, attempts=(unfinished,), reason="done"),
+        _turn_record(4, attempt=1, attempts=(), **rolled),
+    ]
+    assert [t["turn_id"] for t in rolled_forward(turns)] == [1, 2, 4]
+    assert check_rolled_forward(turns[1:3]) == []
+    name = "session SES-crash-a turn {0} (turn_number {0}, succeeded), rolled forward "
+    name += "(RECOVERED_FROM_LEDGER)"
+    assert check_rolled_forward(turns) == [
+        f"{name.format(1)}: its attempt count is 0, not at least 1",
+        f"{name.format(1)}: attempt 1 has no outcome (nor fault type), decision, reason code, "
+        "finish time: an attempt that never ended",
+        f"{name.format(4)}: it has no attempt record",
+    ]
+    faulted = AttemptRecord(
+        attempt=1,
+        started_us=1_000,
+        finished_us=1_500,
+        fault_type="CRASH",
+        decision="RETRY",
+        reason_code="EXECUTOR_CRASHED",
+    )
+    assert check_rolled_forward([_turn_record(5, attempt=1, attempts=(faulted,), **rolled)]) == []
 
 
 def test_daemon_log_check_finds_tracebacks_and_errors(tmp_path: Path) -> None:

@@ -135,11 +135,13 @@ async def test_a_failure_to_empty_is_logged_and_the_result_stands(
 
 async def test_caller_commits_the_ledger_lines(session: Session) -> None:
     """``ledger_commit="caller"``: the ending's two lines come back sealed (not yet synced) for
-    the caller's store; once written they are the file's bytes and the chains verify. A
-    rejection is still written durably by the runtime itself."""
+    the caller's store, and stay out of the files until the caller says they are committed;
+    then they are the file's bytes and the chains verify. A rejection's two lines come back
+    sealed the same way."""
     from ledger import verify_session_dir
 
     durable_before = session.ledgers.exec.durable_seq
+    size_before = session.exec_ledger_path.stat().st_size
     result = await session.run_process_turn(
         ["/bin/sh", "-c", "echo done > report.txt"],
         declared_outputs=["report.txt"],
@@ -152,15 +154,22 @@ async def test_caller_commits_the_ledger_lines(session: Session) -> None:
     assert session.ledgers.exec.durable_seq == durable_before  # nothing synced for the turn
     assert json.loads(exec_line.line)["status"] == "succeeded"
     assert "sealed_lines" not in result.to_dict()
-    session.flush_ledgers()
+    session.flush_ledgers()  # not committed yet: a flush (another turn's) leaves them out
+    session.sync_ledgers()
+    assert session.exec_ledger_path.stat().st_size == size_before
+    session.flush_ledgers(result.sealed_lines)  # the caller's store committed them
     assert session.exec_ledger_path.read_bytes().endswith(exec_line.line)
     session.sync_ledgers()
     assert [r.entries for r in verify_session_dir(session.exec_ledger_path.parent.parent)] == [2, 2]
+    durable_before = session.ledgers.exec.durable_seq
     rejected = await session.run_process_turn(
         ["/no/such/program"], declared_outputs=[], ledger_commit="caller"
     )
     assert rejected.status == "rejected"
-    assert rejected.sealed_lines == ()
+    assert [json.loads(x.line)["status"] for x in rejected.sealed_lines[:1]] == ["rejected"]
+    assert session.ledgers.exec.durable_seq == durable_before
+    session.flush_ledgers(rejected.sealed_lines)
+    session.sync_ledgers()
     assert session.ledgers.exec.durable_seq == session.ledgers.exec.head[0]
 
 

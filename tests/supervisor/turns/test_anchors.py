@@ -52,7 +52,7 @@ async def test_committed_lines_are_not_read_again_and_the_runtimes_own_still_are
             )
             await store.anchor_ledger_lines("A", lines)  # as TurnStore.finish commits them
             anchors.noted(lines)
-            session.flush_ledgers()  # ... then they reach the files
+            session.flush_ledgers(lines)  # ... then they reach the files
         # Before, the next process turn's ending read these six lines back and sent them again.
         assert (await anchors.pending(session)).lines == ()
 
@@ -65,7 +65,7 @@ async def test_committed_lines_are_not_read_again_and_the_runtimes_own_still_are
         )
         await store.anchor_ledger_lines("A", lines)
         anchors.noted(lines)
-        session.flush_ledgers()
+        session.flush_ledgers(lines)
         tail = await anchors.pending(session)
         assert [(x.ledger_id, x.seq) for x in tail.lines] == [(evidence_id, 5), (evidence_id, 6)]
         assert await anchors.anchor(session) == 2
@@ -79,5 +79,5 @@ async def test_committed_lines_are_not_read_again_and_the_runtimes_own_still_are
         )
         await store.anchor_ledger_lines("A", lines)
         adopter.noted(lines)
-        session.flush_ledgers()
+        session.flush_ledgers(lines)
         assert (await adopter.pending(session)).lines == ()

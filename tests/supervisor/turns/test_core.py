@@ -12,7 +12,7 @@ import hashlib
 import itertools
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,7 +215,11 @@ class FakeSession:
     def exec_ledger_path(self) -> Path:
         return self.ledgers.exec_path
 
-    def flush_ledgers(self) -> None:
+    def seal_evidence(self, record: Mapping[str, object]) -> SealedLine:
+        return self.ledgers.seal_evidence(record)
+
+    def flush_ledgers(self, committed: Iterable[SealedLine] = ()) -> None:
+        self.ledgers.release(committed)
         self.ledgers.flush()
 
     def sync_ledgers(self) -> tuple[int, int]:
