@@ -1,6 +1,8 @@
 """Benchmark of the whole daemon against a raw anyio length-prefixed echo (same run).
 
-Run: ``.venv/bin/python benchmarks/bench_daemon.py`` (well under two minutes on 2 cores).
+Run: ``.venv/bin/python benchmarks/bench_daemon.py`` (well under two minutes on 2 cores);
+``--compact`` runs the throughput phases with ``answer: "compact"`` (docs/control-protocol.md
+5.4); the latency phase always asks for the full turn (its attempts give the p50 split).
 
 1. Baseline: the raw anyio echo of ``bench_executors.py`` (two processes, ~290-byte
    length-prefixed orjson frames): p50/p99 round trip and throughput with 64 in flight.
@@ -11,7 +13,9 @@ Run: ``.venv/bin/python benchmarks/bench_daemon.py`` (well under two minutes on 
    ``control.sock`` with ``turn.submit`` + ``wait_s`` (one round trip per turn: accepted
    durably, dispatched, answered, decided, ledgers written, answered to the client).
    * latency: one turn in flight at a time, p50/p99 of submit -> final answer;
-   * throughput: 64 turns in flight (8 connections x 8 pipelined) for a fixed time, then 256.
+   * throughput: 64 turns in flight (8 connections x 8 pipelined) for a fixed time, then 256;
+   * bytes per turn on control.sock: one submit-and-wait of the same turn in each form, its
+     request and answer frames as sent (4-byte header included), in a session of its own.
    The daemon logs at level "warning" here (at "info" it writes ~6 JSON lines per turn).
 
 Targets (issue 8): daemon turn p50 <= 8x the raw round trip, p99 <= 16x; >= 10,000 turns/s at
@@ -21,6 +25,8 @@ per turn and per commit, CPU of the daemon and executor processes).
 
 from __future__ import annotations
 
+import argparse
+import functools
 import importlib.util
 import os
 import shutil
@@ -37,6 +43,7 @@ import psutil
 
 from supervisor.control.client import ControlClient
 from supervisor.demo.stack import DemoStack, prepare_root
+from supervisor.wire.frames import encode_frame
 
 HERE = Path(__file__).resolve().parent
 LATENCY_TURNS = 400
@@ -82,7 +89,22 @@ def _pct(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def daemon_figures(directory: Path, bench: ModuleType) -> dict[str, float]:
+async def _frame_bytes(socket: Path, params: dict[str, Any]) -> tuple[int, int]:
+    """One ``turn.submit`` with *params* on a connection of its own: the bytes of its request
+    frame and of the answer frame (4-byte header included), as they cross the socket."""
+    request = encode_frame({"id": 1, "op": "turn.submit", "params": params})
+    async with await anyio.connect_unix(socket) as raw:
+        await raw.send(request)
+        data = b""
+        with anyio.fail_after(30):
+            while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "big"):
+                data += await raw.receive()
+    return len(request), len(data)
+
+
+async def daemon_figures(
+    directory: Path, bench: ModuleType, *, compact: bool = False
+) -> dict[str, float]:
     root = directory / "root"
     config = prepare_root(root, fresh=True, config_text=BENCH_CONFIG)
     stack = DemoStack(root=root, config_path=config)
@@ -112,16 +134,24 @@ async def daemon_figures(directory: Path, bench: ModuleType) -> dict[str, float]
                     phases["attempt"].append((a["finished_us"] - a["started_us"]) / 1e6)
                     phases["finish"].append((t["finished_us"] - a["finished_us"]) / 1e6)
                 assert result["turn"]["state"] == "succeeded", result["turn"]
+            # Bytes per turn, in a session of its own (the main session's figures stay as
+            # they were): the same turn submitted and waited for in each form.
+            other = (await client.call("session.open", package_id="demo"))["session_id"]
+            full = {"session_id": other, "wait_s": 30, **TURN}
+            bytes_full = await _frame_bytes(stack.control_socket, full)
+            bytes_compact = await _frame_bytes(stack.control_socket, {**full, "answer": "compact"})
             before = await client.call("status")
 
         daemon_proc = psutil.Process(daemon.pid)
         exec_proc = psutil.Process(executors.pid)
         cpu0 = daemon_proc.cpu_times()
         ecpu0 = exec_proc.cpu_times()
-        done, failed, elapsed = await _throughput(stack.control_socket, sid, IN_FLIGHT)
+        done, failed, elapsed = await _throughput(stack.control_socket, sid, IN_FLIGHT, compact)
         cpu1 = daemon_proc.cpu_times()
         ecpu1 = exec_proc.cpu_times()
-        done_256, failed_256, elapsed_256 = await _throughput(stack.control_socket, sid, 256)
+        done_256, failed_256, elapsed_256 = await _throughput(
+            stack.control_socket, sid, 256, compact
+        )
         async with ControlClient(stack.control_socket) as client:
             after = await client.call("status")
             verify = await client.call("ledger.verify", session_id=sid)
@@ -154,11 +184,19 @@ async def daemon_figures(directory: Path, bench: ModuleType) -> dict[str, float]
         "executor_cpu_share": exec_cpu / elapsed,
         "ledger_entries": sum(float(r["entries"]) for r in verify["ledgers"]),
         "rss_mb": rss / 1e6,
+        "request_bytes": bytes_full[0],
+        "request_bytes_compact": bytes_compact[0],
+        "answer_bytes": bytes_full[1],
+        "answer_bytes_compact": bytes_compact[1],
     }
 
 
-async def _throughput(socket: Path, sid: str, in_flight: int) -> tuple[int, int, float]:
-    """Turns at *in_flight* over 8 connections for THROUGHPUT_SECONDS: (done, failed, s)."""
+async def _throughput(
+    socket: Path, sid: str, in_flight: int, compact: bool = False
+) -> tuple[int, int, float]:
+    """Turns at *in_flight* over 8 connections for THROUGHPUT_SECONDS: (done, failed, s).
+    *compact*: the answers carry the compact turn (``answer: "compact"``)."""
+    form: dict[str, Any] = {"answer": "compact"} if compact else {}
     done = 0
     failed = 0
     deadline = time.perf_counter() + THROUGHPUT_SECONDS
@@ -170,7 +208,7 @@ async def _throughput(socket: Path, sid: str, in_flight: int) -> tuple[int, int,
             async def lane() -> None:
                 nonlocal done, failed
                 while time.perf_counter() < deadline:
-                    r = await conn.call("turn.submit", session_id=sid, wait_s=30, **TURN)
+                    r = await conn.call("turn.submit", session_id=sid, wait_s=30, **TURN, **form)
                     if r["turn"]["state"] == "succeeded":
                         done += 1
                     else:
@@ -203,7 +241,7 @@ def fsync_floor(directory: Path, rounds: int = 300) -> float:
     return _pct(samples, 0.5)
 
 
-async def run_all() -> None:
+async def run_all(*, compact: bool = False) -> None:
     bench = _load_executor_bench()
     directory = Path(tempfile.mkdtemp(prefix="hh-bench-daemon-"))
     os.chmod(directory, 0o711)  # process turns would run as another uid: keep it traversable
@@ -211,7 +249,7 @@ async def run_all() -> None:
         started = time.perf_counter()
         base = await bench.baseline(directory)
         sync_s = fsync_floor(directory)
-        daemon = await daemon_figures(directory, bench)
+        daemon = await daemon_figures(directory, bench, compact=compact)
         total = time.perf_counter() - started
     finally:
         shutil.rmtree(directory, ignore_errors=True)
@@ -243,6 +281,14 @@ async def run_all() -> None:
         f"   (target >= 10000; {daemon['failed']:.0f} not succeeded)\n"
     )
     out(f"  throughput, 256 in flight, 8 execs   {daemon['throughput_256']:8.0f} turns/s\n")
+    if compact:
+        out('  (throughput phases with answer="compact")\n')
+    out(
+        f"  bytes per turn on control.sock: request {daemon['request_bytes']:.0f}"
+        f" ({daemon['request_bytes_compact']:.0f} with answer=compact),"
+        f" answer {daemon['answer_bytes']:.0f} (full) / {daemon['answer_bytes_compact']:.0f}"
+        " (compact)\n"
+    )
     out("where the time goes\n")
     out(f"  fdatasync p50 on this disk           {sync_s * 1e6:8.1f} us\n")
     out(
@@ -261,11 +307,18 @@ async def run_all() -> None:
     out(f"total benchmark time                   {total:8.1f} s\n")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
+    parser.add_argument(
+        "--compact",
+        action="store_true",
+        help='run the throughput phases with answer="compact" (the compact turn object)',
+    )
+    args = parser.parse_args(argv)
     from supervisor.logging import configure_logging
 
     configure_logging(fmt="json", level="error", stream=sys.stderr)
-    anyio.run(run_all)
+    anyio.run(functools.partial(run_all, compact=args.compact))
     return 0
 
 

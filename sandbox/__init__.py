@@ -3,9 +3,9 @@
 # Layering: `sandbox` may import `ledger`, never `supervisor`. This __init__ re-exports only the
 # PURE policy core (Phase-21 decisions, Phase-20 executor safety, the seed-003 retry protocol and
 # the attempt mapping of DESIGN.md), which imports no I/O module (os, subprocess, socket, io,
-# pathlib, threading, browsers, ...; tests/policy/test_purity.py enforces it). The sandbox edge
-# modules that do I/O (packages, capabilities, runtime, errors, cli) are imported explicitly by
-# their users, so `import sandbox` stays I/O-free.
+# pathlib, threading, browsers, ...; tests/sandbox/policy/test_purity.py enforces it). The
+# sandbox edge modules that do I/O (packages, capabilities, runtime, errors, cli) are imported
+# explicitly by their users, so `import sandbox` stays I/O-free.
 """HUMANOID HUNTER sandbox: pure policy core (re-exported here) and the sandbox edge."""
 
 from sandbox.policy import reason_codes as reason_codes

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 __all__ = [
     "CapabilityViolation",
+    "ConfinementLostError",
     "DeclarationError",
+    "HelperError",
     "ManifestError",
     "PackageNotFoundError",
     "SandboxError",
@@ -130,6 +132,16 @@ class SpawnError(SandboxError, OSError):
         self.stage = stage
         self.errno_ = errno_
         super().__init__(errno_, message)
+
+
+class HelperError(SandboxError):
+    """Raised by the sandbox helper's client when the helper refused a request (``kind`` as in
+    `sandbox.helper.wire.Failed`: ``bad_request``, ``forbidden``, ``unknown_session``,
+    ``promotion``, ``os``, ``unavailable``, ``internal``)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        self.kind = kind
+        super().__init__(f"sandbox helper: {kind}: {message}")
 
 
 class ConfinementLostError(SandboxError, OSError):

@@ -31,6 +31,7 @@ __all__ = [
     "SchemaVersionError",
     "SessionClosedError",
     "StaleClaimError",
+    "StoreError",
     "StoreIntegrityError",
     "StoreUnavailableError",
     "UnknownSessionError",
@@ -97,15 +98,22 @@ class RequestError(Exception):
 # -- the intake ---------------------------------------------------------------------------------
 
 
-class IntakeError(Exception):
-    """Base class: raised when an intake operation cannot be carried out."""
+class StoreError(Exception):
+    """Base class of the turn store's errors: raised when an operation of the store (the
+    durable intake, turn states, ledger lines) cannot be carried out. Catch this for "the store
+    said no"; the subclasses say why."""
 
 
-class IntakeClosedError(IntakeError):
+#: The former name of `StoreError`, kept for code written against earlier releases (one more
+#: release; it is the same class, so ``except IntakeError`` still catches every store error).
+IntakeError = StoreError
+
+
+class IntakeClosedError(StoreError):
     """Raised when an operation reaches an intake (or committer) that was already closed."""
 
 
-class StoreIntegrityError(IntakeError):
+class StoreIntegrityError(StoreError):
     """Raised when a row of the turn store is not what its columns promise (a bad state, a
     wrong type, unreadable JSON): written by something other than hunter, or damaged. It names
     the row; the daemon reports it and goes on."""
@@ -120,12 +128,12 @@ class StoreIntegrityError(IntakeError):
         return (type(self), (self.table, self.key, self.problem))
 
 
-class StoreUnavailableError(IntakeError):
+class StoreUnavailableError(StoreError):
     """Raised when the turn store's server cannot be reached for longer than a read waits
     (writes wait for it instead: they are never dropped)."""
 
 
-class SchemaVersionError(IntakeError):
+class SchemaVersionError(StoreError):
     """Raised when a turn store was written with a schema this code cannot use: a newer
     version, an older one without a migration, or tables that are not a turn store.
 
@@ -158,7 +166,7 @@ class SchemaVersionError(IntakeError):
         super().__init__(what)
 
 
-class UnknownSessionError(IntakeError):
+class UnknownSessionError(StoreError):
     """Raised when a session id is not in the intake (never opened, or a typo);
     ``session_id`` is the id asked for."""
 
@@ -167,7 +175,7 @@ class UnknownSessionError(IntakeError):
         self.session_id = session_id
 
 
-class UnknownTurnError(IntakeError):
+class UnknownTurnError(StoreError):
     """Raised when a turn id is not in the intake; ``turn_id`` is the id asked for."""
 
     def __init__(self, turn_id: int) -> None:
@@ -175,7 +183,7 @@ class UnknownTurnError(IntakeError):
         self.turn_id = turn_id
 
 
-class SessionClosedError(IntakeError):
+class SessionClosedError(StoreError):
     """Raised when a turn is submitted to a session that is closed; ``session_id`` names it."""
 
     def __init__(self, session_id: str) -> None:
@@ -183,7 +191,7 @@ class SessionClosedError(IntakeError):
         self.session_id = session_id
 
 
-class StaleClaimError(IntakeError):
+class StaleClaimError(StoreError):
     """Raised when a write is made under a claim the daemon no longer holds: its lease expired
     and the turn was claimed again (a larger fencing token), or the turn was released or ended.
     Nothing was written; the late result must be dropped (and logged), never recorded.
@@ -202,7 +210,7 @@ class StaleClaimError(IntakeError):
         self.owner = owner
 
 
-class NotEscalatedError(IntakeError):
+class NotEscalatedError(StoreError):
     """Raised when an escalation is resolved for a turn that is not parked (``state`` says
     where it is)."""
 

@@ -465,7 +465,7 @@ class Daemon:
         self._log = get_logger("supervisor.server")
         self._stop = anyio.Event()
         self._forced = False
-        self.scheduler: TurnCore | None = None
+        self.turn_core: TurnCore | None = None
         self.hub: ExecutorHub | None = None
         #: the daemon's Prometheus registry and event metrics (docs/metrics.md)
         self.metrics = DaemonMetrics()
@@ -526,7 +526,7 @@ class Daemon:
                     fleet=fleet_of(store),
                     fleet_poll_s=config.store.poll_ms / 1000,
                 )
-                self.scheduler, self.hub = core, hub
+                self.turn_core, self.hub = core, hub
                 metrics.watch(
                     Sources(
                         core=core.statistics,
@@ -574,7 +574,7 @@ class Daemon:
         task_status: anyio.abc.TaskStatus[None],
     ) -> int:
         control = ControlServer(
-            scheduler=core,
+            turn_core=core,
             hub=hub,
             max_frame_bytes=config.executors.max_frame_bytes,
             on_drain=self.request_drain,
@@ -682,9 +682,9 @@ class Daemon:
         self.config = applied
         if any(k.startswith("log.") for k in diff.reloadable):
             configure_logging(fmt=applied.log.format, level=applied.log.level)
-        if self.scheduler is not None:
-            self.scheduler.settings = dataclasses.replace(
-                self.scheduler.settings,
+        if self.turn_core is not None:
+            self.turn_core.settings = dataclasses.replace(
+                self.turn_core.settings,
                 retry=retry_options(applied),
                 retry_budget=budget_limits(applied),
                 default_timeout_ms=applied.sandbox.default_timeout_ms,

@@ -26,7 +26,7 @@ from sandbox.enumerate import RealizedWrite, WriteSurface
 from sandbox.errors import (
     CapabilityViolation,
     ConfinementLostError,
-    SandboxError,
+    HelperError,
     SandboxUnavailableError,
 )
 from sandbox.helper import wire
@@ -34,7 +34,7 @@ from sandbox.helper.channel import Channel
 from sandbox.packages import Package
 from sandbox.policy.declarations import DeclaredOutput
 from sandbox.promote import PromotedOutput, PromotionError
-from sandbox.runtime.attempt import ConfinedRun, crashed_run
+from sandbox.runs import ConfinedRun, crashed_run
 
 __all__ = ["HelperClient", "HelperError", "HelperUnavailableError", "RemoteArea", "manifest_wire"]
 
@@ -46,14 +46,6 @@ HELPER_LOST: Final = "HELPER_LOST"
 _CALL_TIMEOUT_S: Final = 60.0
 #: A confined run's reply may come this long after its deadline (kill grace, enumeration).
 _RUN_SLACK_S: Final = 120.0
-
-
-class HelperError(SandboxError):
-    """The helper refused a request (``kind`` as in `wire.Failed`)."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        self.kind = kind
-        super().__init__(f"sandbox helper: {kind}: {message}")
 
 
 class HelperUnavailableError(ConfinementLostError):

@@ -18,7 +18,7 @@ from sandbox.enumerate import RealizedWrite, SurfaceProblem
 from sandbox.policy.attempts import AttemptOutcome
 from sandbox.policy.declarations import DeclaredOutput
 from sandbox.promote import PromotedOutput
-from sandbox.runtime.attempt import ProcessAttempt
+from sandbox.runs import ProcessAttempt
 from sandbox.session_ids import SESSION_ID_RE
 
 __all__ = [

@@ -2,6 +2,7 @@
 # classifier and retry protocol, the attempt mapping, reason codes and policy errors.
 #
 # Purity is this folder: no module here imports anything that does I/O (os, subprocess, socket,
-# io, pathlib, threading, time sources, browsers, anyio). tests/policy/test_purity.py walks the
-# folder to keep it so. Clocks, sleeps and the attempt runner are injected by the callers.
+# io, pathlib, threading, time sources, browsers, anyio, asyncio).
+# tests/sandbox/policy/test_purity.py walks the folder to keep it so. Clocks, sleeps and the
+# attempt runner are injected by the callers.
 """HUMANOID HUNTER policy core (pure: no I/O)."""

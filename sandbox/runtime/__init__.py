@@ -6,7 +6,7 @@
 """The sandbox runtime (sessions, confined process turns, realized writes, promotion)."""
 
 from sandbox.policy.declarations import DeclaredOutput as DeclaredOutput
-from sandbox.runtime.attempt import ProcessAttempt as ProcessAttempt
+from sandbox.runs import ProcessAttempt as ProcessAttempt
 from sandbox.runtime.process_turn import TurnResult as TurnResult
 from sandbox.runtime.process_turn import TurnStatus as TurnStatus
 from sandbox.runtime.runtime import DEFAULT_LOADER_PATHS as DEFAULT_LOADER_PATHS

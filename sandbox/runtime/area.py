@@ -35,7 +35,7 @@ from sandbox.policy.declarations import DeclaredOutput
 from sandbox.promote import PromotedOutput, promote_outputs
 
 if TYPE_CHECKING:
-    from sandbox.runtime.attempt import ConfinedRun
+    from sandbox.runs import ConfinedRun
     from sandbox.runtime.runtime import Runtime
 
 __all__ = [

@@ -6,12 +6,10 @@ outcomes"). What the policy then decides is not this module's business.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
 import anyio
@@ -21,12 +19,12 @@ from sandbox.confine.audit import DenialWatch, KernelAudit, as_kernel_denial
 from sandbox.confine.procs import reap_orphans
 from sandbox.confine.seccomp import KernelDenial, NotificationServer
 from sandbox.confine.spawn import Spawned, SpawnRequest, close_quietly, reap, spawn
-from sandbox.enumerate import RealizedWrite, SurfaceProblem, WriteSurface, enumerate_writes
+from sandbox.enumerate import WriteSurface, enumerate_writes
 from sandbox.errors import CapabilityViolation, SpawnError
 from sandbox.policy.attempts import AttemptOutcome
 from sandbox.policy.declarations import DeclaredOutput, compare_surface, surface_target
 from sandbox.policy.denials import is_violation
-from sandbox.policy.faults import ExecutionFaultType
+from sandbox.runs import ConfinedRun, ProcessAttempt, crashed_run, ms_since
 from sandbox.runtime.area import all_empty
 
 if TYPE_CHECKING:
@@ -46,90 +44,6 @@ _log = structlog.get_logger("sandbox.runtime.attempt")
 _SIGXFSZ: Final = int(signal.SIGXFSZ)
 #: Reason code of a launcher that could not start the command (the attempt is a CRASH).
 SPAWN_FAILED: Final = "SPAWN_FAILED"
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessAttempt:
-    """One attempt of a process turn: how the confined run ended and what the policy decided.
-
-    The runtime's detailed view (output text, realized writes, resource events); the daemon
-    stores the one `sandbox.policy.attempt_record.AttemptRecord` made from it.
-    """
-
-    attempt_number: int
-    exit_code: int | None
-    signal: int | None
-    timed_out: bool
-    resource_exhausted: bool
-    security_violation: bool
-    outcome: str
-    fault_type: str | None
-    verdict: str
-    reason_code: str
-    reason: str
-    delay_ms: int
-    duration_ms: int
-    stdout: str
-    stderr: str
-    stdout_truncated: bool
-    stderr_truncated: bool
-    leftover_processes: int
-    resource_events: Mapping[str, int]
-    realized_writes: tuple[RealizedWrite, ...]
-    problems: tuple[SurfaceProblem, ...]
-    launcher: str
-    #: wall-clock start of the attempt, microseconds since the epoch (0: not known)
-    started_us: int = 0
-
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready summary (stdout/stderr as text; ledgers get hashes only)."""
-        return {
-            "attempt_number": self.attempt_number,
-            "exit_code": self.exit_code,
-            "signal": self.signal,
-            "timed_out": self.timed_out,
-            "resource_exhausted": self.resource_exhausted,
-            "security_violation": self.security_violation,
-            "outcome": self.outcome,
-            "fault_type": self.fault_type,
-            "verdict": self.verdict,
-            "reason_code": self.reason_code,
-            "reason": self.reason,
-            "delay_ms": self.delay_ms,
-            "duration_ms": self.duration_ms,
-            "started_us": self.started_us,
-            "finished_us": self.started_us + self.duration_ms * 1000 if self.started_us else 0,
-            "stdout": self.stdout,
-            "stderr": self.stderr,
-            "stdout_truncated": self.stdout_truncated,
-            "stderr_truncated": self.stderr_truncated,
-            "leftover_processes": self.leftover_processes,
-            "resource_events": dict(self.resource_events),
-            "realized_writes": [w.to_dict() for w in self.realized_writes],
-            "problems": [p.to_dict() for p in self.problems],
-            "launcher": self.launcher,
-        }
-
-    def ledger_summary(self) -> dict[str, object]:
-        """The attempt as it goes into the exec ledger (no output text, only hashes)."""
-        data = self.to_dict()
-        for key in ("stdout", "stderr"):
-            text = data.pop(key)
-            assert isinstance(text, str)
-            data[f"{key}_sha256"] = hashlib.sha256(text.encode()).hexdigest()
-        data.pop("realized_writes")
-        return data
-
-
-@dataclass(frozen=True, slots=True)
-class ConfinedRun:
-    """What one confined run produced: its record (no decision yet), outcome, write surface, and
-    the capability violations found in it (undeclared, missing or special files)."""
-
-    record: ProcessAttempt
-    outcome: AttemptOutcome
-    surface: WriteSurface
-    violations: list[CapabilityViolation]
 
 
 def capability_violation(  # noqa: PLR0917 (the violation's own fields, in order)
@@ -157,11 +71,6 @@ def catches(pid: int, sig: int) -> bool:
     except (OSError, ValueError, IndexError):
         return True
     return True
-
-
-def ms_since(start_ns: int) -> int:
-    """Milliseconds since *start_ns* on the monotonic clock."""
-    return (time.monotonic_ns() - start_ns) // 1_000_000
 
 
 async def run_confined(
@@ -421,40 +330,6 @@ async def _wait_and_kill(
 
 def _spawn_failed(exc: SpawnError, attempt_no: int, start_ns: int, launcher: str) -> ConfinedRun:
     return crashed_run(f"{SPAWN_FAILED}: {exc}", str(exc), attempt_no, start_ns, launcher)
-
-
-def crashed_run(
-    message: str, stderr: str, attempt_no: int, start_ns: int, launcher: str
-) -> ConfinedRun:
-    """A run that never got to run the command, or whose outcome was lost: a CRASH fault (the
-    attempt loop retries it); *stderr* is what the attempt's record shows."""
-    outcome = AttemptOutcome.fault(ExecutionFaultType.CRASH, message)
-    record = ProcessAttempt(
-        attempt_number=attempt_no,
-        exit_code=None,
-        signal=None,
-        timed_out=False,
-        resource_exhausted=False,
-        security_violation=False,
-        outcome=outcome.kind.value,
-        fault_type=ExecutionFaultType.CRASH.value,
-        verdict="",
-        reason_code="",
-        reason="",
-        delay_ms=0,
-        duration_ms=ms_since(start_ns),
-        started_us=time.time_ns() // 1000 - ms_since(start_ns) * 1000,
-        stdout="",
-        stderr=stderr,
-        stdout_truncated=False,
-        stderr_truncated=False,
-        leftover_processes=0,
-        resource_events={},
-        realized_writes=(),
-        problems=(),
-        launcher=launcher,
-    )
-    return ConfinedRun(record, outcome, WriteSurface((), ()), [])
 
 
 def _surface_violations(

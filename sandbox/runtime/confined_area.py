@@ -13,7 +13,7 @@ socket (the daemon runs unprivileged; docs/operations.md, "Privilege separation"
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -22,9 +22,44 @@ from sandbox.policy.declarations import DeclaredOutput
 from sandbox.promote import PromotedOutput
 
 if TYPE_CHECKING:
-    from sandbox.runtime.attempt import ConfinedRun
+    from sandbox.packages import Package
+    from sandbox.runs import ConfinedRun
 
-__all__ = ["ConfinedArea"]
+__all__ = ["ConfinedArea", "HelperLink", "HelperWelcome"]
+
+
+class HelperWelcome(Protocol):
+    """What the sandbox helper enforces (`sandbox.helper.wire.Welcome`)."""
+
+    @property
+    def levels(self) -> Mapping[str, str]: ...
+
+    @property
+    def missing(self) -> Mapping[str, str]: ...
+
+
+class HelperLink(Protocol):
+    """The runtime's view of the root sandbox helper (`sandbox.helper.remote.HelperClient`):
+    the runtime asks it what it enforces and for each session's `ConfinedArea`, and never
+    imports the helper package (the helper imports the runtime). ``hello`` and ``reset`` raise
+    `OSError` or `sandbox.errors.HelperError`."""
+
+    @property
+    def path(self) -> Path: ...
+
+    def hello(self) -> HelperWelcome: ...
+
+    def reset(self, owner: Path) -> None: ...
+
+    def area(
+        self,
+        *,
+        session_id: str,
+        package: Package,
+        workspace: Path,
+        forbidden: Sequence[str],
+        owner: Path,
+    ) -> ConfinedArea: ...
 
 
 class ConfinedArea(Protocol):

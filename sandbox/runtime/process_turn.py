@@ -56,14 +56,8 @@ from sandbox.policy.faults import ExecutionFaultType
 from sandbox.policy.retry_protocol import EntropyDetector, ToolCall
 from sandbox.promote import PromotedOutput, PromotionError
 from sandbox.prompt_header import PromptHeader
-from sandbox.runtime.attempt import (
-    SPAWN_FAILED,
-    ConfinedRun,
-    ProcessAttempt,
-    capability_violation,
-    crashed_run,
-    ms_since,
-)
+from sandbox.runs import ConfinedRun, ProcessAttempt, crashed_run, ms_since
+from sandbox.runtime.attempt import SPAWN_FAILED, capability_violation
 
 if TYPE_CHECKING:
     from sandbox.runtime.session import Session

@@ -31,15 +31,14 @@ from sandbox.confine import landlock, seccomp
 from sandbox.confine.audit import AUDIT_MECHANISM, AuditMode, KernelAudit
 from sandbox.confine.cgroups import CgroupLayout, detect_layout
 from sandbox.confine.spawn import native_available, new_network_namespace
-from sandbox.errors import SandboxUnavailableError, SessionNotFoundError
+from sandbox.errors import HelperError, SandboxUnavailableError, SessionNotFoundError
 from sandbox.packages import load_package
 from sandbox.runtime.leftovers import Leftovers, reclaim_leftovers
 from sandbox.session_ids import is_session_id, new_session_id
 
 if TYPE_CHECKING:
-    from sandbox.helper.remote import HelperClient
     from sandbox.packages import Package
-    from sandbox.runtime.confined_area import ConfinedArea
+    from sandbox.runtime.confined_area import ConfinedArea, HelperLink
     from sandbox.runtime.session import Session
 
 __all__ = [
@@ -188,7 +187,7 @@ class Runtime:
         config: RuntimeConfig | None = None,
         syncer: GroupSyncer | None = None,
         forbidden_sockets: Sequence[Path] = (),
-        helper: HelperClient | None = None,
+        helper: HelperLink | None = None,
     ) -> None:
         self.root = Path(os.path.abspath(root))
         self.config = config or RuntimeConfig()
@@ -244,8 +243,6 @@ class Runtime:
 
     def _ask_helper(self) -> tuple[dict[str, str], dict[str, str]]:
         """The helper's enforcement levels; ``helper`` missing while it cannot be reached."""
-        from sandbox.helper.remote import HelperError  # here: the helper imports this package
-
         assert self.helper is not None
         try:
             welcome = self.helper.hello()

@@ -26,8 +26,8 @@ from sandbox.policy.attempts import AgentPhase, RetryOptions
 from sandbox.policy.declarations import DeclaredOutput
 from sandbox.policy.retry_protocol import EntropyDetector
 from sandbox.prompt_header import PromptHeader, build_prompt_header
+from sandbox.runs import ProcessAttempt
 from sandbox.runtime.area import session_capabilities
-from sandbox.runtime.attempt import ProcessAttempt
 from sandbox.runtime.confined_area import ConfinedArea
 from sandbox.runtime.evidence import EvidenceRef, store_evidence
 from sandbox.runtime.process_turn import (

@@ -40,7 +40,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def format_status(status: dict[str, Any]) -> str:
     daemon = status["daemon"]
-    sched = status["scheduler"]
+    sched = status.get("turn_core") or status["scheduler"]  # a daemon of the last release
     hub = status["hub"]
     lines = [
         f"daemon pid {daemon['pid']}  root {daemon.get('root', '?')}"

@@ -25,6 +25,13 @@ __all__ = [
 ]
 
 
+#: --compact of `hunter submit --wait` and `hunter turn wait`.
+_COMPACT_HELP = (
+    "ask for the compact turn (answer=compact: ids, state, verdict, reason_code, attempt,"
+    " evidence_hash) and print it as JSON"
+)
+
+
 def _parse_param(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -59,6 +66,8 @@ def submit_params(args: argparse.Namespace) -> dict[str, object]:
         params["timeout_ms"] = args.timeout_ms
     if args.idempotency_key:
         params["idempotency_key"] = args.idempotency_key
+    if args.compact:
+        params["answer"] = "compact"
     if argv:
         if args.command_type:
             raise ValueError("give either --command (an instruction) or `-- CMD ARGS`, not both")
@@ -82,29 +91,43 @@ async def wait_with_progress(
     *,
     show: Callable[[str], None],
     limit_s: float | None = None,
+    compact: bool = False,
 ) -> dict[str, Any]:
-    """Long-poll `turn.wait`, reporting each new state/attempt; returns the final turn."""
+    """Long-poll `turn.wait`, reporting each new state/attempt; returns the final turn (with
+    *compact*, the compact turn object: its outcome only)."""
     import anyio
 
-    from sandbox.policy.lifecycle import TurnState
+    from sandbox.policy.lifecycle import FINAL_STATES, TurnState
 
     every = {s.value for s in TurnState}
+    settled = {s.value for s in FINAL_STATES} | {TurnState.ESCALATED.value}
+    form: dict[str, Any] = {"answer": "compact"} if compact else {}
     last: tuple[object, object] | None = None
     current = ""
     with anyio.move_on_after(limit_s if limit_s is not None else float("inf")):
         while True:
             until = sorted(every - {current})
-            result = await client.call("turn.wait", turn_id=turn_id, timeout_s=30, until=until)
+            result = await client.call(
+                "turn.wait", turn_id=turn_id, timeout_s=30, until=until, **form
+            )
             turn: dict[str, Any] = result["turn"]
             current = turn["state"]
             key = (turn["state"], turn["attempt"])
             if key != last:
                 last = key
                 show(f"turn {turn_id}: {turn['state']} (attempt {turn['attempt']})")
-            if turn["final"] or turn["state"] == "escalated":
+            if current in settled:
                 return turn
-    result = await client.call("turn.get", turn_id=turn_id)
+    if compact:  # the turn as it is now, in the same form
+        result = await client.call("turn.wait", turn_id=turn_id, timeout_s=0, **form)
+    else:
+        result = await client.call("turn.get", turn_id=turn_id)
     return dict(result["turn"])
+
+
+def _show_turn(args: argparse.Namespace, turn: dict[str, Any]) -> None:
+    """Print a waited-for turn: JSON with --json or --compact, else its description."""
+    out(to_json(turn) if args.json or args.compact else describe_turn(turn))
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
@@ -120,14 +143,14 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             err(f"hunter submit: warning: {warning}")
         turn = result["turn"]
         if not args.wait:
-            if args.json:
+            if args.json or args.compact:
                 out(to_json(result))
             else:
                 again = "" if result["created"] else " (already accepted earlier: same turn)"
                 out(f"turn {turn['turn_id']} accepted{again}")
             return EXIT_OK
-        turn = await wait_with_progress(client, turn["turn_id"], show=err)
-        out(to_json(turn) if args.json else describe_turn(turn))
+        turn = await wait_with_progress(client, turn["turn_id"], show=err, compact=args.compact)
+        _show_turn(args, turn)
         return STATE_EXIT_CODES.get(turn["state"], EXIT_FAILED)
 
     return run_client(args, body)
@@ -152,10 +175,10 @@ def _cmd_turn_show(args: argparse.Namespace) -> int:
 
 def _cmd_turn_wait(args: argparse.Namespace) -> int:
     async def body(client: ControlClient) -> int:
-        turn = await wait_with_progress(client, args.turn_id, show=err, limit_s=args.timeout)
-        out(to_json(turn) if args.json else describe_turn(turn))
-        if not turn["final"] and turn["state"] != "escalated":
-            return EXIT_FAILED
+        turn = await wait_with_progress(
+            client, args.turn_id, show=err, limit_s=args.timeout, compact=args.compact
+        )
+        _show_turn(args, turn)
         return STATE_EXIT_CODES.get(turn["state"], EXIT_FAILED)
 
     return run_client(args, body)
@@ -199,6 +222,7 @@ def add_submit_parser(subparsers: Subparsers) -> None:
     p.add_argument("--idempotency-key", metavar="KEY")
     p.add_argument("--wait", action="store_true", help="show progress and the result")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--compact", action="store_true", help=_COMPACT_HELP)
     p.add_argument("argv", nargs=argparse.REMAINDER, help="-- CMD ARGS for a process turn")
     client_options(p)
     p.set_defaults(handler=_cmd_submit)
@@ -218,5 +242,6 @@ def add_turn_parser(subparsers: Subparsers) -> None:
         t.add_argument("--json", action="store_true")
         if name == "wait":
             t.add_argument("--timeout", type=float, metavar="S")
+            t.add_argument("--compact", action="store_true", help=_COMPACT_HELP)
         client_options(t)
         t.set_defaults(handler=handler)

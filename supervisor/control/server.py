@@ -1,4 +1,4 @@
-"""The control API on ``control.sock``: request/response frames that drive the scheduler.
+"""The control API on ``control.sock``: request/response frames that drive the turn core.
 
 ``docs/control-protocol.md`` is the normative description (framing, every operation, its
 params, results and errors, the turn's states); what follows is a summary.
@@ -21,18 +21,21 @@ Operations (params -> result):
   ``session.close`` {session_id} -> session (refused while it has unfinished turns);
   ``session.list`` -> {sessions}
 * ``turn.submit`` {session_id, kind: "instruction"|"process", declared_outputs (required; []
-  for instructions), declared_inputs?, phase?, idempotency_key?, timeout_ms?, wait_s?} plus
-  {command_type, target_url?, target_selector?, parameters?} or {argv} -> {turn, created}
-  (``created`` false: the idempotency key was seen before, this is that turn; ``wait_s``:
-  answer only once the turn is final or parked, at most that long; ``warnings``, when present:
-  what the client should know at once, e.g. no connected executor serves the command type)
+  for instructions), declared_inputs?, phase?, idempotency_key?, timeout_ms?, wait_s?,
+  answer?: "full"|"compact"} plus {command_type, target_url?, target_selector?, parameters?} or
+  {argv} -> {turn, created} (``created`` false: the idempotency key was seen before, this is
+  that turn; ``wait_s``: answer only once the turn is final or parked, at most that long;
+  ``answer`` "compact": ``turn`` is only its outcome, `compact_turn`; ``warnings``, when
+  present: what the client should know at once, e.g. no connected executor serves the command
+  type)
 * ``turn.get`` {turn_id} -> {turn, ledger} (``ledger``: the turn's exec and evidence entries,
-  their hashes); ``turn.wait`` {turn_id, timeout_s?, until?: [states]} ->
+  their hashes); ``turn.wait`` {turn_id, timeout_s?, until?: [states], answer?} ->
   {turn} once final, escalated, or in one of ``until``; ``turn.cancel`` {turn_id} -> {turn};
   ``turns.list`` {session_id?, after_turn_id?, limit? (1..500)} -> {turns, next_after} (a page,
   oldest first; pass ``next_after`` as ``after_turn_id`` for the next one, null at the end)
-* ``status`` -> {daemon, scheduler, store, turns_by_state, in_flight (the 100 oldest active
-  turns), in_flight_total, hub, executors (the first 100 by id), executors_total}
+* ``status`` -> {daemon, turn_core (also under its former key scheduler, for one release),
+  store, turns_by_state, in_flight (the 100 oldest active turns), in_flight_total, hub,
+  executors (the first 100 by id), executors_total}
 * A connection may have 256 requests in progress; more get a ``busy`` error at once.
 * An answer over the frame limit is a ``reply_too_large`` error; the connection stays open.
 * ``executors.list`` {after_executor_id?, limit? (1..1000)} -> {executors, next_after} (a page
@@ -75,6 +78,7 @@ from supervisor.wire.control import (
     SessionFilter,
     SessionOpenParams,
     SessionRef,
+    TurnAnswer,
     TurnRef,
     TurnsListParams,
     TurnSubmitParams,
@@ -90,6 +94,7 @@ __all__ = [
     "ERROR_CODES",
     "MAX_REQUESTS_PER_CONNECTION",
     "ControlServer",
+    "compact_turn",
 ]
 
 CONTROL_PROTOCOL_VERSION: Final = 1
@@ -132,8 +137,34 @@ _STATE_CHANGING: Final = frozenset(
 )
 
 
-def _turn(turn: TurnRecord) -> dict[str, object]:
-    return turn.to_dict()
+def _turn(turn: TurnRecord, answer: TurnAnswer = "full") -> dict[str, object]:
+    """The turn object of an answer: the whole record, or with ``answer="compact"`` only its
+    outcome (`compact_turn`)."""
+    return turn.to_dict() if answer == "full" else compact_turn(turn)
+
+
+def compact_turn(turn: TurnRecord) -> dict[str, object]:
+    """The compact turn object (``answer: "compact"`` of ``turn.submit`` and ``turn.wait``):
+    ``turn_id``, ``session_id``, ``turn_number``, ``state``, ``verdict``, ``reason_code``,
+    ``attempt`` (as in the full object) and ``evidence_hash``: the executor's sha256 of its
+    evidence bytes, the full object's ``result.evidence_hash``; null when there is none (a
+    process turn, no accepted response, an empty one). It is not the exec ledger's
+    ``result_hash``: that one digests the result with the decision as sealed and is only read
+    from the ledger (``turn.get``)."""
+    result = turn.result
+    evidence_hash = result.get("evidence_hash") if result is not None else None
+    if not isinstance(evidence_hash, str) or not evidence_hash:
+        evidence_hash = None
+    return {
+        "turn_id": turn.turn_id,
+        "session_id": turn.session_id,
+        "turn_number": turn.turn_number,
+        "state": turn.state.value,
+        "verdict": turn.verdict,
+        "reason_code": turn.reason_code,
+        "attempt": turn.attempt,
+        "evidence_hash": evidence_hash,
+    }
 
 
 #: `status` lists at most this many active turns (the oldest); ``in_flight_total`` counts all
@@ -152,7 +183,7 @@ class ControlServer:
     def __init__(
         self,
         *,
-        scheduler: TurnCore,
+        turn_core: TurnCore,
         hub: ExecutorHub,
         max_frame_bytes: int = 1_048_576,
         max_requests_per_connection: int = MAX_REQUESTS_PER_CONNECTION,
@@ -160,7 +191,7 @@ class ControlServer:
         info: Mapping[str, object] | None = None,
         sandbox: Callable[[], Mapping[str, object]] | None = None,
     ) -> None:
-        self._scheduler = scheduler
+        self._turn_core = turn_core
         self._sandbox = sandbox  # the sandbox's enforcement now, for `status`
         self._hub = hub
         self._max_frame_bytes = max_frame_bytes
@@ -396,7 +427,7 @@ class ControlServer:
         }
 
     async def _session_open(self, params: SessionOpenParams) -> object:
-        row = await self._scheduler.open_session(
+        row = await self._turn_core.open_session(
             package_id=params.package_id,
             tier=params.tier or "default",
             work_order_id=params.work_order_id,
@@ -408,25 +439,25 @@ class ControlServer:
 
     async def _session_close(self, params: SessionRef) -> object:
         sid = params.session_id
-        return (await self._scheduler.close_session(sid)).to_dict()
+        return (await self._turn_core.close_session(sid)).to_dict()
 
     async def _session_list(self, params: NoParams) -> object:
-        return {"sessions": [s.to_dict() for s in await self._scheduler.list_sessions()]}
+        return {"sessions": [s.to_dict() for s in await self._turn_core.list_sessions()]}
 
     async def _turn_submit(self, params: TurnSubmitParams) -> object:
         # Types were checked at decode time (``wait_s`` included: an error answer must mean
         # "nothing accepted"); the declaration and Phase-20 rules are applied here.
         request = parse_turn_request(
-            params.as_mapping(), default_timeout_ms=self._scheduler.settings.default_timeout_ms
+            params.as_mapping(), default_timeout_ms=self._turn_core.settings.default_timeout_ms
         )
         wait = params.wait_s
         with anyio.CancelScope(shield=True):  # accepted means scheduled, client or not
-            turn, created = await self._scheduler.submit(request)
+            turn, created = await self._turn_core.submit(request)
         warnings = self._submit_warnings(request)
         if wait is not None:
             # submit-and-wait in one round trip: answers once the turn is final or parked
-            turn = await self._scheduler.wait_turn(turn.turn_id, timeout_s=float(wait))
-        answer: dict[str, object] = {"turn": _turn(turn), "created": created}
+            turn = await self._turn_core.wait_turn(turn.turn_id, timeout_s=float(wait))
+        answer: dict[str, object] = {"turn": _turn(turn, params.answer), "created": created}
         if warnings:
             answer["warnings"] = warnings
         return answer
@@ -445,35 +476,35 @@ class ControlServer:
         ]
 
     async def _turn_get(self, params: TurnRef) -> object:
-        turn = await self._scheduler.get_turn(params.id)
+        turn = await self._turn_core.get_turn(params.id)
         return {"turn": _turn(turn), "ledger": await self._turn_ledger(turn)}
 
     async def _turn_ledger(self, turn: TurnRecord) -> dict[str, object]:
         """The turn's entries in its session's exec and evidence ledger files (read only)."""
         try:
-            session = await self._scheduler.get_session(turn.session_id)
+            session = await self._turn_core.get_session(turn.session_id)
         except RequestError:
             return {"exec": [], "evidence": []}
         session_dir = session_dir_for(
-            self._scheduler.settings.root, session.tier, session.session_id
+            self._turn_core.settings.root, session.tier, session.session_id
         )
         return await anyio.to_thread.run_sync(_turn_ledger_entries, session_dir, turn.turn_number)
 
     async def _turn_wait(self, params: TurnWaitParams) -> object:
         timeout = params.timeout_s
         until = params.until
-        turn = await self._scheduler.wait_turn(
+        turn = await self._turn_core.wait_turn(
             params.id,
             timeout_s=float(timeout) if timeout is not None else None,
             until=until,
         )
-        return {"turn": _turn(turn)}
+        return {"turn": _turn(turn, params.answer)}
 
     async def _turn_cancel(self, params: TurnRef) -> object:
-        return {"turn": _turn(await self._scheduler.cancel_turn(params.id))}
+        return {"turn": _turn(await self._turn_core.cancel_turn(params.id))}
 
     async def _turns_list(self, params: TurnsListParams) -> object:
-        turns = await self._scheduler.list_turns(
+        turns = await self._turn_core.list_turns(
             session_id=params.session_id,
             after_turn_id=params.after_turn_id,
             limit=params.limit + 1,
@@ -488,31 +519,32 @@ class ControlServer:
 
     async def _status(self, params: NoParams) -> object:
         executors = sorted(self._hub.list_executors(), key=lambda i: i.executor_id)
-        stats = self._scheduler.statistics()
+        stats = self._turn_core.statistics()
         hub_stats = self._hub.statistics()
         # The store's part is bounded: while its server is unreachable, status still answers
         # at once from what the daemon holds (store.available says so).
         counts: dict[str, int] = {}
         fleet = None
         with anyio.move_on_after(_STORE_READ_S):
-            counts = await self._scheduler.counts()
-            fleet = await self._scheduler.daemons()
+            counts = await self._turn_core.counts()
+            fleet = await self._turn_core.daemons()
         turns = stats.to_dict()
         turns["turns_escalated"] = counts.get(TurnState.ESCALATED.value, 0)
         return {
             # several daemons on one PostgreSQL: each with its last heartbeat (None: alone)
             "daemons": None if fleet is None else [d.to_dict() for d in fleet[:_EXECUTORS_SHOWN]],
             "daemon": {"pid": os.getpid(), "draining": stats.draining, **self._info},
-            "scheduler": turns,
-            "store": asdict(self._scheduler.store_statistics()),
+            "turn_core": turns,
+            "scheduler": turns,  # the former key of turn_core, kept for one more release
+            "store": asdict(self._turn_core.store_statistics()),
             "turns_by_state": counts,
-            "in_flight": self._scheduler.in_flight(limit=_IN_FLIGHT_SHOWN),
+            "in_flight": self._turn_core.in_flight(limit=_IN_FLIGHT_SHOWN),
             "in_flight_total": turns["turns_active"],
             "hub": _plain(asdict(hub_stats)),
             "executors": [_executor(i) for i in executors[:_EXECUTORS_SHOWN]],
             "executors_total": len(executors),
             # the daemon-wide retry budget's window (docs/policy.md "The retry budget")
-            "retry_budget": self._scheduler.retry_budget().to_dict(),
+            "retry_budget": self._turn_core.retry_budget().to_dict(),
             "sandbox": None if self._sandbox is None else dict(self._sandbox()),
         }
 
@@ -544,16 +576,16 @@ class ControlServer:
         )
 
     async def _escalations_list(self, params: NoParams) -> object:
-        return {"escalations": [_turn(t) for t in await self._scheduler.list_escalations()]}
+        return {"escalations": [_turn(t) for t in await self._turn_core.list_escalations()]}
 
     async def _escalations_resolve(self, params: EscalationResolveParams) -> object:
         action = params.action
-        turn = await self._scheduler.resolve_escalation(params.id, action)
+        turn = await self._turn_core.resolve_escalation(params.id, action)
         return {"turn": _turn(turn)}
 
     async def _ledger_verify(self, params: SessionFilter) -> object:
         sid = params.session_id
-        return await self._scheduler.verify_ledgers(session_id=sid)
+        return await self._turn_core.verify_ledgers(session_id=sid)
 
     async def _drain(self, params: NoParams) -> object:
         if self._on_drain is None:

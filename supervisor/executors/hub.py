@@ -5,7 +5,7 @@ External executor processes connect to ``executors.sock`` and speak the protocol
 it waits (bounded) in the per-command queue until a READY executor that supports the command has
 a free slot, sends the instruction, waits for the response until ``envelope.timeout_ms`` after
 sending, judges the response with the Phase-20 safety rules and maps it to an ``AttemptOutcome``
-(DESIGN.md "Executor responses"). Retrying is the scheduler's job.
+(DESIGN.md "Executor responses"). Retrying is the turn core's job.
 
 ``ExecutorHub`` is the front; the work is done by the package's small modules:
 

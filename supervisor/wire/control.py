@@ -54,6 +54,7 @@ __all__ = [
     "SessionOpenParams",
     "SessionRef",
     "Status",
+    "TurnAnswer",
     "TurnCancel",
     "TurnGet",
     "TurnRef",
@@ -86,6 +87,9 @@ _Tenant = Annotated[
 ]
 #: A session's weight among tenants (`supervisor.turns.fairness.MAX_PRIORITY` is the bound).
 _Priority = Annotated[int, Meta(ge=1, le=10)]
+#: How much of the turn an answer carries: the whole turn object, or only its outcome (the
+#: server's ``compact_turn``: ids, state, verdict, reason code, attempt, evidence hash).
+TurnAnswer: TypeAlias = Literal["full", "compact"]
 
 
 class RequestDecodeError(RequestError):
@@ -193,6 +197,7 @@ class TurnWaitParams(Struct, frozen=True):
     turn_id: int | str
     timeout_s: _Seconds | None = None
     until: frozenset[TurnState] = frozenset()
+    answer: TurnAnswer = "full"
 
     def __post_init__(self) -> None:
         force_setattr(self, "turn_id", _turn_id_value(self.turn_id))
@@ -219,6 +224,8 @@ class TurnSubmitParams(Struct, frozen=True):
     idempotency_key: Annotated[str, Meta(min_length=1, max_length=200)] | None = None
     timeout_ms: Annotated[int, Meta(ge=1, le=600_000)] | UnsetType = UNSET
     wait_s: _Seconds | None = None
+    #: the answer's ``turn``: the whole turn object, or "compact" (only its outcome)
+    answer: TurnAnswer = "full"
     command_type: ExecutorCommandType | None = None
     target_url: _Text | None = None
     target_selector: _Text | None = None
@@ -453,6 +460,7 @@ _HINTS: Final[Mapping[str, str]] = {
     "idempotency_key": "a string of 1..200 characters",
     "timeout_ms": "an integer number of milliseconds, 1..600000",
     "wait_s": f"a number of seconds, 0..{_MAX_WAIT_S:g}",
+    "answer": "'full' (the whole turn, the default) or 'compact' (its outcome only)",
     "timeout_s": f"a number of seconds, 0..{_MAX_WAIT_S:g}",
     "command_type": "one of " + ", ".join(c.value for c in ExecutorCommandType),
     "target_url": "a string",

@@ -38,7 +38,7 @@ from sandbox.policy.attempts import AttemptOutcome
 from sandbox.policy.declarations import DeclaredOutput
 from sandbox.policy.faults import ExecutionFaultType
 from sandbox.promote import PromotedOutput
-from sandbox.runtime.attempt import ProcessAttempt
+from sandbox.runs import ProcessAttempt
 from supervisor.config import Config, load_config
 from supervisor.control.client import ControlClient
 from supervisor.demo.stack import prepare_root

@@ -436,7 +436,7 @@ async def test_second_signal_forces_exit(stack: DemoStack) -> None:
         turn_id = r["turn"]["turn_id"]
         await client.call("turn.wait", turn_id=turn_id, until=["running"])
         status = await client.call("status")
-        assert status["scheduler"]["attempts_running"] == 1
+        assert status["turn_core"]["attempts_running"] == 1
         assert (await client.call("drain"))["draining"] is True
     # the drain now waits for the hanging attempt (grace 2 s): a signal forces the exit
     # (exactly one: a further SIGTERM during the forced exit's teardown meets the default

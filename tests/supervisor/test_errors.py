@@ -56,4 +56,5 @@ def test_structured_fields() -> None:
         "field": "timeout_ms",
     }
     assert errors.UnknownTurnError(7).turn_id == 7
-    assert isinstance(errors.UnknownSessionError("SES-x"), errors.IntakeError)
+    assert isinstance(errors.UnknownSessionError("SES-x"), errors.StoreError)
+    assert errors.IntakeError is errors.StoreError  # the former name still catches them all

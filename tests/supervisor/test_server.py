@@ -124,14 +124,14 @@ async def test_sighup_reloads_reloadable_keys(tmp_path: Path, log_stream: io.Str
     config = load_config(config_file, env={}, overrides={"root": root})
     daemon = Daemon(config, config_path=config_file, overrides={"root": root})
     async with running(daemon):
-        assert daemon.scheduler is not None
-        assert daemon.scheduler.settings.retry.base_delay_ms == 100
+        assert daemon.turn_core is not None
+        assert daemon.turn_core.settings.retry.base_delay_ms == 100
         config_file.write_text("[retry]\nbase_delay_ms = 7\n[executors]\nqueue_capacity = 5\n")
         reloaded = daemon.reloaded
         os.kill(os.getpid(), signal.SIGHUP)
         with anyio.fail_after(10):
             await reloaded.wait()
-        assert daemon.scheduler.settings.retry.base_delay_ms == 7
+        assert daemon.turn_core.settings.retry.base_delay_ms == 7
         assert daemon.config.executors.queue_capacity == config.executors.queue_capacity
     events = _events(log_stream)
     assert "config_reloaded" in events

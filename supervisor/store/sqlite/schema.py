@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from supervisor.errors import IntakeError, SchemaVersionError
+from supervisor.errors import SchemaVersionError, StoreError
 
 __all__ = [
     "ATTEMPT_COLUMNS",
@@ -205,7 +205,7 @@ def _upgrade(conn: sqlite3.Connection, path: Path) -> None:
 def _require_wal(conn: sqlite3.Connection, path: Path) -> None:
     mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
     if str(mode).lower() != "wal":
-        raise IntakeError(f"turn store {path}: SQLite refused WAL mode (got {mode!r})")
+        raise StoreError(f"turn store {path}: SQLite refused WAL mode (got {mode!r})")
 
 
 def _connect(path: Path, *, writer: bool) -> sqlite3.Connection:

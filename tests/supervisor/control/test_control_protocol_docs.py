@@ -82,9 +82,9 @@ async def test_every_registered_operation_is_documented_and_exists(root: Path) -
     documented = documented_operations(DOC.read_text(encoding="utf-8"))
     assert len(documented) == len(set(documented)), "an operation is documented twice"
     async with running(root) as daemon:
-        assert daemon.scheduler is not None
+        assert daemon.turn_core is not None
         assert daemon.hub is not None
-        registered = ControlServer(scheduler=daemon.scheduler, hub=daemon.hub).operations
+        registered = ControlServer(turn_core=daemon.turn_core, hub=daemon.hub).operations
         missing = sorted(set(registered) - set(documented))
         assert not missing, f"not documented in {DOC.name}: {missing}"
         extra = sorted(set(documented) - set(registered))

@@ -281,7 +281,7 @@ class FakeRuntime:
 
 @dataclass
 class Rig:
-    scheduler: TurnCore
+    turn_core: TurnCore
     hub: FakeHub
     runtime: FakeRuntime
     store: TurnStore
@@ -340,12 +340,12 @@ def _instruction(sid: str, **extra: object) -> dict[str, object]:
 
 
 async def _open(r: Rig) -> str:
-    return (await r.scheduler.open_session(package_id="demo")).session_id
+    return (await r.turn_core.open_session(package_id="demo")).session_id
 
 
 async def _run(r: Rig, params: dict[str, object]) -> Any:
-    turn, _ = await r.scheduler.submit(parse_turn_request(params))
-    return await r.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+    turn, _ = await r.turn_core.submit(parse_turn_request(params))
+    return await r.turn_core.wait_turn(turn.turn_id, timeout_s=10)
 
 
 def _verify(root: Path, sid: str) -> list[Any]:
@@ -435,16 +435,16 @@ async def test_escalation_resolved_by_retry_and_terminate(tmp_path: Path) -> Non
         sid = await _open(r)
         turn = await _run(r, _instruction(sid))
         assert turn.state is TurnState.ESCALATED
-        assert [t.turn_id for t in await r.scheduler.list_escalations()] == [turn.turn_id]
-        await r.scheduler.resolve_escalation(turn.turn_id, "retry")
-        done = await r.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+        assert [t.turn_id for t in await r.turn_core.list_escalations()] == [turn.turn_id]
+        await r.turn_core.resolve_escalation(turn.turn_id, "retry")
+        done = await r.turn_core.wait_turn(turn.turn_id, timeout_s=10)
         assert done.state is TurnState.SUCCEEDED
         other = await _run(r, _instruction(sid))
         assert other.state is TurnState.ESCALATED
-        ended = await r.scheduler.resolve_escalation(other.turn_id, "terminate")
+        ended = await r.turn_core.resolve_escalation(other.turn_id, "terminate")
         assert (ended.state, ended.reason_code) == (TurnState.TERMINATED, "OPERATOR_TERMINATED")
         with pytest.raises(RequestError, match=r"^turn \d+ is terminated, not escalated$"):
-            await r.scheduler.resolve_escalation(other.turn_id, "retry")
+            await r.turn_core.resolve_escalation(other.turn_id, "retry")
         assert all(rep.entries >= 2 for rep in _verify(tmp_path, sid))
 
 
@@ -453,12 +453,12 @@ async def test_idempotent_resubmission(tmp_path: Path) -> None:
     async with rig(tmp_path) as r:
         sid = await _open(r)
         request = parse_turn_request(_instruction(sid, idempotency_key="abc"))
-        first, created = await r.scheduler.submit(request)
-        again, created_again = await r.scheduler.submit(request)
+        first, created = await r.turn_core.submit(request)
+        again, created_again = await r.turn_core.submit(request)
         assert created
         assert not created_again
         assert again.turn_id == first.turn_id
-        await r.scheduler.wait_turn(first.turn_id, timeout_s=10)
+        await r.turn_core.wait_turn(first.turn_id, timeout_s=10)
         assert len(r.hub.envelopes) == 1
 
 
@@ -469,7 +469,7 @@ async def test_queue_full_is_refused_before_accepting(tmp_path: Path) -> None:
         with pytest.raises(
             RequestError, match=r"^the READ queue is full; retry in 250 ms$"
         ) as info:
-            await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+            await r.turn_core.submit(parse_turn_request(_instruction(sid)))
         assert info.value.code == "queue_full"
         assert info.value.details["retry_after_ms"] == 250
         assert (await r.store.list_turns()).turns == ()
@@ -480,9 +480,9 @@ async def test_cancel_running_turn(tmp_path: Path) -> None:
     hub = FakeHub(gate=anyio.Event())
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
-        turn, _ = await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+        turn, _ = await r.turn_core.submit(parse_turn_request(_instruction(sid)))
         await hub.started.wait()
-        cancelled = await r.scheduler.cancel_turn(turn.turn_id)
+        cancelled = await r.turn_core.cancel_turn(turn.turn_id)
         assert cancelled.state is TurnState.CANCELLED
         assert [rep.entries for rep in _verify(tmp_path, sid)] == [2, 2]
 
@@ -517,7 +517,7 @@ async def test_process_turn_rejected_at_intake(tmp_path: Path) -> None:
             {"session_id": sid, "kind": "process", "argv": ["forbidden"], "declared_outputs": []}
         )
         with pytest.raises(RequestError, match=r"^forbidden executable$"):
-            await r.scheduler.submit(request)
+            await r.turn_core.submit(request)
         assert (await r.store.list_turns()).turns == ()
 
 
@@ -526,12 +526,12 @@ async def test_drain_leaves_unstarted_work_for_restart(tmp_path: Path) -> None:
     hub = FakeHub(gate=anyio.Event())
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
-        turn, _ = await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+        turn, _ = await r.turn_core.submit(parse_turn_request(_instruction(sid)))
         # running: the start is durable (a start is written once the attempt outlives 2 ms)
-        await r.scheduler.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
-        assert await r.scheduler.drain(0.01) is False
+        await r.turn_core.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
+        assert await r.turn_core.drain(0.01) is False
         with pytest.raises(RequestError, match=r"^the daemon is draining"):
-            await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+            await r.turn_core.submit(parse_turn_request(_instruction(sid)))
     async with open_sqlite_store(_db(tmp_path)) as store:
         assert (await store.get_turn(turn.turn_id)).state is TurnState.RUNNING
 
@@ -541,11 +541,11 @@ async def test_restart_turns_interrupted_attempt_into_crash(tmp_path: Path) -> N
     hub = FakeHub(gate=anyio.Event())
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
-        turn, _ = await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+        turn, _ = await r.turn_core.submit(parse_turn_request(_instruction(sid)))
         # running: the start is durable (a start is written once the attempt outlives 2 ms)
-        await r.scheduler.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
+        await r.turn_core.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
     async with rig(tmp_path) as r2:
-        done = await r2.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+        done = await r2.turn_core.wait_turn(turn.turn_id, timeout_s=10)
         assert done.state is TurnState.SUCCEEDED
         assert [(a.fault_type, a.decision) for a in done.attempts] == [
             ("CRASH", "RETRY"),
@@ -615,7 +615,7 @@ def test_spec_round_trip() -> None:
 
 
 async def test_error_in_a_turn_ends_that_turn_only(tmp_path: Path) -> None:
-    """An unexpected error while running a turn terminates it; the scheduler keeps working."""
+    """An unexpected error while running a turn terminates it; the turn core keeps working."""
     async with rig(tmp_path) as r:
         sid = await _open(r)
         broken = await _run(
@@ -632,15 +632,15 @@ async def test_drain_waits_until_the_outcome_is_recorded(tmp_path: Path) -> None
     hub = FakeHub(gate=anyio.Event())
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
-        turn, _ = await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+        turn, _ = await r.turn_core.submit(parse_turn_request(_instruction(sid)))
         await hub.started.wait()
         async with anyio.create_task_group() as tg:
 
             async def drain() -> None:
-                assert await r.scheduler.drain(30) is True
+                assert await r.turn_core.drain(30) is True
 
             tg.start_soon(drain)
-            await r.scheduler.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
+            await r.turn_core.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
             assert hub.gate is not None
             hub.gate.set()
         assert (await r.store.get_turn(turn.turn_id)).state is TurnState.SUCCEEDED
@@ -652,7 +652,7 @@ async def test_restart_reruns_interrupted_process_turn(tmp_path: Path) -> None:
     async with rig(tmp_path) as r:
         sid = await _open(r)
         params = {"session_id": sid, "kind": "process", "argv": ["block"], "declared_outputs": []}
-        turn, _ = await r.scheduler.submit(parse_turn_request(params))
+        turn, _ = await r.turn_core.submit(parse_turn_request(params))
         await r.runtime.sessions[sid].blocked.wait()
     _sql(
         tmp_path,
@@ -661,7 +661,7 @@ async def test_restart_reruns_interrupted_process_turn(tmp_path: Path) -> None:
         turn.turn_id,
     )
     async with rig(tmp_path) as r2:
-        done = await r2.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+        done = await r2.turn_core.wait_turn(turn.turn_id, timeout_s=10)
         assert done.state is TurnState.SUCCEEDED
         assert next((a.fault_type, a.decision) for a in done.attempts) == ("CRASH", "RETRY")
         (call,) = r2.runtime.sessions[sid].process_calls
@@ -673,9 +673,9 @@ async def test_cancel_running_process_turn_writes_ledgers(tmp_path: Path) -> Non
     async with rig(tmp_path) as r:
         sid = await _open(r)
         params = {"session_id": sid, "kind": "process", "argv": ["block"], "declared_outputs": []}
-        turn, _ = await r.scheduler.submit(parse_turn_request(params))
+        turn, _ = await r.turn_core.submit(parse_turn_request(params))
         await r.runtime.sessions[sid].blocked.wait()
-        cancelled = await r.scheduler.cancel_turn(turn.turn_id)
+        cancelled = await r.turn_core.cancel_turn(turn.turn_id)
         assert cancelled.state is TurnState.CANCELLED
         assert [rep.entries for rep in _verify(tmp_path, sid)] == [2, 2]
 
@@ -690,39 +690,39 @@ async def test_close_refused_while_a_turn_is_being_submitted(tmp_path: Path) -> 
 
         async def submit() -> None:
             request = parse_turn_request({**params, "declared_outputs": []})
-            submitted.append(await r.scheduler.submit(request))
+            submitted.append(await r.turn_core.submit(request))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(submit)
             await anyio.to_thread.run_sync(session.checking.wait, 10)
             try:
                 with pytest.raises(RequestError, match=r"^session .* a turn being submitted") as e:
-                    await r.scheduler.close_session(sid)
+                    await r.turn_core.close_session(sid)
                 assert e.value.code == "session_busy"
             finally:
                 session.check_gate.set()
         ((turn, created),) = submitted
         assert created
-        done = await r.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+        done = await r.turn_core.wait_turn(turn.turn_id, timeout_s=10)
         assert done.state is TurnState.SUCCEEDED
         assert [rep.entries for rep in _verify(tmp_path, sid)] == [2, 2]
-        await r.scheduler.close_session(sid)
+        await r.turn_core.close_session(sid)
 
 
 async def test_restart_ending_an_interrupted_process_turn_writes_ledgers(tmp_path: Path) -> None:
     """A process turn whose interrupted last attempt ends it after a restart gets both ledger
-    entries (the runtime never saw that ending, so the scheduler writes them)."""
+    entries (the runtime never saw that ending, so the turn core writes them)."""
     async with rig(tmp_path) as r:
         sid = await _open(r)
         params = {"session_id": sid, "kind": "process", "argv": ["block"], "declared_outputs": []}
-        turn, _ = await r.scheduler.submit(parse_turn_request(params))
+        turn, _ = await r.turn_core.submit(parse_turn_request(params))
         await r.runtime.sessions[sid].blocked.wait()
     # as if the daemon had stopped during the last attempt of the budget
     _sql(
         tmp_path, "UPDATE turns SET attempt = ? WHERE turn_id = ?", FAST.max_attempts, turn.turn_id
     )
     async with rig(tmp_path) as r2:
-        done = await r2.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+        done = await r2.turn_core.wait_turn(turn.turn_id, timeout_s=10)
         assert done.final
         assert done.attempts[-1].fault_type == "CRASH"
         assert r2.runtime.sessions[sid].process_calls == []
@@ -741,7 +741,7 @@ async def test_concurrent_resolutions_of_one_escalation(tmp_path: Path) -> None:
 
         async def resolve(action: str) -> None:
             try:
-                answers[action] = (await r.scheduler.resolve_escalation(turn.turn_id, action)).state
+                answers[action] = (await r.turn_core.resolve_escalation(turn.turn_id, action)).state
             except RequestError as exc:
                 answers[action] = exc.code
 

@@ -22,7 +22,7 @@ READ = ExecutorCommandType.READ
 
 
 async def _submit(r: Rig, sid: str) -> TurnRecord:
-    return (await r.scheduler.submit(parse_turn_request(_instruction(sid))))[0]
+    return (await r.turn_core.submit(parse_turn_request(_instruction(sid))))[0]
 
 
 async def test_turns_wait_parked_and_start_in_order(tmp_path: Path) -> None:
@@ -32,18 +32,18 @@ async def test_turns_wait_parked_and_start_in_order(tmp_path: Path) -> None:
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
         turns = [
-            (await r.scheduler.submit(parse_turn_request(_instruction(sid))))[0] for _ in range(3)
+            (await r.turn_core.submit(parse_turn_request(_instruction(sid))))[0] for _ in range(3)
         ]
         await hub.started.wait()
         assert len(hub.envelopes) == 1
         for turn in turns[1:]:
             assert (await r.store.get_turn(turn.turn_id)).state is TurnState.ACCEPTED
-            assert (await r.scheduler.get_turn(turn.turn_id)).state is TurnState.ACCEPTED
-        assert r.scheduler.statistics().turns.turns_active == 3
+            assert (await r.turn_core.get_turn(turn.turn_id)).state is TurnState.ACCEPTED
+        assert r.turn_core.statistics().turns.turns_active == 3
         assert hub.gate is not None
         hub.gate.set()
         for turn in turns:
-            done = await r.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+            done = await r.turn_core.wait_turn(turn.turn_id, timeout_s=10)
             assert done.state is TurnState.SUCCEEDED
         assert [e.instruction_id for e in hub.envelopes] == [f"INS-{t.turn_id}-1" for t in turns]
 
@@ -53,10 +53,10 @@ async def test_cancel_a_parked_turn(tmp_path: Path) -> None:
     hub = FakeHub(gate=anyio.Event(), slots=1)
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
-        first, _ = await r.scheduler.submit(parse_turn_request(_instruction(sid)))
-        parked, _ = await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+        first, _ = await r.turn_core.submit(parse_turn_request(_instruction(sid)))
+        parked, _ = await r.turn_core.submit(parse_turn_request(_instruction(sid)))
         await hub.started.wait()
-        cancelled = await r.scheduler.cancel_turn(parked.turn_id)
+        cancelled = await r.turn_core.cancel_turn(parked.turn_id)
         assert cancelled.state is TurnState.CANCELLED
         assert cancelled.reason_code == "CANCELLED_BY_CLIENT"
         assert [e.instruction_id for e in hub.envelopes] == [f"INS-{first.turn_id}-1"]
@@ -66,8 +66,8 @@ async def test_cancel_a_parked_turn(tmp_path: Path) -> None:
         ]
         assert hub.gate is not None
         hub.gate.set()
-        assert (await r.scheduler.wait_turn(first.turn_id)).state is TurnState.SUCCEEDED
-        assert r.scheduler.statistics().turns.turns_active == 0
+        assert (await r.turn_core.wait_turn(first.turn_id)).state is TurnState.SUCCEEDED
+        assert r.turn_core.statistics().turns.turns_active == 0
     assert [rep.entries for rep in _verify(tmp_path, sid)] == [3, 3]
 
 
@@ -77,9 +77,9 @@ async def test_parked_turns_count_against_the_queue(tmp_path: Path) -> None:
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
         for _ in range(3):  # one runs, two parked
-            await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+            await r.turn_core.submit(parse_turn_request(_instruction(sid)))
         with pytest.raises(RequestError) as err:
-            await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+            await r.turn_core.submit(parse_turn_request(_instruction(sid)))
         assert err.value.code == "queue_full"
         assert hub.gate is not None
         hub.gate.set()
@@ -91,11 +91,11 @@ async def test_a_turn_parked_too_long_meets_the_hub_timeout(tmp_path: Path) -> N
     hub = FakeHub(slots=0, queue_wait_s=0.2)
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
-        turn, _ = await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+        turn, _ = await r.turn_core.submit(parse_turn_request(_instruction(sid)))
         await anyio.sleep(0.05)
         assert hub.envelopes == []
         started = time.monotonic()
-        done = await r.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+        done = await r.turn_core.wait_turn(turn.turn_id, timeout_s=10)
         assert done.state is TurnState.SUCCEEDED
         assert time.monotonic() - started < 5
         # the hub is asked to wait only what is left of its queue wait, not all of it again
@@ -110,12 +110,12 @@ async def test_parked_turns_run_after_a_restart(tmp_path: Path) -> None:
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
         turns = [
-            (await r.scheduler.submit(parse_turn_request(_instruction(sid))))[0] for _ in range(3)
+            (await r.turn_core.submit(parse_turn_request(_instruction(sid))))[0] for _ in range(3)
         ]
-        await r.scheduler.wait_turn(turns[0].turn_id, until=frozenset({TurnState.RUNNING}))
+        await r.turn_core.wait_turn(turns[0].turn_id, until=frozenset({TurnState.RUNNING}))
     async with rig(tmp_path) as r2:
         for turn in turns:
-            done = await r2.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+            done = await r2.turn_core.wait_turn(turn.turn_id, timeout_s=10)
             assert done.state is TurnState.SUCCEEDED
         stored = [await r2.store.get_turn(t.turn_id) for t in turns]
         # the running one was interrupted (a CRASH, retried); the parked ones never started
@@ -164,12 +164,12 @@ async def test_in_flight_lists_the_oldest_first_up_to_a_limit(tmp_path: Path) ->
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
         turns = [await _submit(r, sid) for _ in range(5)]
-        shown = r.scheduler.in_flight(limit=3)
+        shown = r.turn_core.in_flight(limit=3)
         assert [t["turn_id"] for t in shown] == [t.turn_id for t in turns[:3]]
         assert [t["state"] for t in shown] == ["running", "accepted", "accepted"] or [
             t["state"] for t in shown
         ] == ["accepted", "accepted", "accepted"]
-        assert len(r.scheduler.in_flight()) == 5
+        assert len(r.turn_core.in_flight()) == 5
         assert hub.gate is not None
         hub.gate.set()
 
@@ -182,7 +182,7 @@ async def _start_order(r: Rig, hub: FakeHub, submits: list[str]) -> list[str]:
     assert hub.gate is not None
     hub.gate.set()
     for turn in turns:
-        assert (await r.scheduler.wait_turn(turn.turn_id, timeout_s=10)).state is (
+        assert (await r.turn_core.wait_turn(turn.turn_id, timeout_s=10)).state is (
             TurnState.SUCCEEDED
         )
     by_instruction = {f"INS-{t.turn_id}-1": t.session_id for t in turns}
@@ -194,8 +194,8 @@ async def test_a_flood_does_not_starve_another_tenant(tmp_path: Path) -> None:
     not after all of A's (round robin across tenants, oldest first within one)."""
     hub = FakeHub(gate=anyio.Event(), slots=1)
     async with rig(tmp_path, hub) as r:
-        a = (await r.scheduler.open_session(package_id="demo", tenant="a")).session_id
-        b = (await r.scheduler.open_session(package_id="demo", tenant="b")).session_id
+        a = (await r.turn_core.open_session(package_id="demo", tenant="a")).session_id
+        b = (await r.turn_core.open_session(package_id="demo", tenant="b")).session_id
         order = await _start_order(r, hub, [a] * 5 + [b])
     assert order == [a, a, b, a, a, a]
 
@@ -205,8 +205,8 @@ async def test_sessions_of_one_tenant_share_its_turn(tmp_path: Path) -> None:
     session without a tenant is its own: it is not stuck behind them."""
     hub = FakeHub(gate=anyio.Event(), slots=1)
     async with rig(tmp_path, hub) as r:
-        a1 = (await r.scheduler.open_session(package_id="demo", tenant="a")).session_id
-        a2 = (await r.scheduler.open_session(package_id="demo", tenant="a")).session_id
+        a1 = (await r.turn_core.open_session(package_id="demo", tenant="a")).session_id
+        a2 = (await r.turn_core.open_session(package_id="demo", tenant="a")).session_id
         solo = await _open(r)
         order = await _start_order(r, hub, [a1, a1, a2, a2, a1, solo])
     assert order == [a1, a1, solo, a2, a2, a1]
@@ -216,8 +216,8 @@ async def test_priority_weights_a_tenant(tmp_path: Path) -> None:
     """A session of priority 3 gets three starts in each round that a priority-1 one gets one."""
     hub = FakeHub(gate=anyio.Event(), slots=1)
     async with rig(tmp_path, hub) as r:
-        low = (await r.scheduler.open_session(package_id="demo")).session_id
-        high = (await r.scheduler.open_session(package_id="demo", priority=3)).session_id
+        low = (await r.turn_core.open_session(package_id="demo")).session_id
+        high = (await r.turn_core.open_session(package_id="demo", priority=3)).session_id
         order = await _start_order(r, hub, [low] * 4 + [high] * 6)
     names = {low: "L", high: "H"}
     assert "".join(names[s] for s in order) == "LLHHHLHHHL"

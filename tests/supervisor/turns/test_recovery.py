@@ -109,12 +109,12 @@ async def test_restart_ends_a_turn_from_its_ledger_entry(
     (`accepted`), the ending records the attempt."""
     hub = FakeHub(gate=anyio.Event())
     async with rig(tmp_path, hub) as r:
-        r.scheduler._deps.starts.delay_s = 0.0 if start_written else 60.0
+        r.turn_core._deps.starts.delay_s = 0.0 if start_written else 60.0
         sid = await _open(r)
-        turn, _ = await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+        turn, _ = await r.turn_core.submit(parse_turn_request(_instruction(sid)))
         await hub.started.wait()
         if start_written:
-            await r.scheduler.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
+            await r.turn_core.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
         stored = await r.store.get_turn(turn.turn_id)
         expected = TurnState.RUNNING if start_written else TurnState.ACCEPTED
         assert stored.state is expected
@@ -129,7 +129,7 @@ async def test_restart_ends_a_turn_from_its_ledger_entry(
         )
     rerun = FakeHub()
     async with rig(tmp_path, rerun) as r2:
-        done = await r2.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+        done = await r2.turn_core.wait_turn(turn.turn_id, timeout_s=10)
         assert done.state is TurnState.FAILED
         assert (done.verdict, done.reason_code, done.reason) == (
             "TERMINATE",

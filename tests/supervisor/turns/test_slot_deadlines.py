@@ -45,8 +45,8 @@ async def test_a_parked_turn_starts_after_its_timeout_not_the_queue_wait(tmp_pat
     hub = FakeHub(slots=0, queue_wait_s=60.0)
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
-        turn, _ = await r.scheduler.submit(parse_turn_request(_instruction(sid, timeout_ms=200)))
-        done = await r.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+        turn, _ = await r.turn_core.submit(parse_turn_request(_instruction(sid, timeout_ms=200)))
+        done = await r.turn_core.wait_turn(turn.turn_id, timeout_s=10)
         assert done.state is TurnState.SUCCEEDED
         (wait,) = hub.queue_waits
         assert wait is not None

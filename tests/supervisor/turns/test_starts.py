@@ -35,7 +35,7 @@ async def test_a_quick_attempt_writes_its_start_with_its_outcome(tmp_path: Path)
             "SUCCEED",
             f"INS-{turn.turn_id}-1",
         )
-        assert r.scheduler.statistics().turns.attempts_running == 0
+        assert r.turn_core.statistics().turns.attempts_running == 0
 
 
 async def test_a_slow_attempt_writes_its_start_while_it_runs(tmp_path: Path) -> None:
@@ -43,13 +43,13 @@ async def test_a_slow_attempt_writes_its_start_while_it_runs(tmp_path: Path) -> 
     hub = FakeHub(gate=anyio.Event())
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
-        turn, _ = await r.scheduler.submit(parse_turn_request(_instruction(sid)))
-        await r.scheduler.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
+        turn, _ = await r.turn_core.submit(parse_turn_request(_instruction(sid)))
+        await r.turn_core.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
         stored = await r.store.get_turn(turn.turn_id)
         assert (stored.state, stored.attempt) == (TurnState.RUNNING, 1)
         assert hub.gate is not None
         hub.gate.set()
-        done = await r.scheduler.wait_turn(turn.turn_id, timeout_s=10)
+        done = await r.turn_core.wait_turn(turn.turn_id, timeout_s=10)
         assert done.state is TurnState.SUCCEEDED
         assert [a.decision for a in done.attempts] == ["SUCCEED"]
 
@@ -58,13 +58,13 @@ async def test_cancel_before_the_start_was_written(tmp_path: Path) -> None:
     """A turn cancelled while its start is only noted never writes it: `cancelled`."""
     hub = FakeHub(gate=anyio.Event())
     async with rig(tmp_path, hub) as r:
-        r.scheduler._deps.starts.delay_s = 60.0
+        r.turn_core._deps.starts.delay_s = 60.0
         sid = await _open(r)
-        turn, _ = await r.scheduler.submit(parse_turn_request(_instruction(sid)))
+        turn, _ = await r.turn_core.submit(parse_turn_request(_instruction(sid)))
         await hub.started.wait()
-        cancelled = await r.scheduler.cancel_turn(turn.turn_id)
+        cancelled = await r.turn_core.cancel_turn(turn.turn_id)
         assert cancelled.state is TurnState.CANCELLED
-        assert len(r.scheduler._deps.starts) == 0
+        assert len(r.turn_core._deps.starts) == 0
 
 
 async def test_deferred_starts_write_when_due_oldest_first() -> None:

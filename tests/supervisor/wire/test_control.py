@@ -92,7 +92,26 @@ def test_turn_submit_params_map_to_the_intake_rules() -> None:
     mapping = request.params.as_mapping()
     assert mapping["kind"] == "process"
     assert mapping["declared_outputs"] == ["a.txt", {"path": "b.txt", "role": "log"}]
-    assert "timeout_ms" not in mapping  # the scheduler's default applies
+    assert "timeout_ms" not in mapping  # the turn core's default applies
+
+
+def test_answer_defaults_to_full_and_may_be_compact() -> None:
+    """turn.submit and turn.wait take ``answer`` ("full" unless given); the intake never
+    sees it."""
+    submit: dict[str, object] = {"session_id": "S", "kind": "process", "declared_outputs": []}
+    for params, form in ((submit, "full"), ({**submit, "answer": "compact"}, "compact")):
+        request = decode_request(_body(op="turn.submit", params=params))
+        assert isinstance(request, TurnSubmit)
+        assert request.params.answer == form
+        assert "answer" not in request.params.as_mapping()
+    wait_params: list[tuple[dict[str, object], str]] = [
+        ({"turn_id": 1}, "full"),
+        ({"turn_id": 1, "answer": "compact"}, "compact"),
+    ]
+    for params, form in wait_params:
+        wait = decode_request(_body(op="turn.wait", params=params))
+        assert isinstance(wait, TurnWait)
+        assert wait.params.answer == form
 
 
 @pytest.mark.parametrize(
@@ -126,6 +145,12 @@ def test_turn_submit_params_map_to_the_intake_rules() -> None:
         ({"op": "turn.submit", "params": {"session_id": "S", "kind": "process",
           "declared_outputs": [], "wait_s": "soon"}}, "wait_s"),
         ({"op": "executors.wait", "params": {"executor_id": "e", "status": "NOPE"}}, "status"),
+        ({"id": 1, "op": "turn.wait", "params": {"turn_id": 1, "answer": "tiny"}}, "answer"),
+        ({"id": 1, "op": "turn.wait", "params": {"turn_id": 1, "answer": None}}, "answer"),
+        ({"op": "turn.submit", "params": {"session_id": "S", "kind": "process",
+          "declared_outputs": [], "answer": 3}}, "answer"),
+        ({"op": "turn.submit", "params": {"session_id": "S", "kind": "process",
+          "declared_outputs": [], "answer": "FULL"}}, "answer"),
     ],
 )  # fmt: skip
 def test_bad_requests_name_the_field(frame: dict[str, object], field: str) -> None:
