@@ -281,6 +281,11 @@ class Session:
         `SessionLedgers.seal_evidence`)."""
         return self.ledgers.seal_evidence(record)
 
+    def release_ledgers(self, committed: Iterable[SealedLine]) -> None:
+        """The caller's store committed these sealed lines: they may go to the files (with the
+        next `flush_ledgers` or sync)."""
+        self.ledgers.release(committed)
+
     def flush_ledgers(self, committed: Iterable[SealedLine] = ()) -> None:
         """Release *committed* (sealed lines the caller's store has committed), then write the
         queued lines to both files up to the first one still held, without syncing."""

@@ -205,6 +205,7 @@ class TurnCore:
                     await self._recover()
                 tg.start_soon(self._renew_leases, name="lease-renewal")
                 tg.start_soon(self._sync_ledgers, name="ledger-sync")
+                tg.start_soon(self._deps.sessions.run_flusher, name="ledger-flush")
                 tg.start_soon(self._deps.starts.run, name="attempt-starts")
                 tg.start_soon(self._runner.feed_parked, name="parked-turns")
                 task_status.started()
@@ -493,6 +494,9 @@ class TurnCore:
             raise RequestError(code, str(exc), session_id=request.session_id) from exc
 
     async def get_turn(self, turn_id: int) -> TurnRecord:
+        # A caller may read the ledger files next: committed lines waiting for the flusher's
+        # pass go now (nothing to do unless a turn ended in this very pass).
+        self._deps.sessions.write_pending()
         cached = self._deps.tracker.recent(turn_id)
         if cached is not None:
             return cached
@@ -564,6 +568,7 @@ class TurnCore:
             records = [await self.get_session(session_id)]
         else:
             records = await self.list_sessions()
+        self._deps.sessions.write_pending()
         report = await verify_ledgers(self.settings.root, records)
         ledgers, failures = report["ledgers"], report["failures"]
         if isinstance(ledgers, list) and isinstance(failures, list):
@@ -594,5 +599,7 @@ class TurnCore:
             or fleet.is_home(turn.session_id)
             or turn.state is not TurnState.ESCALATED
         ):
-            return await self._escalations.resolve(turn, resolution)
+            resolved = await self._escalations.resolve(turn, resolution)
+            self._deps.sessions.write_pending()
+            return resolved
         return await fleet.ask_home(turn, resolution, self.get_turn)

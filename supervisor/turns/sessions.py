@@ -123,6 +123,11 @@ class SessionLike(Protocol):
         crash)."""
         ...
 
+    def release_ledgers(self, committed: Iterable[SealedLine]) -> None:
+        """The store committed these sealed lines: they may go to the files (with the next
+        flush or sync)."""
+        ...
+
     def flush_ledgers(self, committed: Iterable[SealedLine] = ()) -> None:
         """Release *committed* (sealed lines the store has now), then write the queued lines
         to both files up to the first one still held, without syncing."""
@@ -173,6 +178,10 @@ class DaemonSessions:
         self._synced: dict[str, int] = {}
         #: session id -> its tenant and priority, for the fair order of parked turns
         self._shares: dict[str, Share] = {}
+        #: sessions with committed lines to write, and the flusher's wake-up (None: no
+        #: flusher runs, `flush` writes at once)
+        self._dirty: dict[str, None] = {}
+        self._wake: anyio.Event | None = None
         self._log = get_logger("supervisor.turns.sessions")
 
     def __len__(self) -> int:
@@ -312,12 +321,54 @@ class DaemonSessions:
         )
 
     def flush(self, session_id: str, committed: Iterable[SealedLine] = ()) -> None:
-        """Put a session's committed lines into its files now (no sync: the store holds them
+        """Put a session's committed lines into its files (no sync: the store holds them
         durably), so that readers of the files see every ended turn. *committed*: the sealed
-        lines the store just committed, held out of the files until now (`seal_turn`)."""
+        lines the store just committed, held out of the files until now (`seal_turn`).
+
+        With the flusher running (`run_flusher`), the lines are released here and written once
+        per event-loop pass for every session that got some: the turns that one group commit
+        ended resume in the same pass, so their lines leave in one write per file instead of
+        one each; the flusher runs before the tasks woken after this call (the clients' answers
+        among them), so a client that reads the files after its answer finds the lines."""
         session = self._sessions.get(session_id)
         if session is None:
             return
+        wake = self._wake
+        if wake is not None:
+            session.release_ledgers(committed)
+            self._dirty[session_id] = None
+            wake.set()
+            return
+        self._write(session_id, session, committed)
+
+    async def run_flusher(self) -> None:
+        """Write the sessions' committed lines once per event-loop pass (see `flush`); until
+        cancelled, when it writes what is left."""
+        try:
+            while True:
+                wake = self._wake = anyio.Event()
+                await wake.wait()
+                self._flush_dirty()
+        finally:
+            self._wake = None
+            self._flush_dirty()
+
+    def write_pending(self) -> None:
+        """Write the committed lines the flusher has not written yet, now (for a caller about
+        to read the files)."""
+        if self._dirty:
+            self._flush_dirty()
+
+    def _flush_dirty(self) -> None:
+        dirty, self._dirty = self._dirty, {}
+        for session_id in dirty:
+            session = self._sessions.get(session_id)
+            if session is not None:
+                self._write(session_id, session, ())
+
+    def _write(
+        self, session_id: str, session: SessionLike, committed: Iterable[SealedLine]
+    ) -> None:
         try:
             session.flush_ledgers(committed)
         except Exception as exc:  # the store keeps the lines; the sync round reports it

@@ -218,6 +218,9 @@ class FakeSession:
     def seal_evidence(self, record: Mapping[str, object]) -> SealedLine:
         return self.ledgers.seal_evidence(record)
 
+    def release_ledgers(self, committed: Iterable[SealedLine]) -> None:
+        self.ledgers.release(committed)
+
     def flush_ledgers(self, committed: Iterable[SealedLine] = ()) -> None:
         self.ledgers.release(committed)
         self.ledgers.flush()

@@ -1,0 +1,97 @@
+"""The daemon's sessions (`supervisor.turns.sessions.DaemonSessions`) with a real sandbox
+session's ledger files: committed lines reach the files once per event-loop pass, before the
+tasks woken after the commit, and never before the commit."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from ledger import SealedLine, verify_session_dir
+from sandbox.runtime.session import Runtime, Session
+from supervisor.turns.sessions import DaemonSessions
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a sandbox session needs root")
+
+
+@pytest.fixture
+def runtime() -> Iterator[Runtime]:
+    world = Path(tempfile.mkdtemp(prefix="hh-sessions-"))
+    world.chmod(0o711)
+    package = world / "root" / "installed" / "pkg"
+    package.mkdir(parents=True)
+    manifest = {"capabilities": {"read": [], "write": ["**"], "execute": ["/bin/true"]}}
+    (package / "manifest.json").write_text(json.dumps(manifest))
+    try:
+        with Runtime(world / "root", config=None) as runtime:
+            yield runtime
+    finally:
+        shutil.rmtree(world, ignore_errors=True)
+
+
+def _turns_in(path: Path) -> list[int]:
+    return [
+        entry["turn_number"]
+        for entry in map(json.loads, path.read_bytes().splitlines())
+        if entry.get("kind") == "turn"
+    ]
+
+
+def _seal(session: Session, turn: int) -> tuple[SealedLine, SealedLine]:
+    return session.seal_instruction_turn(
+        turn_number=turn, instruction={"n": turn}, result={}, status="succeeded"
+    )
+
+
+async def test_committed_lines_leave_once_per_pass_before_the_woken_tasks(
+    runtime: Runtime,
+) -> None:
+    """With the flusher running, the lines of several turns committed together are written in
+    the flusher's pass, which runs before a task woken after them; uncommitted lines never."""
+    sessions = DaemonSessions(runtime)
+    with runtime.open_session("pkg") as session:
+        sessions.add(session)
+        seen: list[list[int]] = []
+        answered = anyio.Event()
+
+        async def client() -> None:  # stands for a client's answer, woken after the commit
+            await answered.wait()
+            seen.append(_turns_in(session.exec_ledger_path))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sessions.run_flusher)
+            tg.start_soon(client)
+            await anyio.lowlevel.checkpoint()  # both wait now
+            sealed = [_seal(session, n) for n in (1, 2, 3)]
+            sessions.flush(session.session_id, sealed[0])
+            sessions.flush(session.session_id, sealed[1])
+            assert _turns_in(session.exec_ledger_path) == []  # not yet: the flusher's pass
+            answered.set()
+            with anyio.fail_after(5):
+                while not seen:
+                    await anyio.lowlevel.checkpoint()
+            assert seen == [[1, 2]]  # turn 3 was never committed: held
+            assert _turns_in(session.ledgers.evidence_path) == [1, 2]
+            sessions.flush(session.session_id, sealed[2])
+            sessions.write_pending()  # a reader that cannot wait for the pass
+            assert _turns_in(session.exec_ledger_path) == [1, 2, 3]
+            tg.cancel_scope.cancel()
+        session.sync_ledgers()
+        assert [r.entries for r in verify_session_dir(session.exec_ledger_path.parent)] == [4, 4]
+
+
+async def test_without_the_flusher_a_flush_writes_at_once(runtime: Runtime) -> None:
+    """Outside a running turn core (recovery at start, tools), `flush` writes immediately."""
+    sessions = DaemonSessions(runtime)
+    with runtime.open_session("pkg") as session:
+        sessions.add(session)
+        sessions.flush(session.session_id, _seal(session, 1))
+        assert _turns_in(session.exec_ledger_path) == [1]
