@@ -57,3 +57,23 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.section("reliability suite figures")
     for suite, line in HEADLINES:
         terminalreporter.write_line(f"{suite}: {line}")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _loggers_never_cached() -> Generator[None, None, None]:
+    """`supervisor.logging.configure_logging` has structlog cache each module's logger on first
+    use (a production saving). In one test process that would freeze a module's logger into the
+    configuration of the first test that used it (an in-process daemon's JSON output), and a
+    later test's `structlog.testing.capture_logs` would see nothing from it: the tests' outcome
+    would depend on their order. Here nothing is cached."""
+    import structlog
+
+    configure = structlog.configure
+
+    def uncached(**settings: object) -> None:
+        settings["cache_logger_on_first_use"] = False
+        configure(**settings)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(structlog, "configure", uncached)
+        yield
