@@ -36,6 +36,7 @@ from supervisor.executors.hub import AttemptReport
 from supervisor.wire.control import decode_request
 from supervisor.wire.executor import decode_executor_message, decode_hello
 from supervisor.wire.frames import FrameReader, decode_body, encode_frame
+from tests.injected_faults import FAULT_IDS, FAULTS, MARK
 from tests.supervisor.control.test_server import daemon_client
 from tests.supervisor.executors.harness import (
     Harness,
@@ -46,23 +47,8 @@ from tests.supervisor.executors.harness import (
     running_hub,
 )
 
-#: what marks the one request whose handling fails
-MARK = b"BOOM"
 #: how long a closed connection may take to read as closed
 CLOSE_S = 10.0
-
-
-class Unforeseen(Exception):
-    """An exception type no handler knows about."""
-
-
-#: the unforeseen exceptions injected (each test runs with every one)
-FAULTS: list[Callable[[], Exception]] = [
-    lambda: RuntimeError("injected"),
-    lambda: KeyError("injected"),
-    lambda: Unforeseen("injected"),
-]
-FAULT_IDS = ["RuntimeError", "KeyError", "Unforeseen"]
 
 
 def _failing_when_marked(

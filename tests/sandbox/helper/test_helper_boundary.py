@@ -28,23 +28,10 @@ from structlog.testing import capture_logs
 from sandbox.helper import wire
 from sandbox.helper.server import HelperServer
 from sandbox.runtime.runtime import Runtime, RuntimeConfig
+from tests.injected_faults import FAULT_IDS, FAULTS, MARK
 
-#: what marks the one request whose handling fails
-MARK = b"BOOM"
 #: how long an answer, or a close, may take
 ANSWER_S = 10.0
-
-
-class Unforeseen(Exception):
-    """An exception type no handler knows about."""
-
-
-FAULTS: list[Callable[[], Exception]] = [
-    lambda: RuntimeError("injected"),
-    lambda: KeyError("injected"),
-    lambda: Unforeseen("injected"),
-]
-FAULT_IDS = ["RuntimeError", "KeyError", "Unforeseen"]
 
 
 @asynccontextmanager

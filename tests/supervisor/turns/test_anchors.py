@@ -4,36 +4,16 @@ again, while a line the runtime wrote itself is still found and anchored."""
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from sandbox.errors import CapabilityViolation
-from sandbox.runtime.session import Runtime, Session
+from sandbox.runtime.session import Session
 from supervisor.store.postgres import open_postgres_store
 from supervisor.store.protocol import NewSession
 from supervisor.turns.anchors import LedgerAnchors
 from tests.supervisor.store.conformance import LEASE_MS
-
-
-@pytest.fixture
-def session() -> Iterator[Session]:
-    world = Path(tempfile.mkdtemp(prefix="hh-anchors-"))
-    world.chmod(0o711)
-    package = world / "root" / "installed" / "pkg"
-    package.mkdir(parents=True)
-    manifest = {"capabilities": {"read": [], "write": ["**"], "execute": ["/bin/true"]}}
-    (package / "manifest.json").write_text(json.dumps(manifest))
-    try:
-        with Runtime(world / "root", config=None) as runtime, runtime.open_session("pkg") as s:
-            yield s
-    finally:
-        shutil.rmtree(world, ignore_errors=True)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a sandbox session needs root")

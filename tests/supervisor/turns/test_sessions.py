@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -20,21 +17,6 @@ from sandbox.runtime.session import Runtime, Session
 from supervisor.turns.sessions import DaemonSessions
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a sandbox session needs root")
-
-
-@pytest.fixture
-def runtime() -> Iterator[Runtime]:
-    world = Path(tempfile.mkdtemp(prefix="hh-sessions-"))
-    world.chmod(0o711)
-    package = world / "root" / "installed" / "pkg"
-    package.mkdir(parents=True)
-    manifest = {"capabilities": {"read": [], "write": ["**"], "execute": ["/bin/true"]}}
-    (package / "manifest.json").write_text(json.dumps(manifest))
-    try:
-        with Runtime(world / "root", config=None) as runtime:
-            yield runtime
-    finally:
-        shutil.rmtree(world, ignore_errors=True)
 
 
 def _turns_in(path: Path) -> list[int]:
@@ -52,12 +34,12 @@ def _seal(session: Session, turn: int) -> tuple[SealedLine, SealedLine]:
 
 
 async def test_committed_lines_leave_once_per_pass_before_the_woken_tasks(
-    runtime: Runtime,
+    sandbox_runtime: Runtime,
 ) -> None:
     """With the flusher running, the lines of several turns committed together are written in
     the flusher's pass, which runs before a task woken after them; uncommitted lines never."""
-    sessions = DaemonSessions(runtime)
-    with runtime.open_session("pkg") as session:
+    sessions = DaemonSessions(sandbox_runtime)
+    with sandbox_runtime.open_session("pkg") as session:
         sessions.add(session)
         seen: list[list[int]] = []
         answered = anyio.Event()
@@ -88,10 +70,10 @@ async def test_committed_lines_leave_once_per_pass_before_the_woken_tasks(
         assert [r.entries for r in verify_session_dir(session.exec_ledger_path.parent)] == [4, 4]
 
 
-async def test_without_the_flusher_a_flush_writes_at_once(runtime: Runtime) -> None:
+async def test_without_the_flusher_a_flush_writes_at_once(sandbox_runtime: Runtime) -> None:
     """Outside a running turn core (recovery at start, tools), `flush` writes immediately."""
-    sessions = DaemonSessions(runtime)
-    with runtime.open_session("pkg") as session:
+    sessions = DaemonSessions(sandbox_runtime)
+    with sandbox_runtime.open_session("pkg") as session:
         sessions.add(session)
         sessions.flush(session.session_id, _seal(session, 1))
         assert _turns_in(session.exec_ledger_path) == [1]
