@@ -101,6 +101,7 @@ class Connection:
     """A connected executor. Only its own methods change its state; others read it."""
 
     __slots__ = (
+        "_ending",
         "_error_detail",
         "_host",
         "_in_flight",
@@ -149,6 +150,9 @@ class Connection:
         self._reserved = 0
         self._self_status = ExecutorStatus.READY
         self._error_detail = ""
+        #: the connection is ending (its reader stopped, or it failed what was in flight): no
+        #: instruction may be dispatched to it while its tasks wind down (it would end CRASH)
+        self._ending = False
         self.closed = False
         self.close_reason = ""
         self.close_detail = ""
@@ -179,7 +183,7 @@ class Connection:
     @property
     def free_slots(self) -> int:
         """Slots an attempt could take now (0 unless READY and open)."""
-        if self.closed or self._error_detail or self._self_status is not _READY:
+        if self.closed or self._ending or self._error_detail or self._self_status is not _READY:
             return 0
         return max(0, self.slots - self.load)
 
@@ -189,7 +193,7 @@ class Connection:
 
     def load_if_accepting(self, instruction_id: str) -> int | None:
         """``load`` if ``accepts(instruction_id)``, else ``None`` (one call: the hot path)."""
-        if self.closed or self._error_detail or self._self_status is not _READY:
+        if self.closed or self._ending or self._error_detail or self._self_status is not _READY:
             return None
         in_flight, unacked = self._in_flight, self._unacked
         load = len(in_flight) + len(unacked) + self._reserved
@@ -234,6 +238,7 @@ class Connection:
                 tg.start_soon(self._writer.run)
                 tg.start_soon(self._heartbeats)
                 reason, detail = await self._read_loop(reader)
+                self._ending = True  # nothing new is dispatched while the tasks stop
                 tg.cancel_scope.cancel()
         finally:
             self.disconnect(reason, detail)
@@ -258,6 +263,10 @@ class Connection:
         self._host.changed()
 
     def _fail_in_flight(self, verdict: Verdict) -> None:
+        """End what is in flight with *verdict*; the connection closes next (a bad frame, a
+        protocol breach, an unattributable answer), so it takes nothing new meanwhile: else an
+        instruction dispatched in between would end CRASH when it closes."""
+        self._ending = True
         for pending in list(self._in_flight.values()):
             pending.resolve(verdict)
         self._in_flight.clear()

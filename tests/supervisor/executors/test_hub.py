@@ -340,3 +340,35 @@ async def test_closed_hub_ends_waiting_attempts_as_crash(socket_dir: Path) -> No
         after = await h.hub.run_attempt(instruction("SCREENSHOT"))
     assert [fault_type_of(r) for r in (*reports, after)] == [ExecutionFaultType.CRASH] * 2
     assert {r.safety_reason_code for r in (*reports, after)} == {HubReason.HUB_CLOSED}
+
+
+@pytest.mark.parametrize("behaviour", ["oversized", "garbage"])
+async def test_an_attempt_never_goes_to_a_connection_that_is_ending(
+    socket_dir: Path, behaviour: str
+) -> None:
+    """The next attempt, started the moment a bad answer ended the one before, is not sent to
+    the connection that bad answer is closing (it would end CRASH when the connection closes):
+    it waits for an executor that can take it, and gets that executor's answer."""
+    async with running_hub(socket_dir, max_frame_bytes=64 * 1024) as h:
+        await h.spawn("bad-1", behaviour, commands="READ")
+
+        async def replacement() -> None:
+            await h.log.wait_for("executor_disconnected", executor_id="bad-1")
+            await h.spawn("good-1", "ok", commands="READ", wait=False)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(replacement)
+            first = await h.hub.run_attempt(instruction("READ", timeout_ms=20_000))
+            second = await h.hub.run_attempt(instruction("READ", timeout_ms=20_000))
+    assert (fault_type_of(first), first.safety_reason_code) == (
+        ExecutionFaultType.INVALID_RESPONSE,
+        HubReason.FRAME_ERROR,
+    )
+    # Sent to a connection that can answer it: bad-1 again (its SDK reconnected; it breaks the
+    # frame again: its own INVALID_RESPONSE) or good-1; never CRASH for a connection it never
+    # got an answer from.
+    answered = (fault_type_of(second), second.safety_reason_code)
+    assert answered in {
+        (ExecutionFaultType.INVALID_RESPONSE, HubReason.FRAME_ERROR),
+        (None, rc.RESPONSE_ACCEPTED),
+    }, (answered, second.executor_id)
