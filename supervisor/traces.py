@@ -56,7 +56,7 @@ __all__ = [
     "turn_trace",
 ]
 
-_TRACEPARENT: Final = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+_TRACEPARENT: Final = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})\Z")
 _planned: contextvars.ContextVar[tuple[int | None, int | None]] = contextvars.ContextVar(
     "hunter_planned_ids", default=(None, None)
 )

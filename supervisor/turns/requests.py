@@ -167,7 +167,9 @@ def parse_turn_request(
         except ValueError:
             names = ", ".join(c.value for c in ExecutorCommandType)
             raise _bad("command_type", f"must be one of {names}, got {command_value!r}") from None
-        parameters = params.get("parameters") or {}
+        parameters = params.get("parameters")
+        if parameters is None:
+            parameters = {}
         if not isinstance(parameters, Mapping):
             raise _bad("parameters", "must be an object of string/int/bool values")
         spec = InstructionSpec(

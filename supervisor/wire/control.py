@@ -233,7 +233,7 @@ class TurnSubmitParams(Struct, frozen=True):
     argv: list[str] | None = None
     #: the client's W3C trace context: the turn's span becomes a child of it
     traceparent: (
-        Annotated[str, Meta(pattern=r"^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")] | None
+        Annotated[str, Meta(pattern=r"^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}\Z")] | None
     ) = None
 
     def as_mapping(self) -> dict[str, object]:

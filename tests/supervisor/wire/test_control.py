@@ -231,3 +231,18 @@ def test_json_nested_too_deep_is_a_clear_frame_error(body: bytes) -> None:
     FrameDecodeError that names the problem (before, the RecursionError escaped)."""
     with pytest.raises(FrameDecodeError, match=r"nested too deep|not valid UTF-8 JSON"):
         decode_request(body)
+
+
+def test_a_traceparent_with_a_trailing_newline_is_refused() -> None:
+    """The traceparent must be the whole string: a trailing newline is not stored with it."""
+    params = {
+        "session_id": "SES-1",
+        "kind": "instruction",
+        "declared_outputs": [],
+        "command_type": "READ",
+        "target_selector": "#t",
+        "traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01\n",
+    }
+    body = json.dumps({"id": 1, "op": "turn.submit", "params": params}).encode()
+    with pytest.raises(RequestDecodeError, match=r"^traceparent: "):
+        decode_request(body)

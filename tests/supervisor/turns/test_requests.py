@@ -1,0 +1,369 @@
+"""Tests of supervisor.turns.requests: a submitted turn parsed to typed values, its stored spec
+parsed back after a restart, and every refusal naming its field."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from sandbox.policy import reason_codes
+from sandbox.policy.attempts import AgentPhase
+from sandbox.policy.declarations import DeclaredOutput
+from sandbox.policy.envelopes import ExecutorCommandType
+from sandbox.policy.lifecycle import TurnKind
+from supervisor.errors import RequestError
+from supervisor.turns.requests import (
+    InstructionSpec,
+    ProcessSpec,
+    TurnRequest,
+    parse_turn_request,
+)
+
+TRACEPARENT = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+#: a value in a test's extra params that removes the key from the request
+ABSENT = object()
+
+
+def _params(base: dict[str, object], extra: dict[str, object]) -> dict[str, object]:
+    merged = {**base, **extra}
+    return {key: value for key, value in merged.items() if value is not ABSENT}
+
+
+def _instruction(**extra: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "session_id": "SES-1",
+        "kind": "instruction",
+        "declared_outputs": [],
+        "command_type": "READ",
+        "target_selector": "h1",
+    }
+    return _params(base, extra)
+
+
+def _process(**extra: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "session_id": "SES-1",
+        "kind": "process",
+        "declared_outputs": [],
+        "argv": ["/bin/true"],
+    }
+    return _params(base, extra)
+
+
+def test_an_instruction_turn_parses_to_typed_values() -> None:
+    """An instruction turn gets its command as an enum, the default timeout, and its parameters."""
+    request = parse_turn_request(
+        _instruction(
+            command_type="EXTRACT",
+            target_selector="table.results",
+            parameters={"attr": "text", "limit": 5, "all": True},
+            declared_inputs=["notes.md"],
+            phase="GREEN",
+            idempotency_key="extract-1",
+            traceparent=TRACEPARENT,
+        ),
+        default_timeout_ms=12_345,
+    )
+    assert request == TurnRequest(
+        session_id="SES-1",
+        kind=TurnKind.INSTRUCTION,
+        declared_outputs=(),
+        declared_inputs=("notes.md",),
+        phase=AgentPhase.GREEN,
+        idempotency_key="extract-1",
+        instruction=InstructionSpec(
+            command_type=ExecutorCommandType.EXTRACT,
+            timeout_ms=12_345,
+            target_url="",
+            target_selector="table.results",
+            parameters={"attr": "text", "limit": 5, "all": True},
+        ),
+        traceparent=TRACEPARENT,
+    )
+    assert request.kind is TurnKind.INSTRUCTION
+    assert request.instruction is not None
+    assert request.instruction.command_type is ExecutorCommandType.EXTRACT
+    assert request.process is None
+
+
+def test_a_process_turn_parses_to_typed_values() -> None:
+    """A process turn gets its argv as a tuple, its declarations typed, and a 30 s timeout."""
+    request = parse_turn_request(
+        _process(
+            argv=["/usr/bin/make", "-C", "src", "test"],
+            declared_outputs=["report.txt", {"path": "logs/run.log", "role": "log"}],
+            declared_inputs=["src/Makefile"],
+            phase="RED",
+        )
+    )
+    assert request == TurnRequest(
+        session_id="SES-1",
+        kind=TurnKind.PROCESS,
+        declared_outputs=(
+            DeclaredOutput("report.txt", "output"),
+            DeclaredOutput("logs/run.log", "log"),
+        ),
+        declared_inputs=("src/Makefile",),
+        phase=AgentPhase.RED,
+        process=ProcessSpec(argv=("/usr/bin/make", "-C", "src", "test"), timeout_ms=30_000),
+    )
+    assert request.process is not None
+    assert isinstance(request.process.argv, tuple)
+    assert request.instruction is None
+    assert (request.idempotency_key, request.traceparent) == (None, None)
+
+
+def test_an_explicit_timeout_wins_over_the_default() -> None:
+    """A turn's own timeout_ms is kept; default_timeout_ms only fills it in when absent."""
+    request = parse_turn_request(_process(timeout_ms=250), default_timeout_ms=9_000)
+    assert request.process == ProcessSpec(argv=("/bin/true",), timeout_ms=250)
+
+
+def test_the_session_id_argument_wins_over_the_params() -> None:
+    """A stored spec carries no session id: the caller's session_id is the turn's."""
+    request = parse_turn_request(_process(session_id=ABSENT), session_id="SES-2")
+    assert request.session_id == "SES-2"
+    assert parse_turn_request(_process(), session_id="SES-3").session_id == "SES-3"
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        _instruction(
+            command_type="NAVIGATE",
+            target_selector=ABSENT,
+            target_url="https://example.test/a?b=1",
+            parameters={"wait": True, "retries_hint": 2, "lang": "en"},
+            timeout_ms=5_000,
+            declared_inputs=["in/a.txt", "in/b.txt"],
+            phase="VERIFY",
+            traceparent=TRACEPARENT,
+        ),
+        _instruction(command_type="SCROLL", target_selector=""),
+        _process(
+            argv=["/bin/sh", "-c", "echo hi > out.txt"],
+            declared_outputs=[
+                "out.txt",
+                {"path": "logs/run.log", "role": "log"},
+                {"path": "tmp/**", "role": "scratch"},
+            ],
+            declared_inputs=["in/a.txt"],
+            phase="REFACTOR",
+            timeout_ms=600_000,
+            traceparent=TRACEPARENT,
+        ),
+        _process(),
+    ],
+    ids=["instruction-full", "instruction-bare", "process-full", "process-bare"],
+)
+def test_a_stored_spec_parses_back_to_the_same_request(params: dict[str, object]) -> None:
+    """to_spec(), kept as JSON and parsed again after a restart, gives an equal TurnRequest."""
+    request = parse_turn_request(params, default_timeout_ms=7_000)
+    stored = json.loads(json.dumps(request.to_spec()))
+    assert "session_id" not in stored
+    # a daemon restarted with another default keeps the timeout the turn was accepted with
+    again = parse_turn_request(stored, session_id="SES-1", default_timeout_ms=1)
+    assert again == request
+    assert again.to_spec() == request.to_spec()
+
+
+def test_the_spec_carries_no_idempotency_key() -> None:
+    """The key is stored beside the spec (NewTurn.idempotency_key), not in it: a parsed-back
+    spec has none, everything else is equal."""
+    request = parse_turn_request(_process(idempotency_key="once"))
+    spec = request.to_spec()
+    assert "idempotency_key" not in spec
+    again = parse_turn_request(spec, session_id="SES-1")
+    assert again.idempotency_key is None
+    assert again.process == request.process
+    assert again.declared_outputs == request.declared_outputs
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        (_process(session_id=ABSENT), "session_id"),
+        (_process(session_id=""), "session_id"),
+        (_process(session_id=7), "session_id"),
+        (_process(kind=ABSENT), "kind"),
+        (_process(kind="shell"), "kind"),
+        (_process(kind="PROCESS"), "kind"),
+        (_process(declared_outputs=ABSENT), "declared_outputs"),
+        (_process(declared_outputs=None), "declared_outputs"),
+        (_process(declared_outputs="out.txt"), "declared_outputs"),
+        (_process(declared_outputs=["/etc/passwd"]), "declared_outputs[0].path"),
+        (_process(declared_outputs=["ok.txt", "a/../b"]), "declared_outputs[1].path"),
+        (_process(declared_outputs=[{"path": "a.txt", "role": ""}]), "declared_outputs[0].role"),
+        (_process(declared_outputs=[7]), "declared_outputs[0]"),
+        (_process(declared_outputs=["*.txt"]), "declared_outputs[0].path"),
+        (_instruction(declared_outputs=["a.txt"]), "declared_outputs"),
+        (_process(declared_inputs="in.txt"), "declared_inputs"),
+        (_process(declared_inputs=["in.txt", 3]), "declared_inputs"),
+        (_process(phase="BLUE"), "phase"),
+        (_process(phase="green"), "phase"),
+        (_process(idempotency_key=""), "idempotency_key"),
+        (_process(idempotency_key="k" * 201), "idempotency_key"),
+        (_process(idempotency_key=5), "idempotency_key"),
+        (_process(timeout_ms=0), "timeout_ms"),
+        (_process(timeout_ms=-1), "timeout_ms"),
+        (_process(timeout_ms=600_001), "timeout_ms"),
+        (_process(timeout_ms=True), "timeout_ms"),
+        (_process(timeout_ms="1000"), "timeout_ms"),
+        (_process(timeout_ms=1.5), "timeout_ms"),
+        (_instruction(timeout_ms=600_001), "timeout_ms"),
+        (_process(traceparent="abc"), "traceparent"),
+        (_process(traceparent=TRACEPARENT.upper()), "traceparent"),
+        (_process(traceparent="01" + TRACEPARENT[2:]), "traceparent"),
+        (_process(traceparent="00-" + "0" * 32 + "-" + "b" * 16 + "-01"), "traceparent"),
+        (_process(traceparent=1), "traceparent"),
+        (_process(traceparent=TRACEPARENT + "\n"), "traceparent"),
+        (_instruction(command_type=ABSENT), "command_type"),
+        (_instruction(command_type="FLY"), "command_type"),
+        (_instruction(command_type="read"), "command_type"),
+        (_instruction(parameters=["a"]), "parameters"),
+        (_instruction(parameters="a=1"), "parameters"),
+        (_instruction(parameters=[]), "parameters"),
+        (_instruction(parameters=0), "parameters"),
+        (_process(argv=ABSENT), "argv"),
+        (_process(argv=[]), "argv"),
+        (_process(argv="/bin/true"), "argv"),
+        (_process(argv=["/bin/echo", 1]), "argv"),
+        (_process(argv=["", "x"]), "argv"),
+    ],
+    ids=[
+        "session-id-missing",
+        "session-id-empty",
+        "session-id-not-a-string",
+        "kind-missing",
+        "kind-unknown",
+        "kind-upper-case",
+        "declared-outputs-missing",
+        "declared-outputs-null",
+        "declared-outputs-not-a-list",
+        "declared-outputs-absolute-path",
+        "declared-outputs-dot-dot",
+        "declared-outputs-empty-role",
+        "declared-outputs-not-a-path",
+        "declared-outputs-wildcard-not-scratch",
+        "declared-outputs-of-an-instruction",
+        "declared-inputs-not-a-list",
+        "declared-inputs-not-strings",
+        "phase-unknown",
+        "phase-lower-case",
+        "idempotency-key-0-chars",
+        "idempotency-key-201-chars",
+        "idempotency-key-not-a-string",
+        "timeout-0",
+        "timeout-negative",
+        "timeout-600001",
+        "timeout-bool",
+        "timeout-string",
+        "timeout-float",
+        "timeout-600001-instruction",
+        "traceparent-garbage",
+        "traceparent-upper-case",
+        "traceparent-version-01",
+        "traceparent-zero-trace-id",
+        "traceparent-not-a-string",
+        "traceparent-trailing-newline",
+        "command-type-missing",
+        "command-type-unknown",
+        "command-type-lower-case",
+        "parameters-a-list",
+        "parameters-a-string",
+        "parameters-an-empty-list",
+        "parameters-zero",
+        "argv-missing",
+        "argv-empty",
+        "argv-a-string",
+        "argv-not-strings",
+        "argv-empty-command",
+    ],
+)
+def test_a_bad_request_names_its_field(params: dict[str, object], field: str) -> None:
+    """Each refusal is bad_request; its message starts with the field and its details name it."""
+    with pytest.raises(RequestError, match=rf"^{re.escape(field)}: ") as info:
+        parse_turn_request(params)
+    error = info.value
+    assert error.code == "bad_request"
+    assert error.details == {"field": field}
+    assert error.to_wire() == {"code": "bad_request", "message": error.message, "field": field}
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        (_instruction(command_type="NAVIGATE", target_selector=ABSENT), "target_url"),
+        (
+            _instruction(command_type="NAVIGATE", target_selector=ABSENT, target_url="ftp://x"),
+            "target_url",
+        ),
+        (
+            _instruction(
+                command_type="NAVIGATE", target_selector=ABSENT, target_url="https://u:p@x.test/"
+            ),
+            "target_url",
+        ),
+        (
+            _instruction(command_type="NAVIGATE", target_url="https://x.test/"),
+            "target_selector",
+        ),
+        (_instruction(target_selector=ABSENT), "target_selector"),
+        (_instruction(target_selector="   "), "target_selector"),
+        (_instruction(target_url="https://x.test/"), "target_url"),
+        (_instruction(command_type="SHUTDOWN"), "target_selector"),
+        (_instruction(target_selector="a\x00b"), "target_selector"),
+        (_instruction(parameters={"policy": "allow"}), "parameters"),
+        (_instruction(parameters={"maxRetries": 9}), "parameters"),
+        (_instruction(parameters={"nested": ["a"]}), "parameters"),
+        (_instruction(parameters={"1bad": "x"}), "parameters"),
+        (_instruction(parameters={"n": 2**53 + 1}), "parameters"),
+    ],
+    ids=[
+        "navigate-without-url",
+        "navigate-ftp-url",
+        "navigate-url-with-credentials",
+        "navigate-with-selector",
+        "read-without-selector",
+        "read-blank-selector",
+        "read-with-url",
+        "shutdown-with-selector",
+        "selector-control-character",
+        "parameter-authority-key",
+        "parameter-authority-key-camel-case",
+        "parameter-nested-value",
+        "parameter-bad-key",
+        "parameter-int-out-of-range",
+    ],
+)
+def test_a_phase_20_violation_is_an_invalid_instruction(
+    params: dict[str, object], field: str
+) -> None:
+    """What build_executor_instruction refuses is refused at intake as invalid_instruction,
+    naming the field and carrying the INSTRUCTION_REJECTED reason code."""
+    with pytest.raises(RequestError, match=rf"^{re.escape(field)}: ") as info:
+        parse_turn_request(params)
+    error = info.value
+    assert error.code == "invalid_instruction"
+    assert error.details == {"field": field, "reason_code": reason_codes.INSTRUCTION_REJECTED}
+
+
+@pytest.mark.parametrize("timeout_ms", [1, 600_000], ids=["min", "max"])
+def test_timeout_bounds_are_allowed(timeout_ms: int) -> None:
+    """timeout_ms of 1 and of 600000 (ten minutes) are accepted for both kinds."""
+    process = parse_turn_request(_process(timeout_ms=timeout_ms))
+    assert process.process is not None
+    assert process.process.timeout_ms == timeout_ms
+    instruction = parse_turn_request(_instruction(timeout_ms=timeout_ms))
+    assert instruction.instruction is not None
+    assert instruction.instruction.timeout_ms == timeout_ms
+
+
+@pytest.mark.parametrize("length", [1, 200], ids=["min", "max"])
+def test_idempotency_key_bounds_are_allowed(length: int) -> None:
+    """An idempotency key of 1 and of 200 characters is kept as given."""
+    key = "k" * length
+    assert parse_turn_request(_process(idempotency_key=key)).idempotency_key == key
+    assert parse_turn_request(_instruction(idempotency_key=key)).idempotency_key == key
