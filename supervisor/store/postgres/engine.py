@@ -374,9 +374,19 @@ class PostgresTurnStore:
         return self._writer
 
     async def _committed(self, xid: int) -> bool:
-        """Whether transaction *xid* (its answer lost with the connection) committed."""
+        """Whether transaction *xid* (its answer lost with the connection) committed.
+
+        A server that crashed and came back may not know *xid* at all ("transaction ID ... is
+        in the future"): its id was handed out, but no commit record of it survived the crash
+        (replaying one would have moved the server's next id past it), so it did not commit.
+        """
         conn = await self._connected_writer()
-        status = await conn.fetchval("SELECT txid_status($1)", xid)
+        try:
+            status = await conn.fetchval("SELECT txid_status($1)", xid)
+        except asyncpg.InvalidParameterValueError as exc:
+            if "in the future" not in str(exc):
+                raise
+            return False
         return bool(status == "committed")
 
     def _writer_lost(self, conn: asyncpg.Connection | None, exc: BaseException) -> None:

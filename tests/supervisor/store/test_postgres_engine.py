@@ -260,3 +260,17 @@ async def test_the_one_statement_finish_refuses_what_the_long_way_refuses(pg_dsn
             )
         assert (await a.get_turn(claim.turn_id)).state is TurnState.ACCEPTED
         assert await a.ledger_lines(["S1/exec"]) == []
+
+
+async def test_a_transaction_the_server_never_recorded_did_not_commit(pg_dsn: str) -> None:
+    """After a lost answer the engine asks the server whether its transaction committed; an id
+    the server does not know (after a crash: "transaction ID ... is in the future") is a
+    transaction that did not commit, so its batch runs again instead of failing the writes."""
+    async with open_postgres_store(pg_dsn) as store:
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            committed = int(await conn.fetchval("SELECT txid_current()"))
+        finally:
+            await conn.close()
+        assert await store._committed(committed) is True
+        assert await store._committed(committed + 1_000_000) is False
