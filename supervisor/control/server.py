@@ -44,6 +44,10 @@ Operations (params -> result):
   "retry"|"terminate"} -> {turn}
 * ``ledger.verify`` {session_id?} -> {ok, ledgers, failures}
 * ``drain`` -> {draining: true} (the drain starts once the answer is written)
+
+`ControlServer` is a little over 400 lines: the connection handling (framing, the error
+boundary, busy refusals) and one short handler per operation of the protocol, which read and
+answer through the turn core; the answers' shapes are in `supervisor.control.answers`.
 """
 
 from __future__ import annotations
@@ -52,7 +56,6 @@ import contextlib
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any, Final
 
 import anyio
@@ -61,6 +64,12 @@ import anyio.to_thread
 
 from ledger import session_dir_for
 from sandbox.policy.lifecycle import TurnState
+from supervisor.control.answers import (
+    executor_answer,
+    statistics_answer,
+    turn_answer,
+    turn_ledger_entries,
+)
 from supervisor.errors import RequestError, StoreIntegrityError
 from supervisor.executors.hub import ExecutorHub
 from supervisor.executors.peercred import stream_peer_credentials
@@ -78,7 +87,6 @@ from supervisor.wire.control import (
     SessionFilter,
     SessionOpenParams,
     SessionRef,
-    TurnAnswer,
     TurnRef,
     TurnsListParams,
     TurnSubmitParams,
@@ -94,7 +102,6 @@ __all__ = [
     "ERROR_CODES",
     "MAX_REQUESTS_PER_CONNECTION",
     "ControlServer",
-    "compact_turn",
 ]
 
 CONTROL_PROTOCOL_VERSION: Final = 1
@@ -135,36 +142,6 @@ Handler = Callable[[Any], Awaitable[object]]
 _STATE_CHANGING: Final = frozenset(
     {"session.open", "session.close", "turn.cancel", "escalations.resolve", "drain"}
 )
-
-
-def _turn(turn: TurnRecord, answer: TurnAnswer = "full") -> dict[str, object]:
-    """The turn object of an answer: the whole record, or with ``answer="compact"`` only its
-    outcome (`compact_turn`)."""
-    return turn.to_dict() if answer == "full" else compact_turn(turn)
-
-
-def compact_turn(turn: TurnRecord) -> dict[str, object]:
-    """The compact turn object (``answer: "compact"`` of ``turn.submit`` and ``turn.wait``):
-    ``turn_id``, ``session_id``, ``turn_number``, ``state``, ``verdict``, ``reason_code``,
-    ``attempt`` (as in the full object) and ``evidence_hash``: the executor's sha256 of its
-    evidence bytes, the full object's ``result.evidence_hash``; null when there is none (a
-    process turn, no accepted response, an empty one). It is not the exec ledger's
-    ``result_hash``: that one digests the result with the decision as sealed and is only read
-    from the ledger (``turn.get``)."""
-    result = turn.result
-    evidence_hash = result.get("evidence_hash") if result is not None else None
-    if not isinstance(evidence_hash, str) or not evidence_hash:
-        evidence_hash = None
-    return {
-        "turn_id": turn.turn_id,
-        "session_id": turn.session_id,
-        "turn_number": turn.turn_number,
-        "state": turn.state.value,
-        "verdict": turn.verdict,
-        "reason_code": turn.reason_code,
-        "attempt": turn.attempt,
-        "evidence_hash": evidence_hash,
-    }
 
 
 #: `status` lists at most this many active turns (the oldest); ``in_flight_total`` counts all
@@ -457,7 +434,7 @@ class ControlServer:
         if wait is not None:
             # submit-and-wait in one round trip: answers once the turn is final or parked
             turn = await self._turn_core.wait_turn(turn.turn_id, timeout_s=float(wait))
-        answer: dict[str, object] = {"turn": _turn(turn, params.answer), "created": created}
+        answer: dict[str, object] = {"turn": turn_answer(turn, params.answer), "created": created}
         if warnings:
             answer["warnings"] = warnings
         return answer
@@ -477,7 +454,7 @@ class ControlServer:
 
     async def _turn_get(self, params: TurnRef) -> object:
         turn = await self._turn_core.get_turn(params.id)
-        return {"turn": _turn(turn), "ledger": await self._turn_ledger(turn)}
+        return {"turn": turn_answer(turn), "ledger": await self._turn_ledger(turn)}
 
     async def _turn_ledger(self, turn: TurnRecord) -> dict[str, object]:
         """The turn's entries in its session's exec and evidence ledger files (read only)."""
@@ -488,7 +465,7 @@ class ControlServer:
         session_dir = session_dir_for(
             self._turn_core.settings.root, session.tier, session.session_id
         )
-        return await anyio.to_thread.run_sync(_turn_ledger_entries, session_dir, turn.turn_number)
+        return await anyio.to_thread.run_sync(turn_ledger_entries, session_dir, turn.turn_number)
 
     async def _turn_wait(self, params: TurnWaitParams) -> object:
         timeout = params.timeout_s
@@ -498,10 +475,10 @@ class ControlServer:
             timeout_s=float(timeout) if timeout is not None else None,
             until=until,
         )
-        return {"turn": _turn(turn, params.answer)}
+        return {"turn": turn_answer(turn, params.answer)}
 
     async def _turn_cancel(self, params: TurnRef) -> object:
-        return {"turn": _turn(await self._turn_core.cancel_turn(params.id))}
+        return {"turn": turn_answer(await self._turn_core.cancel_turn(params.id))}
 
     async def _turns_list(self, params: TurnsListParams) -> object:
         turns = await self._turn_core.list_turns(
@@ -512,7 +489,7 @@ class ControlServer:
         more = len(turns) > params.limit
         turns = turns[: params.limit]
         return {
-            "turns": [_turn(t) for t in turns],
+            "turns": [turn_answer(t) for t in turns],
             # pass as after_turn_id for the next page; null on the last page
             "next_after": turns[-1].turn_id if more else None,
         }
@@ -540,8 +517,8 @@ class ControlServer:
             "turns_by_state": counts,
             "in_flight": self._turn_core.in_flight(limit=_IN_FLIGHT_SHOWN),
             "in_flight_total": turns["turns_active"],
-            "hub": _plain(asdict(hub_stats)),
-            "executors": [_executor(i) for i in executors[:_EXECUTORS_SHOWN]],
+            "hub": statistics_answer(hub_stats),
+            "executors": [executor_answer(i) for i in executors[:_EXECUTORS_SHOWN]],
             "executors_total": len(executors),
             # the daemon-wide retry budget's window (docs/policy.md "The retry budget")
             "retry_budget": self._turn_core.retry_budget().to_dict(),
@@ -555,7 +532,7 @@ class ControlServer:
         )
         page = known[: params.limit]
         return {
-            "executors": [_executor(i) for i in page],
+            "executors": [executor_answer(i) for i in page],
             # pass as after_executor_id for the next page; null on the last page
             "next_after": page[-1].executor_id if len(known) > params.limit else None,
         }
@@ -568,7 +545,7 @@ class ControlServer:
         timeout = params.timeout_s
         with anyio.move_on_after(float(timeout)):
             info = await self._hub.wait_for_executor(executor_id, status=status)
-            return {"executor": _executor(info)}
+            return {"executor": executor_answer(info)}
         raise RequestError(
             "timeout",
             f"executor {executor_id!r} did not reach {status_value} within {timeout} s",
@@ -576,12 +553,12 @@ class ControlServer:
         )
 
     async def _escalations_list(self, params: NoParams) -> object:
-        return {"escalations": [_turn(t) for t in await self._turn_core.list_escalations()]}
+        return {"escalations": [turn_answer(t) for t in await self._turn_core.list_escalations()]}
 
     async def _escalations_resolve(self, params: EscalationResolveParams) -> object:
         action = params.action
         turn = await self._turn_core.resolve_escalation(params.id, action)
-        return {"turn": _turn(turn)}
+        return {"turn": turn_answer(turn)}
 
     async def _ledger_verify(self, params: SessionFilter) -> object:
         sid = params.session_id
@@ -591,60 +568,3 @@ class ControlServer:
         if self._on_drain is None:
             raise RequestError("bad_request", "drain: this server cannot be drained remotely")
         return {"draining": True}  # the drain starts once this answer is written
-
-
-#: What `turn.get` shows of each of the turn's ledger entries (the hashes and what they seal).
-_LEDGER_FIELDS: Final = (
-    "seq",
-    "kind",
-    "ts_us",
-    "entry_hash",
-    "previous_hash",
-    "query_hash",
-    "result_hash",
-    "status",
-)
-
-
-def _turn_ledger_entries(session_dir: Path, turn_number: int) -> dict[str, object]:
-    """``{"exec": [...], "evidence": [...]}``: the entries of *turn_number* in the session's
-    ledger files (a worker thread). A line that does not parse (one being appended) is skipped;
-    ``hunter check-ledgers`` is what verifies the chain."""
-    import orjson
-
-    needles = (b'"turn_number":%d,' % turn_number, b'"turn_number":%d}' % turn_number)
-    found: dict[str, object] = {}
-    for name in ("exec", "evidence"):
-        entries: list[dict[str, object]] = []
-        try:
-            with (session_dir / "ledger" / f"{name}.jsonl").open("rb") as fh:
-                for line in fh:
-                    if not any(n in line for n in needles):
-                        continue
-                    try:
-                        entry = orjson.loads(line)
-                    except orjson.JSONDecodeError:
-                        continue
-                    if isinstance(entry, dict) and entry.get("turn_number") == turn_number:
-                        entries.append({k: entry[k] for k in _LEDGER_FIELDS if k in entry})
-        except FileNotFoundError:
-            pass
-        found[name] = entries
-    return found
-
-
-def _plain(value: object) -> object:
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | frozenset | set):
-        return [_plain(v) for v in value]
-    enum_value = getattr(value, "value", None)
-    if enum_value is not None and not isinstance(value, int | float | str | bool):
-        return enum_value
-    return value
-
-
-def _executor(info: Any) -> dict[str, object]:
-    data = _plain(asdict(info))
-    assert isinstance(data, dict)
-    return data

@@ -1,8 +1,8 @@
 """The turn core's front: what the control API calls, and the task group every turn runs in.
 
-`TurnCore` is about 490 lines: it is the one seam the control API calls (sessions,
-submit, waits, cancel, lists, escalations, drain); each method is short and delegates (runner,
-escalations, recovery, the store).
+The module is about 600 lines and `TurnCore` about 490: it is the one seam the control API
+calls (sessions, submit, waits, cancel, lists, escalations, drain); each method is short and
+delegates (runner, escalations, recovery, the store).
 
 Design notes
 ------------

@@ -87,8 +87,9 @@ _Tenant = Annotated[
 ]
 #: A session's weight among tenants (`supervisor.turns.fairness.MAX_PRIORITY` is the bound).
 _Priority = Annotated[int, Meta(ge=1, le=10)]
-#: How much of the turn an answer carries: the whole turn object, or only its outcome (the
-#: server's ``compact_turn``: ids, state, verdict, reason code, attempt, evidence hash).
+#: How much of the turn an answer carries: the whole turn object, or only its outcome
+#: (``supervisor.control.answers.compact_turn``: ids, state, verdict, reason code, attempt,
+#: evidence hash).
 TurnAnswer: TypeAlias = Literal["full", "compact"]
 
 

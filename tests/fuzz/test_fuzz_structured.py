@@ -267,7 +267,7 @@ HELPER_REPLIES: Final[tuple[helper.Reply, ...]] = (
     ),
     helper.Promoted(
         outputs=(
-            PromotedOutput(path="out.txt", destination="/srv/work/out.txt", sha256=HASH, size=7),
+            PromotedOutput(path="out.txt", destination="workspace/out.txt", sha256=HASH, size=7),
         )
     ),
     helper.Done(),

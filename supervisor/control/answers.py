@@ -1,0 +1,116 @@
+"""The shapes of the control API's answers: a turn (its whole record, or with
+``answer="compact"`` its outcome only), a turn's ledger entries as ``turn.get`` shows them, and
+an executor as ``executors.list`` and ``status`` show it. `supervisor.control.server` builds
+its answers from these; docs/control-protocol.md describes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+
+from supervisor.store.protocol import TurnRecord
+from supervisor.wire.control import TurnAnswer
+
+__all__ = [
+    "compact_turn",
+    "executor_answer",
+    "statistics_answer",
+    "turn_answer",
+    "turn_ledger_entries",
+]
+
+
+def turn_answer(turn: TurnRecord, answer: TurnAnswer = "full") -> dict[str, object]:
+    """The turn object of an answer: the whole record, or with ``answer="compact"`` only its
+    outcome (`compact_turn`)."""
+    return turn.to_dict() if answer == "full" else compact_turn(turn)
+
+
+def compact_turn(turn: TurnRecord) -> dict[str, object]:
+    """The compact turn object (``answer: "compact"`` of ``turn.submit`` and ``turn.wait``):
+    ``turn_id``, ``session_id``, ``turn_number``, ``state``, ``verdict``, ``reason_code``,
+    ``attempt`` (as in the full object) and ``evidence_hash``: the executor's sha256 of its
+    evidence bytes, the full object's ``result.evidence_hash``; null when there is none (a
+    process turn, no accepted response, an empty one). It is not the exec ledger's
+    ``result_hash``: that one digests the result with the decision as sealed and is only read
+    from the ledger (``turn.get``)."""
+    result = turn.result
+    evidence_hash = result.get("evidence_hash") if result is not None else None
+    if not isinstance(evidence_hash, str) or not evidence_hash:
+        evidence_hash = None
+    return {
+        "turn_id": turn.turn_id,
+        "session_id": turn.session_id,
+        "turn_number": turn.turn_number,
+        "state": turn.state.value,
+        "verdict": turn.verdict,
+        "reason_code": turn.reason_code,
+        "attempt": turn.attempt,
+        "evidence_hash": evidence_hash,
+    }
+
+
+#: What `turn.get` shows of each of the turn's ledger entries (the hashes and what they seal).
+_LEDGER_FIELDS: Final = (
+    "seq",
+    "kind",
+    "ts_us",
+    "entry_hash",
+    "previous_hash",
+    "query_hash",
+    "result_hash",
+    "status",
+)
+
+
+def turn_ledger_entries(session_dir: Path, turn_number: int) -> dict[str, object]:
+    """``{"exec": [...], "evidence": [...]}``: the entries of *turn_number* in the session's
+    ledger files (a worker thread). A line that does not parse (one being appended) is skipped;
+    ``hunter check-ledgers`` is what verifies the chain."""
+    needles = (b'"turn_number":%d,' % turn_number, b'"turn_number":%d}' % turn_number)
+    found: dict[str, object] = {}
+    for name in ("exec", "evidence"):
+        entries: list[dict[str, object]] = []
+        try:
+            with (session_dir / "ledger" / f"{name}.jsonl").open("rb") as fh:
+                for line in fh:
+                    if not any(n in line for n in needles):
+                        continue
+                    try:
+                        entry = orjson.loads(line)
+                    except orjson.JSONDecodeError:
+                        continue
+                    if isinstance(entry, dict) and entry.get("turn_number") == turn_number:
+                        entries.append({k: entry[k] for k in _LEDGER_FIELDS if k in entry})
+        except FileNotFoundError:
+            pass
+        found[name] = entries
+    return found
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | frozenset | set):
+        return [_plain(v) for v in value]
+    enum_value = getattr(value, "value", None)
+    if enum_value is not None and not isinstance(value, int | float | str | bool):
+        return enum_value
+    return value
+
+
+def executor_answer(info: Any) -> dict[str, object]:
+    """An executor (`ExecutorInfo`) as ``executors.list`` and ``status`` show it."""
+    return statistics_answer(info)
+
+
+def statistics_answer(stats: Any) -> dict[str, object]:
+    """A frozen dataclass (statistics, an executor) as plain JSON values (enums by value)."""
+    data = _plain(asdict(stats))
+    assert isinstance(data, dict)
+    return data
