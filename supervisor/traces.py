@@ -83,7 +83,7 @@ def _derive(size: int, *parts: object) -> int:
 
 def turn_trace(turn: TurnRecord) -> tuple[int, int, tuple[int, int] | None]:
     """``(trace_id, turn span id, the client's (trace, span) or None)`` of *turn*."""
-    client = parse_traceparent(turn.spec.get("traceparent"))
+    client = parse_traceparent(turn.spec.traceparent)
     trace_id = client[0] if client else _derive(16, "trace", turn.turn_id, turn.accepted_us)
     return trace_id, _derive(8, "turn", turn.turn_id, turn.accepted_us), client
 

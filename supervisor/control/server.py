@@ -76,7 +76,7 @@ from supervisor.executors.peercred import stream_peer_credentials
 from supervisor.logging import describe_error, get_logger
 from supervisor.store.protocol import TurnRecord
 from supervisor.turns.core import TurnCore
-from supervisor.turns.requests import TurnRequest, parse_turn_request
+from supervisor.turns.requests import TurnRequest, turn_request
 from supervisor.wire.control import (
     ControlRequest,
     EscalationResolveParams,
@@ -424,8 +424,8 @@ class ControlServer:
     async def _turn_submit(self, params: TurnSubmitParams) -> object:
         # Types were checked at decode time (``wait_s`` included: an error answer must mean
         # "nothing accepted"); the declaration and Phase-20 rules are applied here.
-        request = parse_turn_request(
-            params.as_mapping(), default_timeout_ms=self._turn_core.settings.default_timeout_ms
+        request = turn_request(
+            params, default_timeout_ms=self._turn_core.settings.default_timeout_ms
         )
         wait = params.wait_s
         with anyio.CancelScope(shield=True):  # accepted means scheduled, client or not

@@ -42,6 +42,7 @@ from typing import Protocol, TypeVar
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import FINAL_STATES, TurnKind, TurnState
+from supervisor.wire.turn_spec import TurnSpec, spec_to_dict
 
 __all__ = [
     "RESOLUTION_REASONS",
@@ -131,10 +132,13 @@ class SessionRecord:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NewTurn:
     session_id: str
-    kind: TurnKind
-    #: the validated request as JSON-ready data (`supervisor.turns.requests.TurnRequest.to_spec`)
-    spec: Mapping[str, object]
+    #: the checked turn (`supervisor.turns.requests.turn_request`), kept encoded
+    spec: TurnSpec
     idempotency_key: str | None = None
+
+    @property
+    def kind(self) -> TurnKind:
+        return self.spec.kind
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,7 +147,7 @@ class TurnRecord:
     session_id: str
     turn_number: int
     kind: TurnKind
-    spec: Mapping[str, object]
+    spec: TurnSpec
     idempotency_key: str | None
     state: TurnState
     #: the number of the current (or last) attempt; 0 before the first
@@ -172,7 +176,7 @@ class TurnRecord:
             "session_id": self.session_id,
             "turn_number": self.turn_number,
             "kind": self.kind.value,
-            "spec": dict(self.spec),
+            "spec": spec_to_dict(self.spec),
             "idempotency_key": self.idempotency_key,
             "state": self.state.value,
             "final": self.final,

@@ -14,12 +14,14 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Final, TypeVar
 
+import msgspec
 import orjson
 
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import FINAL_STATES, TurnKind, TurnState
 from supervisor.errors import StoreIntegrityError
 from supervisor.store.protocol import SessionRecord, SessionState, TurnEnding, TurnRecord
+from supervisor.wire.turn_spec import TurnSpec, decode_spec
 
 __all__ = [
     "attempt_from_row",
@@ -148,20 +150,20 @@ def turn_from_row(
     row: Sequence[object],
     attempts: tuple[AttemptRecord, ...],
     *,
-    spec: Mapping[str, object] | None = None,
+    spec: TurnSpec | None = None,
 ) -> TurnRecord:
     """A `turns` row (`TURN_COLUMNS`) and its attempts as a record (*spec*: the turn's spec
-    when the caller has it already parsed)."""
+    when the caller has it already decoded)."""
     try:
         return _turn(row, attempts, spec)
-    except (_Bad, ValueError, TypeError) as exc:
+    except (_Bad, ValueError, TypeError, msgspec.DecodeError) as exc:
         raise StoreIntegrityError("turns", _key(row), str(exc)) from None
 
 
 def _turn(
     row: Sequence[object],
     attempts: tuple[AttemptRecord, ...],
-    spec: Mapping[str, object] | None,
+    spec: TurnSpec | None,
 ) -> TurnRecord:
     raw_spec = _typed(row[4], bytes, "spec")
     result = None if row[16] is None else _typed(row[16], bytes, "result")
@@ -179,7 +181,7 @@ def _turn(
         session_id=session_id,
         turn_number=number,
         kind=TurnKind(kind),
-        spec=loads(raw_spec) if spec is None else spec,
+        spec=decode_spec(raw_spec) if spec is None else spec,
         idempotency_key=_text(row[5]),
         state=TurnState(state),
         attempt=attempt,

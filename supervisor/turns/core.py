@@ -433,8 +433,7 @@ class TurnCore:
                 accepted = await store.accept(
                     NewTurn(
                         session_id=sid,
-                        kind=request.kind,
-                        spec=request.to_spec(),
+                        spec=request.spec,
                         idempotency_key=request.idempotency_key,
                     ),
                     claim_for=self._deps.owner,
@@ -445,7 +444,6 @@ class TurnCore:
                     "session_closed", f"session {sid} is closed; open a new one", session_id=sid
                 ) from None
             if accepted.created and accepted.claim is not None:
-                self._runner.remember(accepted.turn.turn_id, request)
                 self._runner.start(accepted.turn, accepted.claim, recovered=False)
         finally:
             self._submitting[sid] -= 1
@@ -480,11 +478,10 @@ class TurnCore:
         """Capability check at intake (a violation is written to the evidence ledger, durably,
         so it runs on a worker thread)."""
         assert request.process is not None
-        outputs = [{"path": d.path, "role": d.role or "output"} for d in request.declared_outputs]
+        spec = request.process
+        outputs = [d.to_dict() for d in spec.declared_outputs]
         try:
-            await anyio.to_thread.run_sync(
-                session.check_turn_request, list(request.process.argv), outputs
-            )
+            await anyio.to_thread.run_sync(session.check_turn_request, list(spec.argv), outputs)
         except Exception as exc:
             code = error_code(exc, default="turn_rejected")
             if code == "capability_violation":

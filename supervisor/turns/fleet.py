@@ -307,8 +307,7 @@ class Fleet:
         accepted = await self._deps.store.accept(
             NewTurn(
                 session_id=request.session_id,
-                kind=request.kind,
-                spec=request.to_spec(),
+                spec=request.spec,
                 idempotency_key=request.idempotency_key,
             )
         )

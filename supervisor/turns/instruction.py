@@ -31,8 +31,9 @@ from supervisor.logging import get_logger
 from supervisor.store.protocol import TurnEnding, TurnRecord
 from supervisor.traces import attempt_traceparent
 from supervisor.turns.context import LoopHooks, TurnDeps, end_turn, now_us
-from supervisor.turns.requests import InstructionSpec, TurnRequest, iso_now
+from supervisor.turns.requests import iso_now
 from supervisor.turns.tracker import ActiveTurn
+from supervisor.wire.turn_spec import InstructionSpec
 
 __all__ = [
     "BudgetGate",
@@ -181,7 +182,7 @@ async def run_instruction_turn(
     hub: HubLike,
     turn: TurnRecord,
     active: ActiveTurn,
-    request: TurnRequest,
+    spec: InstructionSpec,
     *,
     interrupted: AttemptRecord | None,
     dispatched: Callable[[], None] = lambda: None,
@@ -192,10 +193,6 @@ async def run_instruction_turn(
     called just before an envelope goes to the hub (the core's launch count). *queue_waited_s*:
     how long the turn already waited parked for a slot; its first attempt waits the rest of its
     bound (`slot_wait_s`), not all of it again."""
-    spec = request.instruction
-    if spec is None:
-        msg = f"turn {turn.turn_id} is not an instruction turn"
-        raise ValueError(msg)
     execution_id = f"EXE-{turn.turn_id}"
     hooks = LoopHooks(deps, active, overlap_start=True, command_type=spec.command_type.value)
 
@@ -220,7 +217,7 @@ async def run_instruction_turn(
     try:
         end = await run_attempts(
             one_attempt,
-            phase=request.phase,
+            phase=spec.phase,
             options=deps.settings.retry,
             clock=now_us,
             sleep=anyio.sleep,
@@ -273,7 +270,7 @@ def _envelope(
         target_selector=spec.target_selector,
         timestamp=iso_now(),
         timeout_ms=spec.timeout_ms,
-        parameters=dict(spec.parameters),
+        parameters=spec.parameters,
     )
 
 

@@ -21,9 +21,9 @@ from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import TurnState
 from supervisor.store.protocol import TurnEnding, TurnRecord
 from supervisor.turns.context import LoopHooks, TurnDeps, end_turn, now_us
-from supervisor.turns.requests import TurnRequest
 from supervisor.turns.sessions import ProcessResultLike
 from supervisor.turns.tracker import ActiveTurn
+from supervisor.wire.turn_spec import ProcessSpec
 
 __all__ = ["run_process_turn"]
 
@@ -100,15 +100,11 @@ async def run_process_turn(
     deps: TurnDeps,
     turn: TurnRecord,
     active: ActiveTurn,
-    request: TurnRequest,
+    process: ProcessSpec,
     *,
     interrupted: AttemptRecord | None,
 ) -> TurnRecord | None:
     """Run the turn to its ending; None when a drain stopped it before it started."""
-    process = request.process
-    if process is None:
-        msg = f"turn {turn.turn_id} is not a process turn"
-        raise ValueError(msg)
     session = deps.sessions.get(turn.session_id)
     if session is None:
         msg = f"session {turn.session_id} is not loaded"
@@ -119,7 +115,7 @@ async def run_process_turn(
     if interrupted is not None:
         end = await run_attempts(
             _never,
-            phase=request.phase,
+            phase=process.phase,
             options=options,
             clock=now_us,
             sleep=anyio.sleep,
@@ -154,11 +150,9 @@ async def run_process_turn(
             await hooks.attempt_started(AttemptRecord(attempt=first, started_us=started_us))
             result = await session.run_process_turn(
                 list(process.argv),
-                declared_outputs=[
-                    {"path": d.path, "role": d.role or "output"} for d in request.declared_outputs
-                ],
-                declared_inputs=list(request.declared_inputs),
-                phase=request.phase,
+                declared_outputs=[d.to_dict() for d in process.declared_outputs],
+                declared_inputs=list(process.declared_inputs),
+                phase=process.phase,
                 timeout_ms=process.timeout_ms,
                 turn_number=turn.turn_number,
                 options=options,

@@ -20,7 +20,7 @@ import structlog.contextvars
 
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.envelopes import ExecutorCommandType, ExecutorInstructionEnvelope
-from sandbox.policy.lifecycle import TurnKind, TurnState
+from sandbox.policy.lifecycle import TurnState
 from supervisor.errors import StaleClaimError
 from supervisor.logging import get_logger
 from supervisor.store.fleet import StaleHomeError
@@ -34,9 +34,9 @@ from supervisor.turns.instruction import (
 )
 from supervisor.turns.parking import Parked, ParkedTurns
 from supervisor.turns.process import run_process_turn
-from supervisor.turns.requests import TurnRequest, parse_turn_request
 from supervisor.turns.slot_deadlines import SlotDeadlines
 from supervisor.turns.tracker import ActiveTurn
+from supervisor.wire.turn_spec import InstructionSpec
 
 __all__ = ["TurnRunner", "error_code"]
 
@@ -120,7 +120,6 @@ class TurnRunner:
         self._hub = hub
         self._log = get_logger("supervisor.turns")
         self._tg: anyio.abc.TaskGroup | None = None
-        self._requests: dict[int, TurnRequest] = {}
         # Instruction turns waiting for an executor slot, without a task (see `parking`), and
         # per command type the turns started whose envelope is not yet with the hub.
         self._parked = ParkedTurns()
@@ -132,10 +131,6 @@ class TurnRunner:
     def attach(self, tg: anyio.abc.TaskGroup | None) -> None:
         """The task group turns run in (None: the core stopped)."""
         self._tg = tg
-
-    def remember(self, turn_id: int, request: TurnRequest) -> None:
-        """The decoded request of a turn about to start (saves decoding its spec again)."""
-        self._requests[turn_id] = request
 
     def parked(self, command: ExecutorCommandType) -> int:
         return self._parked.count(command)
@@ -157,16 +152,15 @@ class TurnRunner:
                 now = time.monotonic()
                 share = self._deps.sessions.share(turn.session_id)  # fair order (`fairness`)
                 self._parked.park(command, turn, claim, now, share)
-                bound_s = slot_wait_s(self._hub, self._request(turn).instruction)
+                assert isinstance(turn.spec, InstructionSpec)
+                bound_s = slot_wait_s(self._hub, turn.spec)
                 self._due.add(turn.turn_id, now + bound_s)
                 return
         self._launch(turn, active, recovered, command)
 
     def _command(self, turn: TurnRecord) -> ExecutorCommandType | None:
-        if turn.kind is not TurnKind.INSTRUCTION:
-            return None
-        spec = self._request(turn).instruction
-        return None if spec is None else spec.command_type
+        spec = turn.spec
+        return spec.command_type if isinstance(spec, InstructionSpec) else None
 
     def _launch(
         self,
@@ -225,12 +219,6 @@ class TurnRunner:
             for parked in overdue:  # they meet the hub's "no slot" / "no capable executor" end
                 self._unpark(parked)
 
-    def _request(self, turn: TurnRecord) -> TurnRequest:
-        request = self._requests.get(turn.turn_id)
-        if request is None:
-            request = parse_turn_request(turn.spec, session_id=turn.session_id)
-        return request
-
     async def _turn_task(
         self,
         turn: TurnRecord,
@@ -256,22 +244,20 @@ class TurnRunner:
         try:
             with anyio.CancelScope() as scope:
                 active.scope = scope
-                request = self._request(turn)
-                if turn.kind is TurnKind.INSTRUCTION:
+                spec = turn.spec
+                if isinstance(spec, InstructionSpec):
                     await run_instruction_turn(
                         self._deps,
                         self._attempts_hub,
                         turn,
                         active,
-                        request,
+                        spec,
                         interrupted=interrupted,
                         dispatched=launched.done,
                         queue_waited_s=parked_s,
                     )
                 else:
-                    await run_process_turn(
-                        self._deps, turn, active, request, interrupted=interrupted
-                    )
+                    await run_process_turn(self._deps, turn, active, spec, interrupted=interrupted)
             active.scope = None
             if active.cancel_requested and active.claim is not None:
                 await self.end_cancelled(turn, active)
@@ -286,7 +272,6 @@ class TurnRunner:
             await self._end_error(turn, active, exc)
         finally:
             launched.done()
-            self._requests.pop(turn.turn_id, None)
             self._deps.tracker.remove(active)
             self._kick_feeder()
 

@@ -27,6 +27,7 @@ from sandbox.policy.lifecycle import TurnState
 from supervisor.logging import get_logger
 from supervisor.store.protocol import SessionRecord, TurnRecord
 from supervisor.turns.fairness import Share, share_of
+from supervisor.wire.turn_spec import spec_to_dict
 
 __all__ = [
     "DaemonSessions",
@@ -308,7 +309,7 @@ class DaemonSessions:
         )
         return session.seal_instruction_turn(
             turn_number=turn.turn_number,
-            instruction=dict(turn.spec),
+            instruction=spec_to_dict(turn.spec),
             result=result,
             status=turn.state.value if turn.state is not TurnState.ACCEPTED else "accepted",
             external_calls=calls,

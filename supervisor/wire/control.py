@@ -215,7 +215,7 @@ class DeclaredOutputParam(Struct, frozen=True):
 
 class TurnSubmitParams(Struct, frozen=True):
     """``turn.submit``: every field typed here; the Phase-20 and declaration rules are applied
-    by ``supervisor.turns.requests.parse_turn_request`` on `as_mapping()`."""
+    once by ``supervisor.turns.requests.turn_request``, which builds the turn's typed spec."""
 
     session_id: _Id
     kind: TurnKind
@@ -236,29 +236,6 @@ class TurnSubmitParams(Struct, frozen=True):
     traceparent: (
         Annotated[str, Meta(pattern=r"^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}\Z")] | None
     ) = None
-
-    def as_mapping(self) -> dict[str, object]:
-        """The plain params dict ``parse_turn_request`` takes (enum values as strings)."""
-        out: dict[str, object] = {
-            "session_id": self.session_id,
-            "kind": self.kind.value,
-            "declared_outputs": [
-                d if isinstance(d, str) else {"path": d.path, "role": d.role}
-                for d in self.declared_outputs
-            ],
-            "declared_inputs": self.declared_inputs,
-            "phase": None if self.phase is None else self.phase.value,
-            "idempotency_key": self.idempotency_key,
-            "command_type": None if self.command_type is None else self.command_type.value,
-            "target_url": self.target_url,
-            "target_selector": self.target_selector,
-            "parameters": self.parameters,
-            "argv": self.argv,
-            "traceparent": self.traceparent,
-        }
-        if not isinstance(self.timeout_ms, UnsetType):
-            out["timeout_ms"] = self.timeout_ms
-        return out
 
 
 class ExecutorsWaitParams(Struct, frozen=True):

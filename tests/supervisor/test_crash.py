@@ -51,6 +51,7 @@ from supervisor.demo.crash import (
 from supervisor.demo.crash_checks import ANYIO_READ_RACE, count_log_events
 from supervisor.store.protocol import TurnRecord
 from supervisor.turns.recovery import ROLLED_FORWARD
+from tests.turn_requests import READ_SPEC
 
 SEED = int(os.environ.get("HUNTER_CRASH_SEED", "7"))
 CI_STORM = StormConfig(
@@ -303,7 +304,7 @@ def _turn_record(
         session_id="SES-crash-a",
         turn_number=turn_id,
         kind=TurnKind.INSTRUCTION,
-        spec={},
+        spec=READ_SPEC,
         idempotency_key=f"k{turn_id}",
         state=TurnState.SUCCEEDED,
         attempt=attempt,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -31,6 +32,7 @@ from supervisor.traces import (
     tracer_provider,
     turn_trace,
 )
+from tests.turn_requests import READ_SPEC
 
 
 def test_traceparent_parsing_follows_w3c() -> None:
@@ -58,7 +60,7 @@ def test_a_clients_traceparent_puts_the_turn_in_its_trace() -> None:
         session_id="S",
         turn_number=1,
         kind=TurnKind.INSTRUCTION,
-        spec={"traceparent": client},
+        spec=msgspec.structs.replace(READ_SPEC, traceparent=client),
         idempotency_key=None,
         state=TurnState.SUCCEEDED,
         attempt=1,

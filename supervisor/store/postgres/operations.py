@@ -36,7 +36,7 @@ import asyncpg
 
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
-from sandbox.policy.lifecycle import TurnKind, TurnState, check_move
+from sandbox.policy.lifecycle import TurnState, check_move
 from supervisor.errors import (
     NotEscalatedError,
     SessionClosedError,
@@ -80,6 +80,7 @@ from supervisor.store.rows import (
     session_from_row,
     turn_from_row,
 )
+from supervisor.wire.turn_spec import InstructionSpec, encode_spec
 
 __all__ = [
     "WORK_CHANNEL",
@@ -232,8 +233,8 @@ async def accept(conn: Conn, new: NewTurn, claim_for: str | None, lease_ms: int)
     # duplicate key accepted meanwhile by another daemon fails the insert below (unique), and
     # the engine's rerun of this op then finds that first turn.
     now = _now_us()
-    blob = dumps(new.spec)
-    command = new.spec.get("command_type") if new.kind is TurnKind.INSTRUCTION else None
+    blob = encode_spec(new.spec)
+    command = new.spec.command_type.value if isinstance(new.spec, InstructionSpec) else None
     token, lease = (1, now + lease_ms * 1000) if claim_for is not None else (0, None)
     # one statement: the counter, the insert and (unclaimed) the notify (one_trip.py)
     accepted = await accept_row(
@@ -256,7 +257,7 @@ async def accept(conn: Conn, new: NewTurn, claim_for: str | None, lease_ms: int)
         session_id=new.session_id,
         turn_number=int(number),
         kind=new.kind,
-        spec=loads(blob),
+        spec=new.spec,
         idempotency_key=new.idempotency_key,
         state=TurnState.ACCEPTED,
         attempt=0,

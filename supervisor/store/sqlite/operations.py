@@ -26,7 +26,7 @@ from typing import Any, Final
 
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
-from sandbox.policy.lifecycle import TurnKind, TurnState, check_move
+from sandbox.policy.lifecycle import TurnState, check_move
 from supervisor.errors import (
     NotEscalatedError,
     SessionClosedError,
@@ -62,6 +62,7 @@ from supervisor.store.sqlite.schema import (
     TURN_COLUMNS,
     UNFINISHED,
 )
+from supervisor.wire.turn_spec import InstructionSpec, encode_spec
 
 __all__ = [
     "accept",
@@ -212,8 +213,8 @@ def accept(
         raise SessionClosedError(new.session_id)
     number = int(taken[0][0])
     now = _now_us()
-    blob = dumps(new.spec)
-    command = new.spec.get("command_type") if new.kind is TurnKind.INSTRUCTION else None
+    blob = encode_spec(new.spec)
+    command = new.spec.command_type.value if isinstance(new.spec, InstructionSpec) else None
     token, lease = (1, now + lease_ms * 1000) if claim_for is not None else (0, None)
     cur = conn.execute(
         "INSERT INTO turns(session_id, turn_number, kind, command_type, spec, idempotency_key,"
@@ -240,7 +241,7 @@ def accept(
         session_id=new.session_id,
         turn_number=number,
         kind=new.kind,
-        spec=loads(blob),
+        spec=new.spec,
         idempotency_key=new.idempotency_key,
         state=TurnState.ACCEPTED,
         attempt=0,

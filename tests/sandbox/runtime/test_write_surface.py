@@ -13,7 +13,7 @@ import pytest
 from sandbox.runtime.session import Runtime, Session, TurnResult
 from supervisor.cli import build_parser
 from supervisor.cli.turn_commands import submit_params
-from supervisor.turns.requests import parse_turn_request
+from tests.turn_requests import submitted
 
 pytestmark = pytest.mark.usefixtures("sandboxed")
 
@@ -95,8 +95,8 @@ def test_scratch_travels_from_the_cli_through_the_intake() -> None:
         {"path": "out.txt", "role": None},
         {"path": "tmp/**", "role": "scratch"},
     ]
-    request = parse_turn_request(params)
-    assert [(d.path, d.is_scratch) for d in request.declared_outputs] == [
+    request = submitted(params)
+    assert [(d.path, d.is_scratch) for d in request.spec.declared_outputs] == [
         ("out.txt", False),
         ("tmp/**", True),
     ]

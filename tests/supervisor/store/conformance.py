@@ -9,7 +9,7 @@ errors. The only sleeps wait for a lease of a few milliseconds to expire.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 
 import anyio
@@ -17,6 +17,7 @@ import pytest
 
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
+from sandbox.policy.envelopes import ExecutorCommandType
 from sandbox.policy.lifecycle import IllegalTransition, TurnKind, TurnState
 from supervisor.errors import (
     IntakeClosedError,
@@ -38,6 +39,7 @@ from supervisor.store.protocol import (
     TurnRecord,
     TurnStore,
 )
+from supervisor.wire.turn_spec import InstructionSpec, ProcessSpec, TurnSpec
 
 __all__ = ["StoreFactory", "TurnStoreConformance"]
 
@@ -49,23 +51,22 @@ LEASE_MS = 60_000
 SHORT_LEASE_MS = 2
 
 
-def spec(command: str = "READ", **more: object) -> dict[str, object]:
-    return {"kind": "instruction", "command_type": command, "parameters": {"n": 1}, **more}
-
-
-def instruction(
-    session: str = "S1", *, key: str | None = None, command: str = "READ", **more: object
-) -> NewTurn:
-    return NewTurn(
-        session_id=session,
-        kind=TurnKind.INSTRUCTION,
-        spec=spec(command, **more),
-        idempotency_key=key,
+def spec(command: str = "READ", **parameters: int) -> InstructionSpec:
+    return InstructionSpec(
+        timeout_ms=1_000,
+        command_type=ExecutorCommandType(command),
+        parameters={"n": 1, **parameters},
     )
 
 
+def instruction(
+    session: str = "S1", *, key: str | None = None, command: str = "READ", **parameters: int
+) -> NewTurn:
+    return NewTurn(session_id=session, spec=spec(command, **parameters), idempotency_key=key)
+
+
 def process(session: str = "S1") -> NewTurn:
-    return NewTurn(session_id=session, kind=TurnKind.PROCESS, spec={"argv": ["true"]})
+    return NewTurn(session_id=session, spec=ProcessSpec(timeout_ms=1_000, argv=("true",)))
 
 
 def attempt(n: int, *, decision: str | None = None, **extra: object) -> AttemptRecord:
@@ -188,7 +189,7 @@ class TurnStoreConformance:
             assert first.turn.state is TurnState.ACCEPTED
             assert first.turn.attempt == 0
             assert first.turn.owner is None
-            assert dict(first.turn.spec) == spec()
+            assert first.turn.spec == spec()
             assert second.turn.kind is TurnKind.PROCESS
             assert second.turn.turn_id > first.turn.turn_id
             assert (await store.get_session("S1")).turns == 2
@@ -200,7 +201,7 @@ class TurnStoreConformance:
             await session(store)
             await session(store, "S2")
             first = await store.accept(instruction(key="k1"), claim_for="A", lease_ms=LEASE_MS)
-            again = await store.accept(instruction(key="k1", note="different"), claim_for="B")
+            again = await store.accept(instruction(key="k1", different=2), claim_for="B")
             assert not again.created
             assert again.claim is None
             assert again.turn.turn_id == first.turn.turn_id
@@ -289,7 +290,7 @@ class TurnStoreConformance:
             await session(store)
             await session(store, "S2")
             read = (await store.accept(instruction(command="READ"))).turn.turn_id
-            write = (await store.accept(instruction(command="WRITE"))).turn.turn_id
+            write = (await store.accept(instruction(command="CLICK"))).turn.turn_id
             proc1 = (await store.accept(process("S1"))).turn.turn_id
             proc2 = (await store.accept(process("S2"))).turn.turn_id
             lease = LEASE_MS
@@ -301,7 +302,7 @@ class TurnStoreConformance:
 
             none: frozenset[str] = frozenset()
             assert await take(
-                ClaimFilter(command_types=frozenset({"WRITE"}), process_sessions=none)
+                ClaimFilter(command_types=frozenset({"CLICK"}), process_sessions=none)
             ) == [write]
             assert await take(
                 ClaimFilter(command_types=none, process_sessions=frozenset({"S2"}))
@@ -600,7 +601,7 @@ class TurnStoreConformance:
 
     async def test_concurrent_accepts_get_their_own_turns(self, open_store: StoreFactory) -> None:
         """Many accepts at once each get their own turn, number and claim."""
-        results: dict[int, tuple[int, Mapping[str, object], Claim | None]] = {}
+        results: dict[int, tuple[int, TurnSpec, Claim | None]] = {}
         async with open_store() as store:
             await session(store)
 
@@ -613,7 +614,8 @@ class TurnStoreConformance:
                     tg.start_soon(one, i)
             assert sorted(n for n, _, _ in results.values()) == list(range(1, 51))
             for i, (_, turn_spec, claim) in results.items():
-                assert turn_spec["i"] == i
+                assert isinstance(turn_spec, InstructionSpec)
+                assert turn_spec.parameters["i"] == i
                 assert claim is not None
                 assert claim.owner == f"o{i}"
             assert (await store.get_session("S1")).turns == 50

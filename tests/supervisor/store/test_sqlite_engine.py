@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 import anyio
+import msgspec
 import orjson
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from sandbox.policy.attempt_record import AttemptRecord
-from sandbox.policy.lifecycle import TurnKind
 from supervisor.errors import IntakeClosedError
 from supervisor.store.protocol import NewSession, NewTurn, TurnStore
 from supervisor.store.sqlite import (
@@ -24,12 +24,12 @@ from supervisor.store.sqlite import (
     open_sqlite_store,
 )
 from supervisor.store.sqlite.schema import open_connections
+from supervisor.wire.turn_spec import InstructionSpec
+from tests.turn_requests import READ_SPEC
 
 
 def _turn(i: int = 0) -> NewTurn:
-    return NewTurn(
-        session_id="S1", kind=TurnKind.INSTRUCTION, spec={"command_type": "READ", "i": i}
-    )
+    return NewTurn(session_id="S1", spec=msgspec.structs.replace(READ_SPEC, parameters={"i": i}))
 
 
 async def _with_session(path: Path) -> None:
@@ -193,7 +193,8 @@ async def test_cancelled_queued_write_is_skipped(
         blocker.close()
     assert scopes[0].cancelled_caught
     async with open_sqlite_store(path) as store:
-        assert [t.spec["i"] for t in (await store.list_turns()).turns] == [1]
+        specs = [t.spec for t in (await store.list_turns()).turns]
+        assert [s.parameters["i"] for s in specs if isinstance(s, InstructionSpec)] == [1]
         assert store.statistics().operations == 0
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
@@ -242,9 +243,10 @@ from pathlib import Path
 
 import anyio
 
-from sandbox.policy.lifecycle import TurnKind
+from sandbox.policy.envelopes import ExecutorCommandType
 from supervisor.store.protocol import NewSession, NewTurn
 from supervisor.store.sqlite import open_sqlite_store
+from supervisor.wire.turn_spec import InstructionSpec
 
 
 async def main(path: str) -> None:
@@ -253,8 +255,13 @@ async def main(path: str) -> None:
 
         async def feed(w: int) -> None:
             for i in range(1_000_000):
+                spec = InstructionSpec(
+                    timeout_ms=1000,
+                    command_type=ExecutorCommandType.READ,
+                    parameters={"w": w, "i": i},
+                )
                 new = NewTurn(
-                    session_id="S1", kind=TurnKind.INSTRUCTION, spec={"w": w, "i": i},
+                    session_id="S1", spec=spec,
                     idempotency_key=f"{w}-{i}",
                 )
                 got = await store.accept(new, claim_for="A")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import orjson
 import pytest
 
@@ -26,14 +27,15 @@ from ledger import GroupSyncer, SealedLine, SessionLedgers, verify_session_dir
 from sandbox.policy.attempts import AttemptOutcome
 from sandbox.policy.envelopes import ExecutorCommandType, ExecutorInstructionEnvelope
 from sandbox.policy.faults import ExecutionFaultType
-from sandbox.policy.lifecycle import TurnKind, TurnState
+from sandbox.policy.lifecycle import TurnState
 from sandbox.policy.retry_protocol import RetryOptions
 from supervisor.errors import RequestError
 from supervisor.store.protocol import TurnStore
 from supervisor.store.sqlite import open_sqlite_store
 from supervisor.turns.context import CoreSettings
 from supervisor.turns.core import TurnCore
-from supervisor.turns.requests import parse_turn_request
+from supervisor.wire.turn_spec import encode_spec
+from tests.turn_requests import submitted
 
 FAST = RetryOptions(max_attempts=3, base_delay_ms=1, backoff_multiplier=2, max_delay_ms=5)
 
@@ -347,7 +349,7 @@ async def _open(r: Rig) -> str:
 
 
 async def _run(r: Rig, params: dict[str, object]) -> Any:
-    turn, _ = await r.turn_core.submit(parse_turn_request(params))
+    turn, _ = await r.turn_core.submit(submitted(params))
     return await r.turn_core.wait_turn(turn.turn_id, timeout_s=10)
 
 
@@ -455,7 +457,7 @@ async def test_idempotent_resubmission(tmp_path: Path) -> None:
     """The same idempotency key returns the same turn and runs it once."""
     async with rig(tmp_path) as r:
         sid = await _open(r)
-        request = parse_turn_request(_instruction(sid, idempotency_key="abc"))
+        request = submitted(_instruction(sid, idempotency_key="abc"))
         first, created = await r.turn_core.submit(request)
         again, created_again = await r.turn_core.submit(request)
         assert created
@@ -472,7 +474,7 @@ async def test_queue_full_is_refused_before_accepting(tmp_path: Path) -> None:
         with pytest.raises(
             RequestError, match=r"^the READ queue is full; retry in 250 ms$"
         ) as info:
-            await r.turn_core.submit(parse_turn_request(_instruction(sid)))
+            await r.turn_core.submit(submitted(_instruction(sid)))
         assert info.value.code == "queue_full"
         assert info.value.details["retry_after_ms"] == 250
         assert (await r.store.list_turns()).turns == ()
@@ -483,7 +485,7 @@ async def test_cancel_running_turn(tmp_path: Path) -> None:
     hub = FakeHub(gate=anyio.Event())
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
-        turn, _ = await r.turn_core.submit(parse_turn_request(_instruction(sid)))
+        turn, _ = await r.turn_core.submit(submitted(_instruction(sid)))
         await hub.started.wait()
         cancelled = await r.turn_core.cancel_turn(turn.turn_id)
         assert cancelled.state is TurnState.CANCELLED
@@ -516,7 +518,7 @@ async def test_process_turn_rejected_at_intake(tmp_path: Path) -> None:
     """A request the session refuses (capabilities) is not accepted."""
     async with rig(tmp_path) as r:
         sid = await _open(r)
-        request = parse_turn_request(
+        request = submitted(
             {"session_id": sid, "kind": "process", "argv": ["forbidden"], "declared_outputs": []}
         )
         with pytest.raises(RequestError, match=r"^forbidden executable$"):
@@ -529,12 +531,12 @@ async def test_drain_leaves_unstarted_work_for_restart(tmp_path: Path) -> None:
     hub = FakeHub(gate=anyio.Event())
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
-        turn, _ = await r.turn_core.submit(parse_turn_request(_instruction(sid)))
+        turn, _ = await r.turn_core.submit(submitted(_instruction(sid)))
         # running: the start is durable (a start is written once the attempt outlives 2 ms)
         await r.turn_core.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
         assert await r.turn_core.drain(0.01) is False
         with pytest.raises(RequestError, match=r"^the daemon is draining"):
-            await r.turn_core.submit(parse_turn_request(_instruction(sid)))
+            await r.turn_core.submit(submitted(_instruction(sid)))
     async with open_sqlite_store(_db(tmp_path)) as store:
         assert (await store.get_turn(turn.turn_id)).state is TurnState.RUNNING
 
@@ -544,7 +546,7 @@ async def test_restart_turns_interrupted_attempt_into_crash(tmp_path: Path) -> N
     hub = FakeHub(gate=anyio.Event())
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
-        turn, _ = await r.turn_core.submit(parse_turn_request(_instruction(sid)))
+        turn, _ = await r.turn_core.submit(submitted(_instruction(sid)))
         # running: the start is durable (a start is written once the attempt outlives 2 ms)
         await r.turn_core.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
     async with rig(tmp_path) as r2:
@@ -555,66 +557,6 @@ async def test_restart_turns_interrupted_attempt_into_crash(tmp_path: Path) -> N
             (None, "SUCCEED"),
         ]
         assert all(rep.entries == 2 for rep in _verify(tmp_path, sid))
-
-
-@pytest.mark.parametrize(
-    ("params", "code", "pattern"),
-    [
-        ({"kind": "instruction"}, "bad_request", r"^declared_outputs: is required"),
-        ({"kind": "nope", "declared_outputs": []}, "bad_request", r"^kind: must be"),
-        (
-            {"kind": "instruction", "declared_outputs": ["x"], "command_type": "READ"},
-            "bad_request",
-            r"^declared_outputs: must be \[\] for an instruction turn",
-        ),
-        (
-            {"kind": "instruction", "declared_outputs": [], "command_type": "FLY"},
-            "bad_request",
-            r"^command_type: must be one of",
-        ),
-        (
-            {
-                "kind": "instruction",
-                "declared_outputs": [],
-                "command_type": "NAVIGATE",
-                "target_url": "ftp://x",
-            },
-            "invalid_instruction",
-            r"^target_url: ",
-        ),
-        ({"kind": "process", "declared_outputs": [], "argv": []}, "bad_request", r"^argv: "),
-        (
-            {"kind": "process", "declared_outputs": [], "argv": ["x"], "timeout_ms": 0},
-            "bad_request",
-            r"^timeout_ms: must be between",
-        ),
-    ],
-)
-def test_parse_turn_request_rejects(params: dict[str, object], code: str, pattern: str) -> None:
-    """Bad submissions are refused with a code and a message naming the field."""
-    with pytest.raises(RequestError, match=pattern) as info:
-        parse_turn_request({"session_id": "SES-x", **params})
-    assert info.value.code == code
-
-
-def test_spec_round_trip() -> None:
-    """A request's stored spec parses back to the same request."""
-    request = parse_turn_request(
-        {
-            "session_id": "SES-x",
-            "kind": "instruction",
-            "command_type": "EXTRACT",
-            "target_selector": "h1",
-            "parameters": {"attr": "text", "n": 2, "all": True},
-            "declared_outputs": [],
-            "phase": "VERIFY",
-            "idempotency_key": "k",
-        }
-    )
-    again = parse_turn_request(request.to_spec(), session_id="SES-x")
-    assert again.instruction == request.instruction
-    assert again.phase == request.phase
-    assert again.kind is TurnKind.INSTRUCTION
 
 
 async def test_error_in_a_turn_ends_that_turn_only(tmp_path: Path) -> None:
@@ -635,7 +577,7 @@ async def test_drain_waits_until_the_outcome_is_recorded(tmp_path: Path) -> None
     hub = FakeHub(gate=anyio.Event())
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
-        turn, _ = await r.turn_core.submit(parse_turn_request(_instruction(sid)))
+        turn, _ = await r.turn_core.submit(submitted(_instruction(sid)))
         await hub.started.wait()
         async with anyio.create_task_group() as tg:
 
@@ -655,12 +597,12 @@ async def test_restart_reruns_interrupted_process_turn(tmp_path: Path) -> None:
     async with rig(tmp_path) as r:
         sid = await _open(r)
         params = {"session_id": sid, "kind": "process", "argv": ["block"], "declared_outputs": []}
-        turn, _ = await r.turn_core.submit(parse_turn_request(params))
+        turn, _ = await r.turn_core.submit(submitted(params))
         await r.runtime.sessions[sid].blocked.wait()
     _sql(
         tmp_path,
         "UPDATE turns SET spec = ? WHERE turn_id = ?",
-        orjson.dumps({**dict(turn.spec), "argv": ["true"]}),
+        encode_spec(msgspec.structs.replace(turn.spec, argv=("true",))),
         turn.turn_id,
     )
     async with rig(tmp_path) as r2:
@@ -676,7 +618,7 @@ async def test_cancel_running_process_turn_writes_ledgers(tmp_path: Path) -> Non
     async with rig(tmp_path) as r:
         sid = await _open(r)
         params = {"session_id": sid, "kind": "process", "argv": ["block"], "declared_outputs": []}
-        turn, _ = await r.turn_core.submit(parse_turn_request(params))
+        turn, _ = await r.turn_core.submit(submitted(params))
         await r.runtime.sessions[sid].blocked.wait()
         cancelled = await r.turn_core.cancel_turn(turn.turn_id)
         assert cancelled.state is TurnState.CANCELLED
@@ -689,11 +631,11 @@ async def test_close_refused_while_a_turn_is_being_submitted(tmp_path: Path) -> 
         sid = await _open(r)
         session = r.runtime.sessions[sid]
         params = {"session_id": sid, "kind": "process", "argv": ["slow-check"]}
-        submitted: list[Any] = []
+        results: list[Any] = []
 
         async def submit() -> None:
-            request = parse_turn_request({**params, "declared_outputs": []})
-            submitted.append(await r.turn_core.submit(request))
+            request = submitted({**params, "declared_outputs": []})
+            results.append(await r.turn_core.submit(request))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(submit)
@@ -704,7 +646,7 @@ async def test_close_refused_while_a_turn_is_being_submitted(tmp_path: Path) -> 
                 assert e.value.code == "session_busy"
             finally:
                 session.check_gate.set()
-        ((turn, created),) = submitted
+        ((turn, created),) = results
         assert created
         done = await r.turn_core.wait_turn(turn.turn_id, timeout_s=10)
         assert done.state is TurnState.SUCCEEDED
@@ -718,7 +660,7 @@ async def test_restart_ending_an_interrupted_process_turn_writes_ledgers(tmp_pat
     async with rig(tmp_path) as r:
         sid = await _open(r)
         params = {"session_id": sid, "kind": "process", "argv": ["block"], "declared_outputs": []}
-        turn, _ = await r.turn_core.submit(parse_turn_request(params))
+        turn, _ = await r.turn_core.submit(submitted(params))
         await r.runtime.sessions[sid].blocked.wait()
     # as if the daemon had stopped during the last attempt of the budget
     _sql(

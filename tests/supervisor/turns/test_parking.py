@@ -14,15 +14,15 @@ from supervisor.errors import RequestError
 from supervisor.store.protocol import Claim, TurnRecord
 from supervisor.turns.fairness import Share
 from supervisor.turns.parking import ParkedTurns
-from supervisor.turns.requests import parse_turn_request
 from tests.supervisor.turns.test_core import FakeHub, Rig, _instruction, _open, _verify, rig
 from tests.supervisor.turns.test_recovery import _turn_entries
+from tests.turn_requests import READ_SPEC, submitted
 
 READ = ExecutorCommandType.READ
 
 
 async def _submit(r: Rig, sid: str) -> TurnRecord:
-    return (await r.turn_core.submit(parse_turn_request(_instruction(sid))))[0]
+    return (await r.turn_core.submit(submitted(_instruction(sid))))[0]
 
 
 async def test_turns_wait_parked_and_start_in_order(tmp_path: Path) -> None:
@@ -31,9 +31,7 @@ async def test_turns_wait_parked_and_start_in_order(tmp_path: Path) -> None:
     hub = FakeHub(gate=anyio.Event(), slots=1)
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
-        turns = [
-            (await r.turn_core.submit(parse_turn_request(_instruction(sid))))[0] for _ in range(3)
-        ]
+        turns = [(await r.turn_core.submit(submitted(_instruction(sid))))[0] for _ in range(3)]
         await hub.started.wait()
         assert len(hub.envelopes) == 1
         for turn in turns[1:]:
@@ -53,8 +51,8 @@ async def test_cancel_a_parked_turn(tmp_path: Path) -> None:
     hub = FakeHub(gate=anyio.Event(), slots=1)
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
-        first, _ = await r.turn_core.submit(parse_turn_request(_instruction(sid)))
-        parked, _ = await r.turn_core.submit(parse_turn_request(_instruction(sid)))
+        first, _ = await r.turn_core.submit(submitted(_instruction(sid)))
+        parked, _ = await r.turn_core.submit(submitted(_instruction(sid)))
         await hub.started.wait()
         cancelled = await r.turn_core.cancel_turn(parked.turn_id)
         assert cancelled.state is TurnState.CANCELLED
@@ -77,9 +75,9 @@ async def test_parked_turns_count_against_the_queue(tmp_path: Path) -> None:
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
         for _ in range(3):  # one runs, two parked
-            await r.turn_core.submit(parse_turn_request(_instruction(sid)))
+            await r.turn_core.submit(submitted(_instruction(sid)))
         with pytest.raises(RequestError) as err:
-            await r.turn_core.submit(parse_turn_request(_instruction(sid)))
+            await r.turn_core.submit(submitted(_instruction(sid)))
         assert err.value.code == "queue_full"
         assert hub.gate is not None
         hub.gate.set()
@@ -91,7 +89,7 @@ async def test_a_turn_parked_too_long_meets_the_hub_timeout(tmp_path: Path) -> N
     hub = FakeHub(slots=0, queue_wait_s=0.2)
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
-        turn, _ = await r.turn_core.submit(parse_turn_request(_instruction(sid)))
+        turn, _ = await r.turn_core.submit(submitted(_instruction(sid)))
         await anyio.sleep(0.05)
         assert hub.envelopes == []
         started = time.monotonic()
@@ -109,9 +107,7 @@ async def test_parked_turns_run_after_a_restart(tmp_path: Path) -> None:
     hub = FakeHub(gate=anyio.Event(), slots=1)
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
-        turns = [
-            (await r.turn_core.submit(parse_turn_request(_instruction(sid))))[0] for _ in range(3)
-        ]
+        turns = [(await r.turn_core.submit(submitted(_instruction(sid))))[0] for _ in range(3)]
         await r.turn_core.wait_turn(turns[0].turn_id, until=frozenset({TurnState.RUNNING}))
     async with rig(tmp_path) as r2:
         for turn in turns:
@@ -132,7 +128,7 @@ def _turn(turn_id: int) -> TurnRecord:
         session_id="S",
         turn_number=turn_id,
         kind=TurnKind.INSTRUCTION,
-        spec={},
+        spec=READ_SPEC,
         idempotency_key=None,
         state=TurnState.ACCEPTED,
         attempt=0,

@@ -28,8 +28,8 @@ from supervisor.demo.crash import CRASH_CONFIG, check_daemon_log, check_rolled_f
 from supervisor.demo.crash_checks import count_log_events
 from supervisor.demo.stack import DemoStack, prepare_root
 from supervisor.turns.recovery import RESTORED, ROLLED_FORWARD, LedgerEntryRef, endings_in_ledger
-from supervisor.turns.requests import parse_turn_request
 from tests.supervisor.turns.test_core import FakeHub, _instruction, _open, _run, _verify, rig
+from tests.turn_requests import submitted
 
 
 def _ledger_dir(root: Path, sid: str) -> Path:
@@ -111,7 +111,7 @@ async def test_restart_ends_a_turn_from_its_ledger_entry(
     async with rig(tmp_path, hub) as r:
         r.turn_core._deps.starts.delay_s = 0.0 if start_written else 60.0
         sid = await _open(r)
-        turn, _ = await r.turn_core.submit(parse_turn_request(_instruction(sid)))
+        turn, _ = await r.turn_core.submit(submitted(_instruction(sid)))
         await hub.started.wait()
         if start_written:
             await r.turn_core.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))

@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sandbox.policy.lifecycle import TurnState
-from supervisor.turns.requests import parse_turn_request
 from supervisor.turns.slot_deadlines import SlotDeadlines
 from tests.supervisor.turns.test_core import FakeHub, _instruction, _open, rig
+from tests.turn_requests import submitted
 
 
 def test_turns_fall_due_in_order_of_their_own_bound() -> None:
@@ -45,7 +45,7 @@ async def test_a_parked_turn_starts_after_its_timeout_not_the_queue_wait(tmp_pat
     hub = FakeHub(slots=0, queue_wait_s=60.0)
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
-        turn, _ = await r.turn_core.submit(parse_turn_request(_instruction(sid, timeout_ms=200)))
+        turn, _ = await r.turn_core.submit(submitted(_instruction(sid, timeout_ms=200)))
         done = await r.turn_core.wait_turn(turn.turn_id, timeout_s=10)
         assert done.state is TurnState.SUCCEEDED
         (wait,) = hub.queue_waits

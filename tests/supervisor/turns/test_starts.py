@@ -9,9 +9,9 @@ import anyio
 import structlog.testing
 
 from sandbox.policy.lifecycle import TurnState
-from supervisor.turns.requests import parse_turn_request
 from supervisor.turns.starts import DeferredStarts
 from tests.supervisor.turns.test_core import FakeHub, _instruction, _open, _run, rig
+from tests.turn_requests import submitted
 
 
 async def test_a_quick_attempt_writes_its_start_with_its_outcome(tmp_path: Path) -> None:
@@ -43,7 +43,7 @@ async def test_a_slow_attempt_writes_its_start_while_it_runs(tmp_path: Path) -> 
     hub = FakeHub(gate=anyio.Event())
     async with rig(tmp_path, hub) as r:
         sid = await _open(r)
-        turn, _ = await r.turn_core.submit(parse_turn_request(_instruction(sid)))
+        turn, _ = await r.turn_core.submit(submitted(_instruction(sid)))
         await r.turn_core.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
         stored = await r.store.get_turn(turn.turn_id)
         assert (stored.state, stored.attempt) == (TurnState.RUNNING, 1)
@@ -60,7 +60,7 @@ async def test_cancel_before_the_start_was_written(tmp_path: Path) -> None:
     async with rig(tmp_path, hub) as r:
         r.turn_core._deps.starts.delay_s = 60.0
         sid = await _open(r)
-        turn, _ = await r.turn_core.submit(parse_turn_request(_instruction(sid)))
+        turn, _ = await r.turn_core.submit(submitted(_instruction(sid)))
         await hub.started.wait()
         cancelled = await r.turn_core.cancel_turn(turn.turn_id)
         assert cancelled.state is TurnState.CANCELLED

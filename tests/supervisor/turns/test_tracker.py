@@ -13,6 +13,7 @@ from sandbox.policy.lifecycle import TurnKind, TurnState
 from supervisor.store.protocol import Claim, TurnRecord
 from supervisor.turns import tracker as tracker_module
 from supervisor.turns.tracker import ActiveTurn, Tracker, TurnEvents
+from tests.turn_requests import READ_SPEC, TRUE_SPEC
 
 #: Every wait below is bounded by this; none should come near it.
 _BOUND_S = 5
@@ -51,7 +52,7 @@ def _turn(
         session_id=session_id,
         turn_number=turn_id,
         kind=kind,
-        spec={},
+        spec=READ_SPEC if kind is TurnKind.INSTRUCTION else TRUE_SPEC,
         idempotency_key=None,
         state=state,
         attempt=attempt,

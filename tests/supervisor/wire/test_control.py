@@ -7,9 +7,11 @@ import json
 import msgspec
 import pytest
 
+from sandbox.policy.declarations import DeclaredOutput
 from sandbox.policy.envelopes import ExecutorStatus
 from sandbox.policy.lifecycle import TurnKind, TurnState
 from supervisor.control.server import ERROR_CODES
+from supervisor.turns.requests import turn_request
 from supervisor.wire.control import (
     OPERATIONS,
     EscalationsResolve,
@@ -25,6 +27,7 @@ from supervisor.wire.control import (
     op_of,
 )
 from supervisor.wire.frames import FrameDecodeError
+from supervisor.wire.turn_spec import ProcessSpec
 
 
 def _body(**frame: object) -> bytes:
@@ -72,8 +75,9 @@ def test_requests_are_typed_and_frozen() -> None:
     assert (resolve.params.id, resolve.params.action) == (3, "terminate")
 
 
-def test_turn_submit_params_map_to_the_intake_rules() -> None:
-    """turn.submit keeps every field typed and hands parse_turn_request a plain mapping."""
+def test_turn_submit_params_become_one_typed_spec() -> None:
+    """turn.submit keeps every field typed; the intake rules turn them into the turn's spec
+    (the declared outputs with their roles, the turn core's default timeout when none)."""
     request = decode_request(
         _body(
             op="turn.submit",
@@ -89,21 +93,22 @@ def test_turn_submit_params_map_to_the_intake_rules() -> None:
     assert isinstance(request, TurnSubmit)
     assert request.params.kind is TurnKind.PROCESS
     assert request.params.wait_s == 2.0
-    mapping = request.params.as_mapping()
-    assert mapping["kind"] == "process"
-    assert mapping["declared_outputs"] == ["a.txt", {"path": "b.txt", "role": "log"}]
-    assert "timeout_ms" not in mapping  # the turn core's default applies
+    turn = turn_request(request.params, default_timeout_ms=4_321)
+    assert turn.spec == ProcessSpec(
+        timeout_ms=4_321,
+        declared_outputs=(DeclaredOutput("a.txt"), DeclaredOutput("b.txt", "log")),
+        argv=("/bin/true",),
+    )
 
 
 def test_answer_defaults_to_full_and_may_be_compact() -> None:
-    """turn.submit and turn.wait take ``answer`` ("full" unless given); the intake never
-    sees it."""
+    """turn.submit and turn.wait take ``answer`` ("full" unless given); the turn's spec
+    never holds it."""
     submit: dict[str, object] = {"session_id": "S", "kind": "process", "declared_outputs": []}
     for params, form in ((submit, "full"), ({**submit, "answer": "compact"}, "compact")):
         request = decode_request(_body(op="turn.submit", params=params))
         assert isinstance(request, TurnSubmit)
         assert request.params.answer == form
-        assert "answer" not in request.params.as_mapping()
     wait_params: list[tuple[dict[str, object], str]] = [
         ({"turn_id": 1}, "full"),
         ({"turn_id": 1, "answer": "compact"}, "compact"),
