@@ -153,9 +153,13 @@ def bench_store_commit(
     entries made durable per second (two per ending). The files are synced afterwards, in
     rounds, as the daemon does; that round is not counted here."""
     from sandbox.policy.attempt_record import AttemptRecord
-    from sandbox.policy.lifecycle import TurnKind, TurnState
+    from sandbox.policy.envelopes import ExecutorCommandType
+    from sandbox.policy.lifecycle import TurnState
     from supervisor.store.protocol import NewSession, NewTurn, TurnEnding
     from supervisor.store.sqlite import open_sqlite_store
+    from supervisor.wire.turn_spec import InstructionSpec
+
+    _READ_SPEC = InstructionSpec(timeout_ms=1_000, command_type=ExecutorCommandType.READ)
 
     root = directory / "store-path"
     with GroupSyncer() as syncer:
@@ -178,9 +182,7 @@ def bench_store_commit(
                     nonlocal entries
                     while time.perf_counter() < deadline:
                         accepted = await store.accept(
-                            NewTurn(
-                                session_id=session.session_id, kind=TurnKind.INSTRUCTION, spec={}
-                            ),
+                            NewTurn(session_id=session.session_id, spec=_READ_SPEC),
                             claim_for="bench",
                         )
                         assert accepted.claim is not None

@@ -76,16 +76,20 @@ async def time_turns_store(
     the daemon's other durable step, not part of a sandboxed turn). ``runtime_syncs``: the
     daemon's path before issue 8 (the runtime syncs both entries, then the ending commits)."""
     from sandbox.policy.attempt_record import AttemptRecord
-    from sandbox.policy.lifecycle import TurnKind, TurnState
+    from sandbox.policy.lifecycle import TurnState
     from supervisor.store.protocol import NewSession, NewTurn, TurnEnding
     from supervisor.store.sqlite import open_sqlite_store
+    from supervisor.wire.turn_spec import ProcessSpec
 
     out: list[float] = []
     async with open_sqlite_store(store_path) as store:
         await store.open_session(NewSession(session_id=session.session_id, package_id="bench"))
         claims = []
         for _ in range(n):
-            new = NewTurn(session_id=session.session_id, kind=TurnKind.PROCESS, spec={})
+            new = NewTurn(
+                session_id=session.session_id,
+                spec=ProcessSpec(timeout_ms=10_000, argv=("/bin/true",)),
+            )
             accepted = await store.accept(new, claim_for="bench")
             assert accepted.claim is not None
             claims.append(accepted.claim)

@@ -39,6 +39,7 @@ __all__ = [
     "AttemptRunner",
     "LoopEnd",
     "RetryGate",
+    "decide_outcome",
     "run_attempts",
 ]
 
@@ -106,6 +107,38 @@ class LoopEnd(Generic[P]):
     report: AttemptReport[P] | None
 
 
+def decide_outcome(
+    record: AttemptRecord,
+    outcome: AttemptOutcome,
+    *,
+    phase: AgentPhase | None,
+    options: RetryOptions,
+    execution_id: str,
+    instruction_id: str,
+    finished_us: int,
+    retry_gate: RetryGate | None = None,
+) -> tuple[AttemptRecord, AttemptDecision]:
+    """One step of the loop: the decision for *outcome* (a RETRY the gate refuses becomes
+    `over_budget`) and the attempt's record, decided. `run_attempts` takes this step after each
+    attempt; the turn core's record-driven instruction turns (no task per turn) take it when an
+    executor's answer arrives."""
+    decision = decide_attempt(
+        outcome,
+        phase=phase,
+        attempt_number=record.attempt,
+        options=options,
+        execution_id=execution_id,
+        instruction_id=instruction_id,
+    )
+    if (
+        decision.verdict is Verdict.RETRY
+        and retry_gate is not None
+        and not retry_gate.allow_retry(decision)
+    ):
+        decision = over_budget(decision)
+    return record.decided(outcome, decision, finished_us=finished_us), decision
+
+
 async def run_attempts(
     run: AttemptRunner[P],
     *,
@@ -161,21 +194,16 @@ async def run_attempts(
             pending = (record, report.outcome, report)
         record, outcome, last = pending
         pending = None
-        decision = decide_attempt(
+        record, decision = decide_outcome(
+            record,
             outcome,
             phase=phase,
-            attempt_number=record.attempt,
             options=options,
             execution_id=execution_id,
             instruction_id=record.instruction_id or name(record.attempt),
+            finished_us=clock(),
+            retry_gate=retry_gate,
         )
-        if (
-            decision.verdict is Verdict.RETRY
-            and retry_gate is not None
-            and not retry_gate.allow_retry(decision)
-        ):
-            decision = over_budget(decision)
-        record = record.decided(outcome, decision, finished_us=clock())
         done.append(record)
         if decision.verdict is Verdict.RETRY:
             next_us = clock() + decision.delay_ms * 1000

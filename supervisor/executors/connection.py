@@ -3,8 +3,12 @@
 A ``Connection`` owns everything about one executor connection: the socket (a buffered
 ``FrameReader`` in, a ``FrameWriter`` out), the attempts in flight on it, the ones cancelled but
 not yet answered, the ids it finished recently, and its status. ``serve`` runs its three tasks
-(writer, heartbeats, reader) in one task group; ``attempt`` is run by the attempt's own task: it
-sends the instruction, waits for the reader to resolve it, enforces the deadline and cancels.
+(writer, heartbeats, reader, deadlines) in one task group. An attempt goes one of two ways:
+``attempt`` is run by the attempt's own task (it sends the instruction, waits for the reader to
+resolve it, enforces the deadline and cancels); ``send_attempt`` takes it without a task (the
+turn core's hot path): the reader calls the attempt's ``on_done``, its deadline waits in the
+connection's timer heap, and only a deadline passed or an abandoned attempt starts a task (to
+send the ``cancel`` and wait for its answer).
 What the connection needs from the hub around it is ``host.ConnectionHost``. After every change
 of its load (in flight, unanswered cancels, reserved slots) or of its status, a connection calls
 ``host.recount(self)``: the hub keeps running totals of free slots per command from these, so
@@ -26,11 +30,16 @@ in-flight attempt on it ends INVALID_RESPONSE.
 from __future__ import annotations
 
 import collections
+import heapq
+import itertools
 import time
+from collections.abc import Callable, Mapping
 from typing import Final
 
 import anyio
 import anyio.abc
+import structlog
+import structlog.contextvars
 
 from sandbox.policy.envelopes import (
     ExecutorCommandType,
@@ -80,27 +89,59 @@ _LOST: Final = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 _READY: Final = ExecutorStatus.READY  # an enum member lookup costs a call: once, here
 
 
+_SEQ: Final = itertools.count(1)  # 0: an attempt with a task (no deadline entry)
+
+
 class Pending:
-    """One attempt in flight on a connection; resolved by the connection's reader."""
+    """One attempt in flight on a connection; resolved by the connection's reader (or its
+    deadline). An attempt with a task waits on ``event``; one without (``on_done``) is called
+    back, once, with its verdict, and has an ``event`` only while a cancel of it is answered."""
 
-    __slots__ = ("envelope", "event", "verdict")
+    __slots__ = ("deadline", "envelope", "event", "labels", "on_done", "sent_at", "seq", "verdict")
 
-    def __init__(self, envelope: ExecutorInstructionEnvelope) -> None:
+    def __init__(
+        self,
+        envelope: ExecutorInstructionEnvelope,
+        on_done: Callable[[Verdict], None] | None = None,
+        labels: Mapping[str, object] | None = None,
+    ) -> None:
         self.envelope = envelope
-        self.event = anyio.Event()
+        self.on_done = on_done
+        self.event: anyio.Event | None = None if on_done is not None else anyio.Event()
         self.verdict: Verdict | None = None
+        #: the turn's ids, bound to the events of a deadline handled without the turn's task
+        self.labels = labels
+        self.sent_at = 0.0
+        self.deadline = 0.0
+        self.seq = 0
 
     def resolve(self, verdict: Verdict) -> None:
-        """Settle the attempt with ``verdict`` (the first one wins) and wake its task."""
+        """Settle the attempt with ``verdict`` (the first one wins) and wake its task, or call
+        its ``on_done`` (whose errors are its own: logged, never the reader's)."""
         if self.verdict is None:
             self.verdict = verdict
-        self.event.set()
+            done, self.on_done = self.on_done, None
+            if done is not None:
+                try:
+                    done(verdict)
+                except Exception:
+                    _log_callback_failure(self.envelope.instruction_id)
+        if self.event is not None:
+            self.event.set()
+
+
+def _log_callback_failure(instruction_id: str) -> None:
+    structlog.get_logger("supervisor.executors").exception(
+        "attempt_callback_failed", instruction_id=instruction_id
+    )
 
 
 class Connection:
     """A connected executor. Only its own methods change its state; others read it."""
 
     __slots__ = (
+        "_deadline_wake",
+        "_deadlines",
         "_ending",
         "_error_detail",
         "_host",
@@ -111,6 +152,7 @@ class Connection:
         "_reserved",
         "_scope",
         "_self_status",
+        "_tg",
         "_unacked",
         "_writer",
         "close_detail",
@@ -159,6 +201,11 @@ class Connection:
         self._last_rx = time.monotonic()
         self.connected_at_us = now_us()
         self._scope: anyio.CancelScope | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        #: (deadline, seq, instruction id) of attempts without a task; entries of attempts
+        #: that ended stay until popped or compacted away (`_push_deadline`)
+        self._deadlines: list[tuple[float, int, str]] = []
+        self._deadline_wake: anyio.Event | None = None
 
     # ------------------------------------------------------------------ state
     @property
@@ -235,8 +282,10 @@ class Connection:
         try:
             async with anyio.create_task_group() as tg:
                 self._scope = tg.cancel_scope
+                self._tg = tg
                 tg.start_soon(self._writer.run)
                 tg.start_soon(self._heartbeats)
+                tg.start_soon(self._deadlines_due)
                 reason, detail = await self._read_loop(reader)
                 self._ending = True  # nothing new is dispatched while the tasks stop
                 tg.cancel_scope.cancel()
@@ -254,7 +303,8 @@ class Connection:
             for pending in list(self._in_flight.values()):
                 pending.resolve(verdict)
         for pending in list(self._unacked.values()):
-            pending.event.set()
+            if pending.event is not None:
+                pending.event.set()
         self._in_flight.clear()
         self._unacked.clear()
         self._host.recount(self)
@@ -341,7 +391,9 @@ class Connection:
                     await self._writer.send(frame, cork=len(in_flight) > 1)
                 except _LOST as exc:
                     self.disconnect(HubReason.EXECUTOR_DISCONNECTED, f"send failed: {exc!r}")
-                await pending.event.wait()
+                event = pending.event
+                assert event is not None  # an attempt with a task waits on it
+                await event.wait()
         except BaseException:
             moved = in_flight.pop(iid, None) is pending and not self.closed
             if moved:  # in flight -> cancelled, unanswered: the slot stays taken
@@ -358,11 +410,112 @@ class Connection:
             raise AssertionError("attempt left unresolved")
         return verdict
 
+    def send_attempt(
+        self,
+        envelope: ExecutorInstructionEnvelope,
+        wire: Mapping[str, object],
+        *,
+        traceparent: str | None,
+        on_done: Callable[[Verdict], None],
+        labels: Mapping[str, object] | None = None,
+    ) -> Pending | None:
+        """Send ``envelope`` (*wire*: its wire form) without a task: the reader calls
+        *on_done* with the verdict, or the deadline does (then the executor gets a ``cancel``,
+        as with `attempt`). None, with nothing sent, when the writer cannot take the frame now
+        (the caller runs the attempt with a task). The caller checked `accepts` just before."""
+        iid = envelope.instruction_id
+        in_flight = self._in_flight
+        frame = encode_frame(instruction_message(wire, traceparent=traceparent))
+        if not self._writer.send_nowait(frame, cork=bool(in_flight)):
+            return None
+        pending = Pending(envelope, on_done, labels)
+        pending.sent_at = time.monotonic()
+        in_flight[iid] = pending
+        self._host.recount(self)
+        if len(in_flight) + len(self._unacked) + self._reserved >= self.slots:  # self.load
+            self._host.changed()  # READY -> BUSY (wait_for_executor watchers)
+        pending.deadline = anyio.current_time() + envelope.timeout_ms / 1000
+        pending.seq = next(_SEQ)
+        self._push_deadline(pending)
+        if self._host.trace:
+            self._log.debug(
+                "instruction_sent",
+                executor_id=self.executor_id,
+                instruction_id=iid,
+                execution_id=envelope.execution_id,
+                command_type=envelope.command_type.value,
+                queued_ms=0,
+            )
+        return pending
+
+    def abandon(self, pending: Pending) -> None:
+        """An attempt without a task is no longer wanted (its turn was cancelled or lost):
+        its slot stays taken until the executor answers the ``cancel`` sent now; its
+        ``on_done`` is not called."""
+        pending.on_done = None
+        iid = pending.envelope.instruction_id
+        moved = self._in_flight.get(iid) is pending and not self.closed
+        if moved:
+            del self._in_flight[iid]
+            self._unacked[iid] = pending
+        self._host.recount(self)
+        if moved and self._tg is not None:
+            self._tg.start_soon(self._cancel_abandoned, pending)
+
+    async def _cancel_abandoned(self, pending: Pending) -> None:
+        with anyio.move_on_after(self._host.settings.cancel_grace_s, shield=True):
+            await self._send_cancel(pending.envelope, reason="cancelled")
+
+    def _push_deadline(self, pending: Pending) -> None:
+        heap = self._deadlines
+        if len(heap) > 2 * len(self._in_flight) + 1024:  # mostly attempts that ended: compact
+            heap[:] = [
+                (p.deadline, p.seq, iid)
+                for iid, p in self._in_flight.items()
+                if p.seq and p.sent_at
+            ]
+            heapq.heapify(heap)
+        earliest = heap[0][0] if heap else None
+        heapq.heappush(heap, (pending.deadline, pending.seq, pending.envelope.instruction_id))
+        wake = self._deadline_wake
+        if wake is not None and (earliest is None or pending.deadline < earliest):
+            wake.set()
+
+    async def _deadlines_due(self) -> None:
+        """The timer of the attempts without a task: one heap, one task per connection."""
+        heap = self._deadlines
+        while True:
+            wake = self._deadline_wake = anyio.Event()
+            if heap:
+                with anyio.move_on_after(max(0.0, heap[0][0] - anyio.current_time())):
+                    await wake.wait()
+            else:
+                await wake.wait()
+            now = anyio.current_time()
+            while heap and heap[0][0] <= now:
+                _, seq, iid = heapq.heappop(heap)
+                pending = self._in_flight.get(iid)
+                if pending is not None and pending.seq == seq and pending.verdict is None:
+                    assert self._tg is not None
+                    self._tg.start_soon(self._expire, pending)
+
+    async def _expire(self, pending: Pending) -> None:
+        # The answer may have been read between the timer's look and this task's start: then
+        # the attempt is over and nothing is cancelled.
+        if (
+            pending.verdict is not None
+            or self._in_flight.get(pending.envelope.instruction_id) is not pending
+        ):
+            return
+        if pending.labels:  # the events of this deadline carry the turn's ids
+            structlog.contextvars.bind_contextvars(**pending.labels)
+        await self._time_out(pending, pending.sent_at)
+
     async def _time_out(self, pending: Pending, sent_at: float) -> None:
         envelope = pending.envelope
         iid = envelope.instruction_id
         pending.resolve(deadline_exceeded(envelope.timeout_ms))
-        pending.event = anyio.Event()  # now waits for the answer to the cancel
+        answered = pending.event = anyio.Event()  # now waits for the answer to the cancel
         self._in_flight.pop(iid, None)
         self._log.warning(
             "attempt_timed_out",
@@ -380,7 +533,7 @@ class Connection:
         grace = self._host.settings.cancel_grace_s
         with anyio.move_on_after(grace):
             await self._send_cancel(envelope, reason="deadline")
-            await pending.event.wait()
+            await answered.wait()
         if self._unacked.get(iid) is pending and not self.closed:
             self._error_detail = (
                 f"did not answer the cancel of {iid} within cancel_grace_s={grace:g}s"
@@ -535,7 +688,8 @@ class Connection:
             execution_id=pending.envelope.execution_id,
             after_cancel=True,
         )
-        pending.event.set()
+        if pending.event is not None:
+            pending.event.set()
         if self._error_detail and not self._unacked:
             self._error_detail = ""
             self._log.info("executor_recovered", executor_id=self.executor_id)

@@ -39,7 +39,7 @@ import collections
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import anyio
 import anyio.abc
@@ -56,7 +56,7 @@ from sandbox.policy.envelopes import (
 from supervisor.errors import QueueFullError
 from supervisor.executors.circuits import Circuits
 from supervisor.executors.clock import ms, now_us
-from supervisor.executors.connection import Connection
+from supervisor.executors.connection import Connection, Pending
 from supervisor.executors.dispatch import Dispatcher
 from supervisor.executors.judge import Verdict, hub_closed, queue_wait_expired
 from supervisor.executors.log import EventLog
@@ -147,6 +147,33 @@ class _Host:
 
     def quarantine(self, executor_id: str, creds: PeerCredentials | None) -> None:
         self._quarantine.impose(executor_id, creds, self.settings.quarantine_s)
+
+
+class _Dispatched:
+    """An attempt taken by `ExecutorHub.dispatch` (no task): where it went, and its caller."""
+
+    __slots__ = ("command", "conn", "done", "ended", "hub", "pending", "probe", "started")
+
+    def __init__(
+        self,
+        hub: ExecutorHub,
+        command: ExecutorCommandType,
+        probe: bool,
+        done: Callable[[AttemptReport], None],
+    ) -> None:
+        self.hub = hub
+        self.command = command
+        self.probe = probe
+        self.done = done
+        self.conn: Connection | None = None
+        self.pending: Pending | None = None
+        self.started = time.monotonic()
+        self.ended = False
+
+    def answered(self, verdict: Verdict) -> None:
+        if not self.ended:
+            self.ended = True
+            self.hub._dispatched_answer(self, verdict)
 
 
 class ExecutorHub:
@@ -298,6 +325,73 @@ class ExecutorHub:
         key = outcome.fault_type.value if outcome.fault_type is not None else outcome.kind.value
         self._outcomes[key] += 1
         return report
+
+    def dispatch(
+        self,
+        envelope: ExecutorInstructionEnvelope,
+        wire: Mapping[str, object],
+        *,
+        traceparent: str | None,
+        labels: Mapping[str, object],
+        done: Callable[[AttemptReport], None],
+    ) -> _Dispatched | None:
+        """`run_attempt` without a task, for an executor with a free slot now: sends the
+        envelope (*wire*: its wire form, built once by the caller) and calls *done* with the
+        report from the connection's reader (or its deadline). None, with nothing sent, when
+        the attempt cannot go at once (no free slot, the circuit not closed, the hub closing):
+        the caller runs it with `run_attempt` instead. Returns the handle for `abandon`."""
+        if self._closing:
+            return None
+        command = envelope.command_type
+        admission = self._circuits.admit(command)
+        if not admission.allowed:
+            return None
+        conn = self._dispatcher.pick(command, envelope.instruction_id)
+        attempt = _Dispatched(self, command, admission.probe, done)
+        pending = None
+        if conn is not None:
+            attempt.conn = conn
+            pending = conn.send_attempt(
+                envelope, wire, traceparent=traceparent, on_done=attempt.answered, labels=labels
+            )
+        if pending is None:
+            self._circuits.abandon(command, probe=admission.probe)
+            return None
+        attempt.pending = pending
+        self._attempts_started += 1
+        self._active_attempts += 1
+        return attempt
+
+    def abandon(self, attempt: object) -> None:
+        """A dispatched attempt is no longer wanted (its turn was cancelled or lost): the
+        executor is told (`Connection.abandon`); its *done* is not called."""
+        if not isinstance(attempt, _Dispatched) or attempt.ended:
+            return
+        attempt.ended = True
+        if attempt.conn is not None and attempt.pending is not None:
+            attempt.conn.abandon(attempt.pending)
+        self._circuits.abandon(attempt.command, probe=attempt.probe)
+        self._attempt_over()
+
+    def _attempt_over(self) -> None:
+        self._active_attempts -= 1
+        if self._active_attempts == 0:
+            self._idle.set()
+
+    def _dispatched_answer(self, attempt: _Dispatched, verdict: Verdict) -> None:
+        conn = attempt.conn
+        assert conn is not None
+        command = attempt.command
+        report = self._report(
+            verdict, conn.executor_id, started=attempt.started, queued_s=0.0, ran=command
+        )
+        self._circuits.record(command, report.outcome, reached_executor=True, probe=attempt.probe)
+        self._attempt_over()
+        self._attempts_finished += 1
+        outcome = report.outcome
+        key = outcome.fault_type.value if outcome.fault_type is not None else outcome.kind.value
+        self._outcomes[key] += 1
+        attempt.done(report)
 
     def statistics(self) -> HubStatistics:
         """A snapshot of the hub's counters and gauges."""

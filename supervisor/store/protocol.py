@@ -372,6 +372,19 @@ class TurnStore(Protocol):
         *started*, an attempt start not written before (as by `start_attempt`)."""
         ...
 
+    def finish_soon(
+        self,
+        claim: Claim,
+        ending: TurnEnding,
+        attempts: Sequence[AttemptRecord] = (),
+        *,
+        ledger_lines: Sequence[SealedLine] = (),
+        started: AttemptRecord | None = None,
+    ) -> PendingWrite[TurnRecord]:
+        """`finish`, queued without waiting: the endings of one pass of the turn core are
+        queued together and commit in one transaction (the caller waits on them all at once)."""
+        ...
+
     # -- ledger lines
     async def ledger_lines(self, ledger_ids: Sequence[str]) -> list[SealedLine]:
         """The kept lines of these ledgers, in (ledger, seq) order."""

@@ -208,6 +208,7 @@ class TurnCore:
                 tg.start_soon(self._deps.sessions.run_flusher, name="ledger-flush")
                 tg.start_soon(self._deps.starts.run, name="attempt-starts")
                 tg.start_soon(self._runner.feed_parked, name="parked-turns")
+                tg.start_soon(self._runner.run_flights, name="instruction-endings")
                 task_status.started()
                 await anyio.sleep_forever()
         finally:
@@ -266,8 +267,7 @@ class TurnCore:
                 if active.claim is claim:  # lost meanwhile: another daemon owns it now
                     self._log.warning("claim_lost", turn_id=claim.turn_id, token=claim.token)
                     active.claim = None
-                    if active.scope is not None:
-                        active.scope.cancel()
+                    active.interrupt()
                     if self._runner.unpark(claim.turn_id):
                         self._deps.tracker.remove(active)
 
@@ -543,8 +543,7 @@ class TurnCore:
                 self._deps.tracker.remove(active)
             return await self.get_turn(turn_id)
         active.cancel_requested = True
-        if active.scope is not None:
-            active.scope.cancel()
+        active.interrupt()
         await active.wait_finished()
         return await self.get_turn(turn_id)
 

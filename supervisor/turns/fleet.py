@@ -270,8 +270,7 @@ class Fleet:
                     reason="the session's home moved to another daemon",
                 )
             active.claim = None
-            if active.scope is not None:
-                active.scope.cancel()
+            active.interrupt()
             if self._hooks.unpark(turn_id):
                 tracker.remove(active)
 

@@ -39,6 +39,8 @@ __all__ = [
     "BudgetGate",
     "HubAttemptLike",
     "HubLike",
+    "attempt_result",
+    "build_envelope",
     "monotonic_ms",
     "run_instruction_turn",
     "slot_wait_s",
@@ -156,7 +158,17 @@ def _result(
 ) -> dict[str, object]:
     if sent is None:
         return {"detail": fallback_detail}
-    report = sent.report
+    return attempt_result(sent.envelope, sent.report, fallback_detail, evidence)
+
+
+def attempt_result(
+    wire: Mapping[str, object],
+    report: HubAttemptLike,
+    fallback_detail: str | None,
+    evidence: Mapping[str, object] | None = None,
+) -> dict[str, object]:
+    """A turn's ``result``: the last attempt's report, the executor's answer, the evidence
+    stored for it, and the instruction sent (*wire*, the envelope as it went out)."""
     result: dict[str, object] = {
         "executor_id": report.executor_id,
         "safety_reason_code": report.safety_reason_code,
@@ -173,7 +185,7 @@ def _result(
         )
     if evidence is not None:  # the executor's evidence bytes, stored under the session
         result["evidence"] = dict(evidence)
-    result["last_instruction"] = dict(sent.envelope)
+    result["last_instruction"] = dict(wire)
     return result
 
 
@@ -187,17 +199,20 @@ async def run_instruction_turn(
     interrupted: AttemptRecord | None,
     dispatched: Callable[[], None] = lambda: None,
     queue_waited_s: float = 0.0,
+    retried: tuple[AttemptRecord, AttemptDecision, AttemptRecord | None] | None = None,
 ) -> TurnRecord | None:
     """Run the turn's attempts to its ending (final or escalated); None when a drain stopped
     it before an attempt (it stays accepted / waiting_retry for the restart). *dispatched* is
     called just before an envelope goes to the hub (the core's launch count). *queue_waited_s*:
     how long the turn already waited parked for a slot; its first attempt waits the rest of its
-    bound (`slot_wait_s`), not all of it again."""
+    bound (`slot_wait_s`), not all of it again. *retried*: the turn's attempt that ran
+    without a task (`flights`) and was decided RETRY, with its start if not yet written: it is
+    recorded first, then the attempts go on after its backoff."""
     execution_id = f"EXE-{turn.turn_id}"
     hooks = LoopHooks(deps, active, overlap_start=True, command_type=spec.command_type.value)
 
     async def one_attempt(attempt: AttemptRecord) -> AttemptReport[_Sent]:
-        envelope = _envelope(spec, attempt, execution_id)
+        envelope = build_envelope(spec, attempt, execution_id)
         dispatched()
         nonlocal queue_waited_s
         wait = max(0.0, slot_wait_s(hub, spec) - queue_waited_s)
@@ -214,6 +229,13 @@ async def run_instruction_turn(
             duration_ms=report.duration_ms,
         )
 
+    first_attempt, resume_at_us = turn.attempt + 1, turn.next_attempt_us
+    if retried is not None:
+        decided, decision, started = retried
+        hooks.resume_counted(started)
+        resume_at_us = now_us() + decision.delay_ms * 1000
+        await hooks.retry_scheduled(decided, decision, resume_at_us)
+        first_attempt = decided.attempt + 1
     try:
         end = await run_attempts(
             one_attempt,
@@ -222,9 +244,9 @@ async def run_instruction_turn(
             clock=now_us,
             sleep=anyio.sleep,
             hooks=hooks,
-            first_attempt=turn.attempt + 1,
+            first_attempt=first_attempt,
             interrupted=interrupted,
-            resume_at_us=turn.next_attempt_us if interrupted is None else None,
+            resume_at_us=resume_at_us if interrupted is None else None,
             execution_id=execution_id,
             instruction_id=lambda n: f"INS-{turn.turn_id}-{n}",
             should_continue=lambda: not deps.draining,
@@ -259,9 +281,10 @@ async def _start_and_send(
     return report
 
 
-def _envelope(
+def build_envelope(
     spec: InstructionSpec, attempt: AttemptRecord, execution_id: str
 ) -> ExecutorInstructionEnvelope:
+    """The envelope of *attempt* (built once per attempt; the Phase-20 rules apply)."""
     return build_executor_instruction(
         instruction_id=attempt.instruction_id or f"INS-{execution_id}-{attempt.attempt}",
         execution_id=execution_id,

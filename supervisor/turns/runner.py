@@ -1,5 +1,6 @@
-"""Running turns: a task per started turn, parked turns (no task) until an executor slot
-frees, and the daemon's own endings of a turn (a cancel, an error).
+"""Running turns: instruction turns as records (`flights`) on their hot path, else a task per
+started turn; parked turns (no task) until an executor slot frees; and the daemon's own
+endings of a turn (a cancel, an error).
 
 `TurnRunner` belongs to `TurnCore` (the front), which lends it the neighbours (`TurnDeps`, the
 hub) and the task group of its `run`. Each turn kind supplies its attempts
@@ -10,8 +11,9 @@ a turn starts and what happens when its run fails or is cancelled.
 from __future__ import annotations
 
 import collections
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import anyio
@@ -19,6 +21,7 @@ import anyio.abc
 import structlog.contextvars
 
 from sandbox.policy.attempt_record import AttemptRecord
+from sandbox.policy.attempts import AttemptDecision
 from sandbox.policy.envelopes import ExecutorCommandType, ExecutorInstructionEnvelope
 from sandbox.policy.lifecycle import TurnState
 from supervisor.errors import StaleClaimError
@@ -26,6 +29,7 @@ from supervisor.logging import get_logger
 from supervisor.store.fleet import StaleHomeError
 from supervisor.store.protocol import Claim, TurnEnding, TurnRecord
 from supervisor.turns.context import TurnDeps, end_turn, now_us
+from supervisor.turns.flights import DispatchingHub, InstructionFlights
 from supervisor.turns.instruction import (
     HubAttemptLike,
     HubLike,
@@ -127,6 +131,15 @@ class TurnRunner:
         self._launching: collections.Counter[ExecutorCommandType] = collections.Counter()
         self._feed: anyio.Event | None = None
         self._attempts_hub = _SlotReturns(hub, self._kick_feeder)
+        # Instruction turns without a task on their hot path, when the hub takes attempts so.
+        self._flights = (
+            InstructionFlights(deps, hub, self) if isinstance(hub, DispatchingHub) else None
+        )
+
+    async def run_flights(self) -> None:
+        """The committer of the record-driven instruction turns (in the core's task group)."""
+        if self._flights is not None:
+            await self._flights.run()
 
     def attach(self, tg: anyio.abc.TaskGroup | None) -> None:
         """The task group turns run in (None: the core stopped)."""
@@ -171,6 +184,15 @@ class TurnRunner:
         parked_s: float = 0.0,
     ) -> None:
         assert self._tg is not None
+        spec = turn.spec
+        if (
+            self._flights is not None
+            and not recovered
+            and isinstance(spec, InstructionSpec)
+            and turn.state is TurnState.ACCEPTED
+            and self._flights.launch(turn, active, spec)
+        ):
+            return
         if command is not None:
             self._launching[command] += 1
         self._tg.start_soon(
@@ -219,6 +241,62 @@ class TurnRunner:
             for parked in overdue:  # they meet the hub's "no slot" / "no capable executor" end
                 self._unpark(parked)
 
+    # -- what flights hand back (`flights.FlightOwner`) ----------------------------------------
+
+    def slot_returned(self) -> None:
+        self._kick_feeder()
+
+    def released(self, active: ActiveTurn) -> None:
+        self._deps.tracker.remove(active)
+        self._kick_feeder()
+
+    def retry_later(
+        self,
+        turn: TurnRecord,
+        active: ActiveTurn,
+        decided: AttemptRecord,
+        decision: AttemptDecision,
+        started: AttemptRecord | None,
+    ) -> None:
+        self._kick_feeder()
+        if self._tg is None:
+            self.released(active)
+            return
+        task = functools.partial(
+            self._turn_task, turn, active, False, None, retried=(decided, decision, started)
+        )
+        self._tg.start_soon(task, name=f"turn-{turn.turn_id}")
+
+    def end_cancelled_later(self, turn: TurnRecord, active: ActiveTurn) -> None:
+        self._kick_feeder()
+        self._later(turn, active, lambda: self.end_cancelled(turn, active))
+
+    def end_failed_later(self, turn: TurnRecord, active: ActiveTurn, exc: Exception) -> None:
+        self._later(turn, active, lambda: self._end_error(turn, active, exc))
+
+    def _later(
+        self, turn: TurnRecord, active: ActiveTurn, step: Callable[[], Awaitable[None]]
+    ) -> None:
+        if self._tg is None:
+            self.released(active)
+            return
+        self._tg.start_soon(self._ending_task, turn, active, step, name=f"turn-{turn.turn_id}")
+
+    async def _ending_task(
+        self, turn: TurnRecord, active: ActiveTurn, step: Callable[[], Awaitable[None]]
+    ) -> None:
+        structlog.contextvars.bind_contextvars(
+            session_id=turn.session_id, turn_number=turn.turn_number, turn_id=turn.turn_id
+        )
+        try:
+            await step()
+        except (StaleClaimError, StaleHomeError) as exc:
+            self._log.warning("stale_result_refused", reason=str(exc))
+        except Exception as exc:  # the store or a ledger itself is broken: log, keep serving
+            self._log.exception("turn_finish_failed", error=str(exc))
+        finally:
+            self.released(active)
+
     async def _turn_task(
         self,
         turn: TurnRecord,
@@ -226,6 +304,8 @@ class TurnRunner:
         recovered: bool,
         command: ExecutorCommandType | None,
         parked_s: float = 0.0,
+        *,
+        retried: tuple[AttemptRecord, AttemptDecision, AttemptRecord | None] | None = None,
     ) -> None:
         # Each task runs in its own copy of the context: the ids bound here label every event
         # of this turn (the hub's too) and vanish with the task.
@@ -244,6 +324,8 @@ class TurnRunner:
         try:
             with anyio.CancelScope() as scope:
                 active.scope = scope
+                if active.cancel_requested:  # asked between the hand-over and this task's start
+                    scope.cancel()
                 spec = turn.spec
                 if isinstance(spec, InstructionSpec):
                     await run_instruction_turn(
@@ -255,6 +337,7 @@ class TurnRunner:
                         interrupted=interrupted,
                         dispatched=launched.done,
                         queue_waited_s=parked_s,
+                        retried=retried,
                     )
                 else:
                     await run_process_turn(self._deps, turn, active, spec, interrupted=interrupted)

@@ -14,7 +14,7 @@ the sink keeps its own counters.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -65,6 +65,8 @@ class ActiveTurn:
     accepted_us: int = 0
     executor_id: str | None = None
     scope: anyio.CancelScope | None = None
+    #: stops an attempt in flight without a task of its own (`flights`): cancel, claim lost
+    stop: Callable[[], None] | None = None
     cancel_requested: bool = False
     #: true once the turn is final or parked: `wait` returns
     settled: bool = False
@@ -79,6 +81,13 @@ class ActiveTurn:
         changed, self._changed = self._changed, None
         if changed is not None:
             changed.set()
+
+    def interrupt(self) -> None:
+        """Stop what runs the turn now: its task's cancel scope, or its attempt in flight."""
+        if self.scope is not None:
+            self.scope.cancel()
+        elif self.stop is not None:
+            self.stop()
 
     def settle(self) -> None:
         self.settled = True

@@ -311,6 +311,29 @@ class FrameWriter:
             if self._error is not None:
                 raise self._error
 
+    def send_nowait(self, data: bytes, *, cork: bool) -> bool:
+        """`send` without waiting (corked mode only), for callers that are not tasks: written
+        at once when nothing is queued and ``cork`` is false (what the kernel does not take
+        is queued), else queued for the writer's next batch. False, with nothing sent, when
+        the writer is not running, has failed, or holds more than ``high_water`` bytes: the
+        caller sends with `send` from a task instead."""
+        if self._error is not None or not self._running or self._queued > self._high_water:
+            return False
+        sock = self._sock
+        direct = not cork and sock is not None and not self._chunks and not self._busy
+        if direct and sock is not None and not self._lock.locked():
+            try:
+                sent = sock.send(data)
+            except OSError:  # would block, or broken: the writer's task meets the error
+                sent = 0
+            if sent == len(data):
+                return True
+            data = data[sent:]
+        self._chunks.append(data)
+        self._queued += len(data)
+        self._wakeup.set()
+        return True
+
     async def send_frame(self, obj: object, *, max_bytes: int | None = None) -> None:
         """Encode ``obj`` as a frame and send it."""
         await self.send(encode_frame(obj, max_bytes=max_bytes))

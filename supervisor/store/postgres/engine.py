@@ -547,13 +547,29 @@ class PostgresTurnStore:
         ledger_lines: Sequence[SealedLine] = (),
         started: AttemptRecord | None = None,
     ) -> TurnRecord:
+        pending = self.finish_soon(
+            claim, ending, attempts, ledger_lines=ledger_lines, started=started
+        )
+        return await pending.result()
+
+    def finish_soon(
+        self,
+        claim: Claim,
+        ending: TurnEnding,
+        attempts: Sequence[AttemptRecord] = (),
+        *,
+        ledger_lines: Sequence[SealedLine] = (),
+        started: AttemptRecord | None = None,
+    ) -> PendingWrite[TurnRecord]:
         if ending.state not in FINAL_STATES and ending.state is not TurnState.ESCALATED:
             msg = f"finish needs a final state or escalated, not {ending.state.value}"
             raise ValueError(msg)
         records = tuple(attempts)
         lines = tuple(ledger_lines)
-        return await self._write(
-            lambda c: ops.finish(c, claim, ending, records, ledger_lines=lines, started=started)
+        return PendingOp(
+            self._enqueue(
+                lambda c: ops.finish(c, claim, ending, records, ledger_lines=lines, started=started)
+            )
         )
 
     # -- ledger lines ---------------------------------------------------------------------

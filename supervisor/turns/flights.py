@@ -1,0 +1,390 @@
+"""Instruction turns as records: an attempt in flight is a `Flight`, not a task.
+
+The hot path of an instruction turn (its first attempt, or the attempt of a turn taken off the
+parked queue, going straight to an executor with a free slot) runs without a task, a cancel
+scope or an event of its own:
+
+1. `InstructionFlights.launch` builds the envelope once (and its wire form once), notes the
+   attempt's start (`starts.DeferredStarts`: written only if the attempt outlives a short
+   delay) and hands the envelope to the hub (`DispatchingHub.dispatch`), which writes it to the
+   executor's connection and keeps its deadline in the connection's timer heap.
+2. The executor's answer reaches `_answered` from the connection's reader: the outcome is
+   decided by the pure attempt policy (`attempt_loop.decide_outcome`, the same step the attempt
+   loop takes).
+3. An ending (success, a terminal fault, an escalation) joins the pass's batch: the committer
+   task seals the turn's exec and evidence lines and queues every ending of the pass
+   (`TurnStore.finish_soon`), so they commit in one transaction; then the lines go to the
+   files, the tracker and the waiters hear of it.
+
+What is rare keeps the per-turn task of `runner.TurnRunner`, where it is simplest to get right:
+a RETRY (its backoff and later attempts), a cancel or a lost claim (`FlightOwner`), an attempt
+that cannot go straight to a slot (the hub's queue, an open circuit), a recovered turn, and an
+error while ending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol, runtime_checkable
+
+import anyio
+
+from ledger.entries import SealedLine
+from sandbox.policy.attempt_loop import decide_outcome
+from sandbox.policy.attempt_record import AttemptRecord
+from sandbox.policy.attempts import AttemptDecision, Verdict
+from sandbox.policy.envelopes import ExecutorInstructionEnvelope
+from sandbox.policy.lifecycle import TurnState, final_state
+from sandbox.policy.safety import instruction_to_wire
+from supervisor.errors import StaleClaimError
+from supervisor.logging import get_logger
+from supervisor.store.fleet import StaleHomeError
+from supervisor.store.protocol import Claim, PendingWrite, TurnEnding, TurnRecord
+from supervisor.traces import attempt_traceparent
+from supervisor.turns.context import TurnDeps, now_us, with_ending
+from supervisor.turns.instruction import (
+    BudgetGate,
+    HubAttemptLike,
+    attempt_result,
+    build_envelope,
+)
+from supervisor.turns.tracker import ActiveTurn
+from supervisor.wire.turn_spec import InstructionSpec
+
+__all__ = ["DispatchingHub", "FlightOwner", "InstructionFlights"]
+
+
+@runtime_checkable
+class DispatchingHub(Protocol):
+    """A hub that takes an attempt without a task (`supervisor.executors.hub.ExecutorHub`)."""
+
+    def dispatch(
+        self,
+        envelope: ExecutorInstructionEnvelope,
+        wire: Mapping[str, object],
+        *,
+        traceparent: str | None,
+        labels: Mapping[str, object],
+        done: Callable[[HubAttemptLike], None],
+    ) -> object | None:
+        """Send the attempt to an executor with a free slot now and call *done* with its
+        report (from the connection's reader, or its deadline); returns a handle for
+        `abandon`, or None (nothing sent) when no slot is free or the circuit is not closed."""
+        ...
+
+    def abandon(self, handle: object) -> None:
+        """The attempt's turn was cancelled or lost: tell the executor; *done* is not called."""
+        ...
+
+
+class FlightOwner(Protocol):
+    """What the runner does for a flight that leaves the record path (in a task)."""
+
+    def retry_later(
+        self,
+        turn: TurnRecord,
+        active: ActiveTurn,
+        decided: AttemptRecord,
+        decision: AttemptDecision,
+        started: AttemptRecord | None,
+    ) -> None:
+        """The attempt was decided RETRY: record it and run the turn's next attempts."""
+
+    def end_cancelled_later(self, turn: TurnRecord, active: ActiveTurn) -> None:
+        """The turn was cancelled while its attempt was in flight: end it ``cancelled``."""
+
+    def end_failed_later(self, turn: TurnRecord, active: ActiveTurn, exc: Exception) -> None:
+        """Ending the turn failed for a reason other than a lost claim: end it as an error."""
+
+    def released(self, active: ActiveTurn) -> None:
+        """The turn left this daemon's hands (ended, lost): untrack it, wake the feeder."""
+
+    def slot_returned(self) -> None:
+        """An attempt gave its executor slot back: a parked turn may take it now."""
+
+
+@dataclass(slots=True, eq=False)
+class _Flight:
+    turn: TurnRecord
+    active: ActiveTurn
+    spec: InstructionSpec
+    record: AttemptRecord
+    wire: Mapping[str, object]
+    handle: object | None = None
+    #: the answer arrived: the flight is deciding or ending, a cancel comes too late
+    answered: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Ending:
+    flight: _Flight
+    ending: TurnEnding
+    decided: AttemptRecord
+    started: AttemptRecord | None
+    evidence: bytes | None
+
+
+class InstructionFlights:
+    """Attempts of instruction turns in flight as records, and the pass that ends them."""
+
+    def __init__(self, deps: TurnDeps, hub: DispatchingHub, owner: FlightOwner) -> None:
+        self._deps = deps
+        self._hub = hub
+        self._owner = owner
+        self._log = get_logger("supervisor.turns")
+        self._endings: list[_Ending] = []
+        self._wake = anyio.Event()
+
+    def launch(self, turn: TurnRecord, active: ActiveTurn, spec: InstructionSpec) -> bool:
+        """Start the turn's next attempt on the record path; False (nothing done) when the
+        attempt cannot go straight to an executor (the caller runs the turn in a task)."""
+        deps = self._deps
+        if deps.draining or active.claim is None:
+            return False
+        number = turn.attempt + 1
+        tid = turn.turn_id
+        record = AttemptRecord(
+            attempt=number, started_us=now_us(), instruction_id=f"INS-{tid}-{number}"
+        )
+        envelope = build_envelope(spec, record, f"EXE-{tid}")
+        wire = instruction_to_wire(envelope)
+        flight = _Flight(turn, active, spec, record, wire)
+        labels = {"session_id": turn.session_id, "turn_number": turn.turn_number, "turn_id": tid}
+        handle = self._hub.dispatch(
+            envelope,
+            wire,
+            traceparent=attempt_traceparent(turn, record) if deps.traced else None,
+            labels=labels,
+            done=lambda report: self._answered(flight, report),
+        )
+        if handle is None:
+            return False
+        flight.handle = handle
+        if number == 1:
+            BudgetGate(deps).first_attempt()
+        deps.tracker.attempt_started()
+        deps.starts.note(tid, lambda: self._write_start(flight))
+        active.stop = lambda: self._stop(flight)
+        self._log.info(
+            "attempt_started",
+            attempt=number,
+            instruction_id=record.instruction_id,
+            command_type=spec.command_type.value,
+            **labels,
+        )
+        return True
+
+    def _write_start(self, flight: _Flight) -> None:
+        """Due (the attempt is still running): queue the start's write."""
+        active = flight.active
+        if active.claim is None or flight.answered:
+            return
+        record = flight.record
+
+        def started(claim: Claim) -> None:
+            if active.claim is not None:  # not lost or ended meanwhile
+                active.claim = claim
+            active.attempt = record.attempt
+            active.move(TurnState.RUNNING)
+
+        # Not waited on: the ending is queued after it and commits after it (or is refused
+        # with it, under a claim lost meanwhile).
+        self._deps.store.start_attempt_soon(active.claim, record, on_commit=started)
+
+    def _stop(self, flight: _Flight) -> None:
+        """The turn was cancelled or its claim lost while the attempt is in flight."""
+        if flight.answered:
+            return  # its ending is on its way; a cancel waits for it
+        flight.answered = True
+        active = flight.active
+        active.stop = None
+        self._deps.starts.take_back(active.turn_id)
+        if flight.handle is not None:
+            self._hub.abandon(flight.handle)
+        self._deps.tracker.attempt_ended()
+        if active.cancel_requested and active.claim is not None:
+            self._owner.end_cancelled_later(flight.turn, active)
+        else:
+            self._owner.released(active)
+
+    def _answered(self, flight: _Flight, report: HubAttemptLike) -> None:
+        """The attempt's report (from the connection's reader or its deadline): decide."""
+        if flight.answered:
+            return
+        flight.answered = True
+        self._owner.slot_returned()
+        deps = self._deps
+        active = flight.active
+        active.stop = None
+        active.executor_id = report.executor_id
+        started = flight.record if deps.starts.take_back(active.turn_id) else None
+        detail = ": ".join(p for p in (report.safety_reason_code, report.detail) if p) or None
+        record = replace(
+            flight.record,
+            executor_id=report.executor_id,
+            detail=detail,
+            duration_ms=report.duration_ms,
+        )
+        turn = flight.turn
+        decided, decision = decide_outcome(
+            record,
+            report.outcome,
+            phase=flight.spec.phase,
+            options=deps.settings.retry,
+            execution_id=f"EXE-{turn.turn_id}",
+            instruction_id=record.instruction_id or "",
+            finished_us=now_us(),
+            retry_gate=BudgetGate(deps, command_type=flight.spec.command_type.value),
+        )
+        if decision.verdict is Verdict.RETRY:
+            if started is not None:
+                active.attempt = started.attempt
+            self._owner.retry_later(turn, active, decided, decision, started)
+            return
+        outcome = report.outcome
+        ending = TurnEnding(
+            state=final_state(outcome, decision),
+            verdict=decision.verdict.name,
+            reason_code=decision.reason_code,
+            reason=decision.reason,
+            fault_type=None if outcome.fault_type is None else outcome.fault_type.value,
+            result=attempt_result(flight.wire, report, decided.detail, None),
+        )
+        self._endings.append(_Ending(flight, ending, decided, started, report.evidence))
+        self._wake.set()
+
+    async def run(self) -> None:
+        """The committer: every pass ends the answered turns of the pass in one transaction."""
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            while self._endings:
+                batch, self._endings = self._endings, []
+                await self._commit(batch)
+
+    async def _commit(self, batch: Sequence[_Ending]) -> None:
+        deps = self._deps
+        queued: list[tuple[_Ending, Sequence[SealedLine], PendingWrite[TurnRecord]]] = []
+        for item in batch:
+            flight = item.flight
+            active = flight.active
+            claim = active.claim
+            if claim is None:  # lost meanwhile: another daemon owns the turn now
+                deps.tracker.attempt_ended()
+                self._owner.released(active)
+                continue
+            ending = item.ending
+            if item.evidence is not None:
+                stored = await deps.sessions.store_evidence(flight.turn.session_id, item.evidence)
+                if stored is not None:  # else logged; the turn keeps its evidence_hash
+                    result = dict(ending.result)
+                    last = result.pop("last_instruction")
+                    ending = replace(
+                        ending, result={**result, "evidence": stored, "last_instruction": last}
+                    )
+            self._log_fault(flight, item.decided)
+            try:
+                sealed = deps.sessions.record_end(with_ending(flight.turn, ending, [item.decided]))
+                pending = deps.store.finish_soon(
+                    claim, ending, [item.decided], ledger_lines=sealed, started=item.started
+                )
+            except Exception as exc:  # a broken ledger or store: this turn, not the pass
+                deps.tracker.attempt_ended()
+                self._owner.end_failed_later(flight.turn, active, exc)
+                continue
+            queued.append((item, sealed, pending))
+        for item, lines, pending in queued:
+            try:
+                finished = await pending.result()
+            except Exception as exc:
+                self._not_ended(item, lines, exc)
+                continue
+            self._ended(item, lines, finished)
+
+    def _ended(self, item: _Ending, lines: Sequence[SealedLine], finished: TurnRecord) -> None:
+        deps = self._deps
+        flight = item.flight
+        active = flight.active
+        session_id = flight.turn.session_id
+        if lines:  # committed: the files may have them now
+            deps.sessions.flush(session_id, lines)
+        active.claim = None
+        deps.tracker.remember(finished)
+        deps.tracker.ended(finished, [item.decided], lines)
+        active.move(finished.state)
+        deps.tracker.attempt_ended()
+        labels = {
+            "session_id": session_id,
+            "turn_number": flight.turn.turn_number,
+            "turn_id": flight.turn.turn_id,
+        }
+        if finished.final:
+            self._log.info(
+                "turn_finished",
+                state=finished.state.value,
+                attempts=len(finished.attempts),
+                decision=finished.verdict,
+                reason_code=finished.reason_code,
+                duration_ms=(now_us() - flight.turn.accepted_us) // 1000,
+                **labels,
+            )
+        else:
+            self._log.info(
+                "turn_escalated",
+                attempt=finished.attempt,
+                fault_type=finished.fault_type,
+                reason_code=finished.reason_code,
+                **labels,
+            )
+        self._owner.released(active)
+
+    def _not_ended(self, item: _Ending, lines: Sequence[SealedLine], exc: Exception) -> None:
+        deps = self._deps
+        flight = item.flight
+        active = flight.active
+        labels = {
+            "session_id": flight.turn.session_id,
+            "turn_number": flight.turn.turn_number,
+            "turn_id": flight.turn.turn_id,
+        }
+        if lines:  # sealed, not committed: held, they would stop every later line
+            self._log.error(
+                "ledger_lines_uncommitted",
+                seqs=[x.seq for x in lines],
+                reason="the store refused or failed the turn's ending",
+                **labels,
+            )
+            deps.sessions.flush(flight.turn.session_id, lines)
+        deps.tracker.attempt_ended()
+        if isinstance(exc, StaleClaimError):
+            self._log.warning(
+                "stale_result_refused", token=exc.token, current_token=exc.current_token, **labels
+            )
+        elif isinstance(exc, StaleHomeError):
+            self._log.warning(
+                "stale_result_refused", session_home=exc.home, reason=str(exc), **labels
+            )
+        else:
+            self._log.error("turn_failed", error_type=type(exc).__name__, error=str(exc), **labels)
+            self._owner.end_failed_later(flight.turn, active, exc)
+            return
+        self._owner.released(active)
+
+    def _log_fault(self, flight: _Flight, attempt: AttemptRecord) -> None:
+        if attempt.outcome != "FAULT":
+            return
+        self._log.info(
+            "fault_classified",
+            attempt=attempt.attempt,
+            fault_type=attempt.fault_type,
+            decision=attempt.decision,
+            reason_code=attempt.reason_code,
+            duration_ms=attempt.duration_ms,
+            detail=attempt.detail,
+            executor_id=attempt.executor_id,
+            instruction_id=attempt.instruction_id,
+            session_id=flight.turn.session_id,
+            turn_number=flight.turn.turn_number,
+            turn_id=flight.turn.turn_id,
+        )
