@@ -6,6 +6,7 @@ import functools
 from pathlib import Path
 
 import anyio
+import pytest
 import structlog.testing
 
 from sandbox.policy.lifecycle import TurnState
@@ -90,3 +91,33 @@ async def test_deferred_starts_write_when_due_oldest_first() -> None:
         with anyio.fail_after(5):
             await done.wait()
         tg.cancel_scope.cancel()
+
+
+def test_the_delay_follows_how_long_attempts_take(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quick attempts keep the delay near its floor; when attempts outlive it (their starts
+    are written) it climbs, up to max_delay_s, so a turn's start and outcome share one write
+    again; it never goes below delay_s nor above max_delay_s."""
+    clock = [100.0]
+    monkeypatch.setattr("supervisor.turns.starts.time.monotonic", lambda: clock[0])
+    starts = DeferredStarts(delay_s=0.002, max_delay_s=0.25)
+    for turn_id in range(50):  # attempts of 0.5 ms, taken back
+        starts.note(turn_id, lambda: None)
+        clock[0] += 0.0005
+        assert starts.take_back(turn_id)
+    assert starts.delay == pytest.approx(0.002)
+    written = 0
+    for turn_id in range(100, 200):  # attempts of 40 ms: written while the delay is short
+        starts.note(turn_id, lambda: None)
+        clock[0] += 0.04
+        before = starts.written
+        starts.write_due(clock[0])
+        written += starts.written - before
+        starts.take_back(turn_id)
+    assert 0 < written < 30
+    assert 0.04 < starts.delay <= 0.25
+    for turn_id in range(300, 400):  # attempts of 10 s: the delay stops at its ceiling
+        starts.note(turn_id, lambda: None)
+        clock[0] += 10.0
+        starts.write_due(clock[0])
+        starts.take_back(turn_id)
+    assert starts.delay == pytest.approx(0.25)
