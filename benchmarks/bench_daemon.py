@@ -43,6 +43,8 @@ import psutil
 
 from supervisor.control.client import ControlClient
 from supervisor.demo.stack import DemoStack, prepare_root
+from supervisor.stages import ENV as STAGES_ENV
+from supervisor.stages import STAGES
 from supervisor.wire.frames import encode_frame
 
 HERE = Path(__file__).resolve().parent
@@ -107,7 +109,8 @@ async def daemon_figures(
 ) -> dict[str, float]:
     root = directory / "root"
     config = prepare_root(root, fresh=True, config_text=BENCH_CONFIG)
-    stack = DemoStack(root=root, config_path=config)
+    # The daemon counts the CPU of each stage of a turn's path (supervisor/stages.py).
+    stack = DemoStack(root=root, config_path=config, env={STAGES_ENV: "1"})
     executors: anyio.abc.Process | None = None
     try:
         daemon = await stack.start_daemon()
@@ -149,6 +152,8 @@ async def daemon_figures(
         done, failed, elapsed = await _throughput(stack.control_socket, sid, IN_FLIGHT, compact)
         cpu1 = daemon_proc.cpu_times()
         ecpu1 = exec_proc.cpu_times()
+        async with ControlClient(stack.control_socket) as client:
+            middle = await client.call("status")
         done_256, failed_256, elapsed_256 = await _throughput(
             stack.control_socket, sid, 256, compact
         )
@@ -168,7 +173,14 @@ async def daemon_figures(
         await stack.aclose()
     daemon_cpu = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
     exec_cpu = (ecpu1.user + ecpu1.system) - (ecpu0.user + ecpu0.system)
+    stage_us = {
+        stage: (middle["stages"]["stages"][stage]["ns"] - before["stages"]["stages"][stage]["ns"])
+        / 1000
+        / max(1, done + failed)
+        for stage in STAGES
+    }
     return {
+        **{f"stage_{stage}_us": us for stage, us in stage_us.items()},
         "phase_intake_us": _pct(phases["intake"], 0.5) * 1e6,
         "phase_attempt_us": _pct(phases["attempt"], 0.5) * 1e6,
         "phase_finish_us": _pct(phases["finish"], 0.5) * 1e6,
@@ -296,6 +308,15 @@ async def run_all(*, compact: bool = False) -> None:
         f" one group commit) >= {2 * sync_s * 1e6:.0f} us\n"
     )
     out(f"  daemon CPU per turn                  {daemon['daemon_cpu_ms_per_turn']:8.2f} ms\n")
+    out("  daemon CPU per turn by stage (64 in flight; supervisor/stages.py):\n")
+    staged = 0.0
+    for stage in STAGES:
+        us = daemon[f"stage_{stage}_us"]
+        staged += us
+        out(f"    {stage:<34} {us:8.1f} us\n")
+    rest_us = daemon["daemon_cpu_ms_per_turn"] * 1000 - staged
+    out(f"    {'sum of the stages':<34} {staged:8.1f} us\n")
+    out(f"    {'the rest (loop, tasks, I/O, files)':<34} {rest_us:8.1f} us\n")
     daemon_share = daemon["daemon_cpu_share"] * 100
     executor_share = daemon["executor_cpu_share"] * 100
     out(f"  daemon process CPU                   {daemon_share:8.0f} % of one core\n")

@@ -39,6 +39,7 @@ __all__ = [
     "describe_error",
     "drop_below_level",
     "get_logger",
+    "info_enabled",
     "render",
     "reset_logging",
 ]
@@ -76,6 +77,14 @@ class _Settings:
 _settings = _Settings()
 _write_lock = threading.Lock()
 _bridge: _StdlibBridge | None = None
+
+
+def info_enabled() -> bool:
+    """Whether ``info`` events are written at the level in force. Loggers are cached with
+    every level enabled (a reload changes the level in place, `drop_below_level` applies it),
+    so an ``info`` event below the level still costs its processors: the turn's hot path
+    (an event or three per turn) asks this first."""
+    return _settings.level <= _stdlib_logging.INFO
 
 
 # --- processors (plain functions) -----------------------------------------------------------------

@@ -26,10 +26,12 @@ from supervisor.errors import ConfigError
 __all__ = ["RESERVED_ENV", "load_config"]
 
 # `HUNTER_*` names the product uses for other things (so they are not rejected as unknown):
-# the config file, the chaos executor's behaviour, and what the sandbox sets for a turn.
+# the config file, the chaos executor's behaviour, what the sandbox sets for a turn, and the
+# switch of the per-stage costs (`supervisor.stages`, a diagnostic).
 RESERVED_ENV: Final = frozenset(
     {
         "HUNTER_CONFIG",
+        "HUNTER_STAGE_COSTS",
         "HUNTER_CHAOS",
         "HUNTER_SESSION_ID",
         "HUNTER_TURN_NUMBER",

@@ -74,6 +74,7 @@ from supervisor.errors import RequestError, StoreIntegrityError
 from supervisor.executors.hub import ExecutorHub
 from supervisor.executors.peercred import stream_peer_credentials
 from supervisor.logging import describe_error, get_logger
+from supervisor.stages import stage_costs
 from supervisor.store.protocol import TurnRecord
 from supervisor.turns.core import TurnCore
 from supervisor.turns.requests import TurnRequest, turn_request
@@ -104,6 +105,7 @@ __all__ = [
     "ControlServer",
 ]
 
+_COSTS: Final = stage_costs()
 CONTROL_PROTOCOL_VERSION: Final = 1
 
 #: Stable error codes of the control API and what each means.
@@ -244,10 +246,12 @@ class ControlServer:
                 try:
                     body = await reader.read_body()
                     request: ControlRequest | RequestDecodeError
+                    started = _COSTS.clock()
                     try:
                         request = decode_request(body)
                     except RequestDecodeError as exc:
                         request = exc
+                    _COSTS.add("decode", _COSTS.clock() - started)
                 except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
                     break
                 except FrameError as exc:
@@ -321,8 +325,10 @@ class ControlServer:
         else:
             response = await self.handle(request)
         draining = op == "drain" and response["ok"] and self._on_drain is not None
+        started = _COSTS.clock()
         try:
             frame = encode_frame(response, max_bytes=self._max_frame_bytes)
+            _COSTS.add("reply", _COSTS.clock() - started)
         except FrameTooLarge as exc:  # the client would refuse it: say so, keep the connection
             self._log.warning("control_reply_too_large", op=op, size=exc.size)
             frame = encode_frame(
@@ -424,9 +430,11 @@ class ControlServer:
     async def _turn_submit(self, params: TurnSubmitParams) -> object:
         # Types were checked at decode time (``wait_s`` included: an error answer must mean
         # "nothing accepted"); the declaration and Phase-20 rules are applied here.
+        started = _COSTS.clock()
         request = turn_request(
             params, default_timeout_ms=self._turn_core.settings.default_timeout_ms
         )
+        _COSTS.add("admit", _COSTS.clock() - started)
         wait = params.wait_s
         with anyio.CancelScope(shield=True):  # accepted means scheduled, client or not
             turn, created = await self._turn_core.submit(request)
@@ -434,7 +442,9 @@ class ControlServer:
         if wait is not None:
             # submit-and-wait in one round trip: answers once the turn is final or parked
             turn = await self._turn_core.wait_turn(turn.turn_id, timeout_s=float(wait))
+        started = _COSTS.clock()
         answer: dict[str, object] = {"turn": turn_answer(turn, params.answer), "created": created}
+        _COSTS.add("reply", _COSTS.clock() - started, 0)
         if warnings:
             answer["warnings"] = warnings
         return answer
@@ -523,6 +533,8 @@ class ControlServer:
             # the daemon-wide retry budget's window (docs/policy.md "The retry budget")
             "retry_budget": self._turn_core.retry_budget().to_dict(),
             "sandbox": None if self._sandbox is None else dict(self._sandbox()),
+            # CPU per stage of a turn's path (`supervisor.stages`; on with HUNTER_STAGE_COSTS=1)
+            "stages": _COSTS.snapshot(),
         }
 
     async def _executors_list(self, params: ExecutorsListParams) -> object:

@@ -61,6 +61,7 @@ from supervisor.executors.judge import (
 from supervisor.executors.log import EventLog
 from supervisor.executors.peercred import PeerCredentials
 from supervisor.executors.reports import ExecutorInfo, HubReason
+from supervisor.stages import stage_costs
 from supervisor.wire.executor import (
     Cancel,
     Heartbeat,
@@ -83,6 +84,7 @@ from supervisor.wire.frames import (
 
 __all__ = ["RECENT_IDS", "Connection", "Pending"]
 
+_COSTS: Final = stage_costs()
 RECENT_IDS: Final = 64  # finished instruction ids remembered per connection (late answers)
 
 _LOST: Final = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
@@ -636,6 +638,13 @@ class Connection:
         self._host.slot_freed(self)
 
     def _on_response(self, body: object, evidence: object = None) -> None:
+        started = _COSTS.clock()
+        try:
+            self._attribute(body, evidence)
+        finally:
+            _COSTS.add("judge", _COSTS.clock() - started)
+
+    def _attribute(self, body: object, evidence: object) -> None:
         iid = body.get("instruction_id") if isinstance(body, dict) else None
         pending = self._in_flight.get(iid) if isinstance(iid, str) else None
         if pending is None:

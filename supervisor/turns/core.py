@@ -48,7 +48,8 @@ from supervisor.errors import (
     UnknownSessionError,
     UnknownTurnError,
 )
-from supervisor.logging import get_logger
+from supervisor.logging import get_logger, info_enabled
+from supervisor.stages import stage_costs
 from supervisor.store.fleet import DaemonRecord, FleetStore
 from supervisor.store.protocol import (
     Claim,
@@ -74,6 +75,8 @@ from supervisor.turns.sessions import DaemonSessions, RuntimeLike, SessionLike, 
 from supervisor.turns.tracker import Tracker, TrackerStatistics, TurnEvents
 
 __all__ = ["CoreStatistics", "TurnCore", "error_code"]
+
+_COSTS = stage_costs()
 
 #: A page of `turns.list` / `escalations.list` when the caller does not say.
 _PAGE = 500
@@ -404,6 +407,7 @@ class TurnCore:
             existing = await store.find_turn(sid, request.idempotency_key)
             if existing is not None:
                 return existing, False
+        admitting = _COSTS.clock()
         session = self._deps.sessions.get(sid)
         if session is None and self._fleet is not None and sid not in self._closing:
             try:
@@ -429,6 +433,8 @@ class TurnCore:
         try:
             if request.process is not None:
                 await self._check_process(session, request)
+            else:
+                _COSTS.add("admit", _COSTS.clock() - admitting, 0)
             try:
                 accepted = await store.accept(
                     NewTurn(
@@ -452,6 +458,7 @@ class TurnCore:
         turn = accepted.turn
         if accepted.created:
             self._deps.tracker.accepted()
+        if accepted.created and info_enabled():
             self._log.info(
                 "turn_accepted",
                 session_id=sid,

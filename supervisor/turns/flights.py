@@ -38,7 +38,8 @@ from sandbox.policy.envelopes import ExecutorInstructionEnvelope
 from sandbox.policy.lifecycle import TurnState, final_state
 from sandbox.policy.safety import instruction_to_wire
 from supervisor.errors import StaleClaimError
-from supervisor.logging import get_logger
+from supervisor.logging import get_logger, info_enabled
+from supervisor.stages import stage_costs
 from supervisor.store.fleet import StaleHomeError
 from supervisor.store.protocol import Claim, PendingWrite, TurnEnding, TurnRecord
 from supervisor.traces import attempt_traceparent
@@ -53,6 +54,8 @@ from supervisor.turns.tracker import ActiveTurn
 from supervisor.wire.turn_spec import InstructionSpec
 
 __all__ = ["DispatchingHub", "FlightOwner", "InstructionFlights"]
+
+_COSTS = stage_costs()
 
 
 @runtime_checkable
@@ -142,6 +145,7 @@ class InstructionFlights:
         deps = self._deps
         if deps.draining or active.claim is None:
             return False
+        started = _COSTS.clock()
         number = turn.attempt + 1
         tid = turn.turn_id
         record = AttemptRecord(
@@ -159,6 +163,7 @@ class InstructionFlights:
             done=lambda report: self._answered(flight, report),
         )
         if handle is None:
+            _COSTS.add("dispatch", _COSTS.clock() - started, 0)
             return False
         flight.handle = handle
         if number == 1:
@@ -166,13 +171,15 @@ class InstructionFlights:
         deps.tracker.attempt_started()
         deps.starts.note(tid, lambda: self._write_start(flight))
         active.stop = lambda: self._stop(flight)
-        self._log.info(
-            "attempt_started",
-            attempt=number,
-            instruction_id=record.instruction_id,
-            command_type=spec.command_type.value,
-            **labels,
-        )
+        if info_enabled():
+            self._log.info(
+                "attempt_started",
+                attempt=number,
+                instruction_id=record.instruction_id,
+                command_type=spec.command_type.value,
+                **labels,
+            )
+        _COSTS.add("dispatch", _COSTS.clock() - started)
         return True
 
     def _write_start(self, flight: _Flight) -> None:
@@ -285,7 +292,9 @@ class InstructionFlights:
                     )
             self._log_fault(flight, item.decided)
             try:
+                sealing = _COSTS.clock()
                 sealed = deps.sessions.record_end(with_ending(flight.turn, ending, [item.decided]))
+                _COSTS.add("seal", _COSTS.clock() - sealing)
                 pending = deps.store.finish_soon(
                     claim, ending, [item.decided], ledger_lines=sealed, started=item.started
                 )
@@ -303,6 +312,7 @@ class InstructionFlights:
             self._ended(item, lines, finished)
 
     def _ended(self, item: _Ending, lines: Sequence[SealedLine], finished: TurnRecord) -> None:
+        started = _COSTS.clock()
         deps = self._deps
         flight = item.flight
         active = flight.active
@@ -319,7 +329,7 @@ class InstructionFlights:
             "turn_number": flight.turn.turn_number,
             "turn_id": flight.turn.turn_id,
         }
-        if finished.final:
+        if finished.final and info_enabled():
             self._log.info(
                 "turn_finished",
                 state=finished.state.value,
@@ -329,7 +339,7 @@ class InstructionFlights:
                 duration_ms=(now_us() - flight.turn.accepted_us) // 1000,
                 **labels,
             )
-        else:
+        elif not finished.final:
             self._log.info(
                 "turn_escalated",
                 attempt=finished.attempt,
@@ -338,6 +348,7 @@ class InstructionFlights:
                 **labels,
             )
         self._owner.released(active)
+        _COSTS.add("commit", _COSTS.clock() - started, 0)
 
     def _not_ended(self, item: _Ending, lines: Sequence[SealedLine], exc: Exception) -> None:
         deps = self._deps

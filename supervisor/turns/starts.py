@@ -10,10 +10,10 @@ outcome: one commit instead of two.
 
 The delay follows how long attempts take: three times the moving average of the attempts seen
 (an attempt whose start was written counts as twice the delay, so the average climbs when most
-outlive it), never above ``max_delay_s`` (250 ms) nor below ``delay_s`` (2 ms; the floor wins). With 64 turns
-in flight an attempt's round trip is tens of milliseconds: a fixed 2 ms wrote almost every
-start, one store write per turn more. An attempt that runs for seconds still has its start
-written within 250 ms.
+outlive it), never above ``max_delay_s`` (250 ms) nor below ``delay_s`` (2 ms; the floor
+wins). With 64 turns in flight an attempt's round trip is tens of milliseconds: a fixed 2 ms
+wrote almost every start, one store write per turn more. An attempt that runs for seconds
+still has its start written within 250 ms.
 
 What this costs: a daemon crash within the delay of a dispatch finds the turn ``accepted``
 and runs that attempt again under the same number (the executor may see the instruction twice,

@@ -54,7 +54,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import anyio
 import anyio.abc
@@ -67,6 +67,7 @@ from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import FINAL_STATES, TurnState
 from supervisor.errors import IntakeClosedError, StaleClaimError
 from supervisor.logging import get_logger
+from supervisor.stages import stage_costs
 from supervisor.store.protocol import (
     Accepted,
     Claim,
@@ -96,26 +97,35 @@ _log = get_logger("supervisor.store")
 _BUSY_TIMEOUT_MS = 10_000
 
 
+_COSTS: Final = stage_costs()
+
+
 class _Op(QueuedOp[T_co]):
     """One queued write: run in a batch on the commit thread (or the loop)."""
 
-    __slots__ = ("_fn",)
+    __slots__ = ("_fn", "stage")
 
     def __init__(
         self,
         fn: Callable[[sqlite3.Connection], T_co],
         on_commit: Callable[[T_co], None] | None = None,
+        stage: str = "store",
     ) -> None:
         super().__init__(on_commit)
         self._fn = fn
+        #: where its CPU time counts (`supervisor.stages`): "commit" for endings
+        self.stage = stage
 
     def execute(self, conn: sqlite3.Connection) -> bool:
         """Run the op; False when it raised (its error is kept)."""
+        started = _COSTS.clock()
         try:
             self._result = (self._fn(conn),)
         except Exception as exc:  # handed to this op's caller, never to its neighbours
             self.error = exc
             return False
+        finally:
+            _COSTS.add(self.stage, _COSTS.clock() - started)
         return True
 
 
@@ -237,9 +247,10 @@ class SqliteTurnStore:
         self,
         fn: Callable[[sqlite3.Connection], T],
         on_commit: Callable[[T], None] | None = None,
+        stage: str = "store",
     ) -> _Op[T]:
         self._check_open()
-        op = _Op(fn, on_commit)
+        op = _Op(fn, on_commit, stage)
         try:
             self._send.send_nowait(op)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
@@ -337,7 +348,9 @@ class SqliteTurnStore:
                     if not op.execute(conn):
                         conn.execute("ROLLBACK TO op")
                     conn.execute("RELEASE op")
+            started = _COSTS.clock()
             conn.execute("COMMIT")
+            _COSTS.add("commit", _COSTS.clock() - started, 0)
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
@@ -463,7 +476,10 @@ class SqliteTurnStore:
         lines = tuple(ledger_lines)
         return PendingOp(
             self._enqueue(
-                lambda c: ops.finish(c, claim, ending, records, ledger_lines=lines, started=started)
+                lambda c: ops.finish(
+                    c, claim, ending, records, ledger_lines=lines, started=started
+                ),
+                stage="commit",
             )
         )
 
