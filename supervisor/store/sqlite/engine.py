@@ -84,6 +84,7 @@ from supervisor.store.protocol import (
     TurnRecord,
 )
 from supervisor.store.queued import PendingOp, QueuedOp
+from supervisor.store.sqlite.batches import Finish, finish_many
 from supervisor.store.sqlite.schema import open_connections
 
 __all__ = ["SqliteTurnStore", "open_sqlite_store"]
@@ -98,23 +99,61 @@ _BUSY_TIMEOUT_MS = 10_000
 
 
 _COSTS: Final = stage_costs()
+#: `_Op.touches` of an op that writes only a turn it creates (an accept)
+NEW_TURN: Final = -1
+
+
+def _endings_last(batch: list[_Op[object]]) -> tuple[list[_Op[object]], list[_Op[object]]] | None:
+    """The batch split into its other ops (in order) and its endings, when the endings may all
+    run after the others (`batches.finish_many`): at least two endings, of distinct turns, and
+    no other op that writes one of those turns after its ending or whose turns are unknown."""
+    endings: list[_Op[object]] = []
+    others: list[_Op[object]] = []
+    ended: set[int] = set()
+    for op in batch:
+        if op.finish is not None:
+            turn_id = op.finish.claim.turn_id
+            if turn_id in ended:
+                return None
+            ended.add(turn_id)
+            endings.append(op)
+        elif op.touches is None or op.touches in ended:
+            return None
+        else:
+            others.append(op)
+    return (others, endings) if len(endings) >= 2 else None
 
 
 class _Op(QueuedOp[T_co]):
     """One queued write: run in a batch on the commit thread (or the loop)."""
 
-    __slots__ = ("_fn", "stage")
+    __slots__ = ("_fn", "finish", "stage", "touches")
 
     def __init__(
         self,
         fn: Callable[[sqlite3.Connection], T_co],
         on_commit: Callable[[T_co], None] | None = None,
         stage: str = "store",
+        *,
+        finish: Finish | None = None,
+        touches: int | None = None,
     ) -> None:
         super().__init__(on_commit)
         self._fn = fn
         #: where its CPU time counts (`supervisor.stages`): "commit" for endings
         self.stage = stage
+        #: an ending: it may run with the batch's other endings (`batches.finish_many`)
+        self.finish = finish
+        #: the turn it writes (NEW_TURN: only a turn it creates; None: unknown), which says
+        #: whether the batch's endings may run after it (`_endings_last`)
+        self.touches = touches
+
+    def settle(self, outcome: object) -> None:
+        """The outcome of the op as run in a group: its record, or the error that refused it."""
+        if isinstance(outcome, Exception):
+            self.error = outcome
+        else:
+            self._result = (outcome,)  # type: ignore[assignment]
 
     def execute(self, conn: sqlite3.Connection) -> bool:
         """Run the op; False when it raised (its error is kept)."""
@@ -248,9 +287,12 @@ class SqliteTurnStore:
         fn: Callable[[sqlite3.Connection], T],
         on_commit: Callable[[T], None] | None = None,
         stage: str = "store",
+        *,
+        finish: Finish | None = None,
+        touches: int | None = None,
     ) -> _Op[T]:
         self._check_open()
-        op = _Op(fn, on_commit, stage)
+        op = _Op(fn, on_commit, stage, finish=finish, touches=touches)
         try:
             self._send.send_nowait(op)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
@@ -335,19 +377,20 @@ class SqliteTurnStore:
                 raise
             return False
         try:
-            if len(batch) == 1:
+            grouped = _endings_last(batch)
+            if grouped is not None:
+                if not self._run_grouped(conn, *grouped):
+                    conn.execute("ROLLBACK")
+                    conn.execute("BEGIN IMMEDIATE")
+                    self._run_one_by_one(conn, batch)
+            elif len(batch) == 1:
                 if not batch[0].execute(conn):
                     conn.execute("ROLLBACK")
                     return True
             elif not all(op.execute(conn) for op in batch):
                 conn.execute("ROLLBACK")
                 conn.execute("BEGIN IMMEDIATE")
-                for op in batch:
-                    op.reset()
-                    conn.execute("SAVEPOINT op")
-                    if not op.execute(conn):
-                        conn.execute("ROLLBACK TO op")
-                    conn.execute("RELEASE op")
+                self._run_one_by_one(conn, batch)
             started = _COSTS.clock()
             conn.execute("COMMIT")
             _COSTS.add("commit", _COSTS.clock() - started, 0)
@@ -355,6 +398,35 @@ class SqliteTurnStore:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+        return True
+
+    @staticmethod
+    def _run_one_by_one(conn: sqlite3.Connection, batch: list[_Op[object]]) -> None:
+        """Each op with a savepoint of its own: a failing op rolls back alone."""
+        for op in batch:
+            op.reset()
+            conn.execute("SAVEPOINT op")
+            if not op.execute(conn):
+                conn.execute("ROLLBACK TO op")
+            conn.execute("RELEASE op")
+
+    @staticmethod
+    def _run_grouped(
+        conn: sqlite3.Connection, others: list[_Op[object]], endings: list[_Op[object]]
+    ) -> bool:
+        """The batch's other ops in order, then all its endings at once; False when anything
+        failed that needs the one-by-one way (the caller rolls back and runs that)."""
+        if not all(op.execute(conn) for op in others):
+            return False
+        started = _COSTS.clock()
+        try:
+            outcomes = finish_many(conn, [op.finish for op in endings if op.finish is not None])
+        except Exception:  # e.g. a ledger line that differs from the kept one
+            return False
+        finally:
+            _COSTS.add("commit", _COSTS.clock() - started, len(endings))
+        for op, outcome in zip(endings, outcomes, strict=True):
+            op.settle(outcome)
         return True
 
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -392,7 +464,8 @@ class SqliteTurnStore:
         self, new: NewTurn, *, claim_for: str | None = None, lease_ms: int = 30_000
     ) -> Accepted:
         _check_lease(lease_ms)
-        return await self._write(lambda c: ops.accept(c, new, claim_for, lease_ms))
+        op = self._enqueue(lambda c: ops.accept(c, new, claim_for, lease_ms), touches=NEW_TURN)
+        return await PendingOp(op).result()
 
     async def find_turn(self, session_id: str, idempotency_key: str) -> TurnRecord | None:
         return await self._read(lambda c: ops.find_turn(c, session_id, idempotency_key))
@@ -432,7 +505,11 @@ class SqliteTurnStore:
         *,
         on_commit: Callable[[Claim], None] | None = None,
     ) -> PendingWrite[Claim]:
-        return PendingOp(self._enqueue(lambda c: ops.start_attempt(c, claim, attempt), on_commit))
+        return PendingOp(
+            self._enqueue(
+                lambda c: ops.start_attempt(c, claim, attempt), on_commit, touches=claim.turn_id
+            )
+        )
 
     async def record_attempt(
         self,
@@ -480,6 +557,7 @@ class SqliteTurnStore:
                     c, claim, ending, records, ledger_lines=lines, started=started
                 ),
                 stage="commit",
+                finish=Finish(claim, ending, records, lines, started),
             )
         )
 

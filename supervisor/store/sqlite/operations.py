@@ -65,7 +65,9 @@ from supervisor.store.sqlite.schema import (
 from supervisor.wire.turn_spec import InstructionSpec, encode_spec
 
 __all__ = [
+    "PUT_ATTEMPT",
     "accept",
+    "attempt_row",
     "claim_turns",
     "close_session",
     "counts",
@@ -75,13 +77,17 @@ __all__ = [
     "get_turn",
     "list_sessions",
     "list_turns",
+    "now_us",
     "open_session",
+    "put_ledger_lines",
     "record_attempt",
     "recover",
     "release",
     "renew",
     "resolve",
     "start_attempt",
+    "started_move",
+    "with_start",
 ]
 
 #: a row as the sqlite3 module returns it (typed by the column lists in `schema`)
@@ -95,7 +101,7 @@ _RESOLVED: Final = {
 }
 
 
-def _now_us() -> int:
+def now_us() -> int:
     return time.time_ns() // 1000
 
 
@@ -118,7 +124,7 @@ def open_session(conn: sqlite3.Connection, new: NewSession) -> SessionRecord:
                 new.tier,
                 new.work_order_id,
                 new.workspace,
-                _now_us(),
+                now_us(),
                 new.tenant,
                 new.priority,
             ),
@@ -132,7 +138,7 @@ def close_session(conn: sqlite3.Connection, session_id: str) -> SessionRecord:
     rows = conn.execute(
         "UPDATE sessions SET state = 'closed', closed_us = ? WHERE session_id = ?"
         f" AND state = 'open' RETURNING {SESSION_COLUMNS}",
-        (_now_us(), session_id),
+        (now_us(), session_id),
     ).fetchall()
     return session_from_row(rows[0]) if rows else get_session(conn, session_id)
 
@@ -212,7 +218,7 @@ def accept(
         get_session(conn, new.session_id)  # raises UnknownSessionError
         raise SessionClosedError(new.session_id)
     number = int(taken[0][0])
-    now = _now_us()
+    now = now_us()
     blob = encode_spec(new.spec)
     command = new.spec.command_type.value if isinstance(new.spec, InstructionSpec) else None
     token, lease = (1, now + lease_ms * 1000) if claim_for is not None else (0, None)
@@ -267,7 +273,7 @@ def _claims(conn: sqlite3.Connection, rows: list[_Row]) -> list[Claim]:
 def claim_turns(
     conn: sqlite3.Connection, owner: str, limit: int, lease_ms: int, only: ClaimFilter | None
 ) -> list[Claim]:
-    now = _now_us()
+    now = now_us()
     where = [
         _UNFINISHED_SQL,
         "((owner IS NULL AND (state != 'waiting_retry' OR coalesce(next_attempt_us, 0) <= ?))"
@@ -304,13 +310,13 @@ def recover(conn: sqlite3.Connection, owner: str, lease_ms: int) -> list[Claim]:
     rows = conn.execute(
         "UPDATE turns SET owner = ?, token = token + 1, lease_until_us = ?"
         f" WHERE {_UNFINISHED_SQL} RETURNING {TURN_COLUMNS}",
-        (owner, _now_us() + lease_ms * 1000),
+        (owner, now_us() + lease_ms * 1000),
     ).fetchall()
     return _claims(conn, rows)
 
 
 def renew(conn: sqlite3.Connection, claims: tuple[Claim, ...], lease_ms: int) -> list[Claim]:
-    until = _now_us() + lease_ms * 1000
+    until = now_us() + lease_ms * 1000
     kept: list[Claim] = []
     for claim in claims:
         cur = conn.execute(
@@ -350,41 +356,43 @@ def _stored(attempt: AttemptRecord) -> AttemptRecord:
     return replace(attempt, extra=loads(dumps(attempt.extra))) if attempt.extra else attempt
 
 
-_PUT_ATTEMPT: Final = (
+PUT_ATTEMPT: Final = (
     f"INSERT OR REPLACE INTO attempts({ATTEMPT_COLUMNS})"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 
+def attempt_row(turn_id: int, round_: int, a: AttemptRecord) -> tuple[object, ...]:
+    """An attempt as the values of `PUT_ATTEMPT`."""
+    return (
+        turn_id,
+        round_,
+        a.attempt,
+        a.started_us,
+        a.executor_id,
+        a.instruction_id,
+        a.finished_us,
+        a.outcome,
+        a.fault_type,
+        a.exit_code,
+        a.decision,
+        a.reason_code,
+        a.reason,
+        a.detail,
+        a.duration_ms,
+        a.delay_ms,
+        dumps(a.extra) if a.extra else None,
+    )
+
+
 def _put_attempts(
     conn: sqlite3.Connection, turn_id: int, round_: int, attempts: Sequence[AttemptRecord]
 ) -> None:
-    rows = [
-        (
-            turn_id,
-            round_,
-            a.attempt,
-            a.started_us,
-            a.executor_id,
-            a.instruction_id,
-            a.finished_us,
-            a.outcome,
-            a.fault_type,
-            a.exit_code,
-            a.decision,
-            a.reason_code,
-            a.reason,
-            a.detail,
-            a.duration_ms,
-            a.delay_ms,
-            dumps(a.extra) if a.extra else None,
-        )
-        for a in attempts
-    ]
+    rows = [attempt_row(turn_id, round_, a) for a in attempts]
     if len(rows) == 1:  # the usual case: one statement, no executemany machinery
-        conn.execute(_PUT_ATTEMPT, rows[0])
+        conn.execute(PUT_ATTEMPT, rows[0])
     elif rows:
-        conn.executemany(_PUT_ATTEMPT, rows)
+        conn.executemany(PUT_ATTEMPT, rows)
 
 
 def _after_write(
@@ -404,7 +412,7 @@ def start_attempt(conn: sqlite3.Connection, claim: Claim, attempt: AttemptRecord
     rows = conn.execute(
         "UPDATE turns SET state = 'running', attempt = ?, updated_us = ?, next_attempt_us = NULL"
         f" WHERE turn_id = ? RETURNING {TURN_COLUMNS}",
-        (attempt.attempt, _now_us(), claim.turn_id),
+        (attempt.attempt, now_us(), claim.turn_id),
     ).fetchall()
     _put_attempts(conn, claim.turn_id, round_, (attempt,))
     # A turn's first attempt ever: its attempts are this one (no read back).
@@ -420,18 +428,18 @@ def record_attempt(
     started: AttemptRecord | None = None,
 ) -> Claim:
     state, round_ = _fence(conn, claim)
-    state = _started_move(state, started, claim.turn_id)
+    state = started_move(state, started, claim.turn_id)
     check_move(state, TurnState.WAITING_RETRY, turn_id=claim.turn_id)
-    _put_attempts(conn, claim.turn_id, round_, _with_start((attempt,), started))
+    _put_attempts(conn, claim.turn_id, round_, with_start((attempt,), started))
     rows = conn.execute(
         "UPDATE turns SET state = 'waiting_retry', attempt = max(attempt, ?), updated_us = ?,"
         f" next_attempt_us = ? WHERE turn_id = ? RETURNING {TURN_COLUMNS}",
-        (attempt.attempt, _now_us(), next_attempt_us, claim.turn_id),
+        (attempt.attempt, now_us(), next_attempt_us, claim.turn_id),
     ).fetchall()
     return _after_write(conn, claim, rows, None)
 
 
-def _started_move(state: TurnState, started: AttemptRecord | None, turn_id: int) -> TurnState:
+def started_move(state: TurnState, started: AttemptRecord | None, turn_id: int) -> TurnState:
     """The state once an attempt start not written before (*started*) is applied."""
     if started is None:
         return state
@@ -439,7 +447,7 @@ def _started_move(state: TurnState, started: AttemptRecord | None, turn_id: int)
     return TurnState.RUNNING
 
 
-def _with_start(
+def with_start(
     attempts: tuple[AttemptRecord, ...], started: AttemptRecord | None
 ) -> tuple[AttemptRecord, ...]:
     """*attempts* plus the row of *started* unless its outcome (same number) is among them."""
@@ -458,12 +466,12 @@ def finish(
     started: AttemptRecord | None = None,
 ) -> TurnRecord:
     state, round_ = _fence(conn, claim)
-    state = _started_move(state, started, claim.turn_id)
+    state = started_move(state, started, claim.turn_id)
     check_move(state, ending.state, turn_id=claim.turn_id)
-    _put_attempts(conn, claim.turn_id, round_, _with_start(attempts, started))
+    _put_attempts(conn, claim.turn_id, round_, with_start(attempts, started))
     if ledger_lines:
         put_ledger_lines(conn, ledger_lines)
-    now = _now_us()
+    now = now_us()
     rows = conn.execute(
         "UPDATE turns SET state = ?, attempt = max(attempt, ?), updated_us = ?, finished_us = ?,"
         " next_attempt_us = NULL, verdict = ?, reason_code = ?, reason = ?, fault_type = ?,"
@@ -531,7 +539,7 @@ def resolve(
         raise NotEscalatedError(turn_id, state.value)
     target = _RESOLVED[resolution]
     check_move(state, target, turn_id=turn_id)
-    now = _now_us()
+    now = now_us()
     if target is TurnState.ACCEPTED:
         # A fresh attempt budget: a new round whose attempts count from 1 again.
         sql = (

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
 
 import anyio
 import pytest
@@ -652,6 +653,96 @@ class TurnStoreConformance:
             assert await store.find_turn("S1", "a") is not None
             assert await store.find_turn("S1", "b") is not None
             assert (await store.get_turn(stale.turn_id)).state is TurnState.ACCEPTED
+
+    async def test_endings_queued_together_each_get_their_own_outcome(
+        self, open_store: StoreFactory
+    ) -> None:
+        """Endings queued in one pass (`finish_soon`, the turn core's batch) commit together:
+        a stale one and an illegal one are refused alone (they write nothing), each other
+        one's record is the turn as the store reads it back, with its attempt and its line."""
+        async with open_store() as store:
+            await session(store)
+            claims = [await claimed(store) for _ in range(6)]
+            claims[1] = await store.start_attempt(claims[1], attempt(1))  # its start written
+            stale = Claim(
+                turn=claims[2].turn,
+                owner=claims[2].owner,
+                token=claims[2].token + 1,
+                lease_until_us=claims[2].lease_until_us,
+            )
+            done = TurnEnding(state=TurnState.SUCCEEDED, verdict="SUCCEED", reason_code="ok")
+            pending = [
+                store.finish_soon(
+                    stale if i == 2 else claim,
+                    replace(done, result={"n": i}),
+                    [attempt(1, decision="SUCCEED")],
+                    ledger_lines=[line("L1", i + 1)],
+                    # 1: its start was written; 4: never started (accepted -> succeeded)
+                    started=None if i in (1, 4) else attempt(1),
+                )
+                for i, claim in enumerate(claims)
+            ]
+            outcomes: dict[int, object] = {}
+            for i, item in enumerate(pending):
+                try:
+                    outcomes[i] = await item.result()
+                except Exception as exc:  # the outcome under test
+                    outcomes[i] = exc
+            assert isinstance(outcomes[2], StaleClaimError)
+            assert isinstance(outcomes[4], IllegalTransition)
+            for i in (2, 4):
+                assert (await store.get_turn(claims[i].turn_id)).state is TurnState.ACCEPTED
+            for i in (0, 1, 3, 5):
+                record = outcomes[i]
+                assert isinstance(record, TurnRecord)
+                assert record == await store.get_turn(claims[i].turn_id)
+                assert record.state is TurnState.SUCCEEDED
+                assert record.result == {"n": i}
+                assert [a.decision for a in record.attempts] == ["SUCCEED"]
+                assert record.owner is None
+            kept = await store.ledger_lines(["L1"])
+            assert [x.seq for x in kept] == [1, 2, 4, 6]
+            assert (await store.get_session("S1")).turns == 6
+
+    async def test_an_ending_whose_line_differs_is_refused_alone(
+        self, open_store: StoreFactory
+    ) -> None:
+        """Among endings queued together, one whose ledger line differs from the line kept at
+        its seq is refused (ValueError) and writes nothing; the others commit."""
+        async with open_store() as store:
+            await session(store)
+            done = TurnEnding(state=TurnState.SUCCEEDED, verdict="SUCCEED", reason_code="ok")
+            first = await claimed(store)
+            await store.finish(
+                first,
+                done,
+                [attempt(1, decision="SUCCEED")],
+                ledger_lines=[line("L2", 1)],
+                started=attempt(1),
+            )
+            claims = [await claimed(store) for _ in range(3)]
+            lines = [line("L2", 2), line("L2", 1, salt="forked"), line("L2", 3)]
+            pending = [
+                store.finish_soon(
+                    c, done, [attempt(1, decision="SUCCEED")], ledger_lines=[x], started=attempt(1)
+                )
+                for c, x in zip(claims, lines, strict=True)
+            ]
+            outcomes: list[object] = []
+            for p in pending:
+                try:
+                    outcomes.append(await p.result())
+                except Exception as exc:  # the outcome under test
+                    outcomes.append(exc)
+            assert isinstance(outcomes[1], ValueError)
+            assert (await store.get_turn(claims[1].turn_id)).state is TurnState.ACCEPTED
+            assert all(isinstance(outcomes[i], TurnRecord) for i in (0, 2))
+            kept = await store.ledger_lines(["L2"])
+            assert [(x.seq, x.entry_hash) for x in kept] == [
+                (1, line("L2", 1).entry_hash),
+                (2, line("L2", 2).entry_hash),
+                (3, line("L2", 3).entry_hash),
+            ]
 
     async def test_closed_store_raises(self, open_store: StoreFactory) -> None:
         """After aclose every call raises IntakeClosedError."""

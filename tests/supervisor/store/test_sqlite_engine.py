@@ -6,6 +6,7 @@ import logging
 import signal
 import sqlite3
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
@@ -14,15 +15,19 @@ import orjson
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+import supervisor.store.sqlite.engine as engine_module
 from sandbox.policy.attempt_record import AttemptRecord
+from sandbox.policy.lifecycle import TurnState
 from supervisor.errors import IntakeClosedError
-from supervisor.store.protocol import NewSession, NewTurn, TurnStore
+from supervisor.store.protocol import NewSession, NewTurn, TurnEnding, TurnRecord, TurnStore
 from supervisor.store.sqlite import (
     SCHEMA_VERSION,
     SchemaVersionError,
     SqliteTurnStore,
+    batches,
     open_sqlite_store,
 )
+from supervisor.store.sqlite.batches import Finish
 from supervisor.store.sqlite.schema import open_connections
 from supervisor.wire.turn_spec import InstructionSpec
 from tests.turn_requests import READ_SPEC
@@ -320,3 +325,44 @@ async def test_recover_takes_every_unfinished_turn_whoever_held_it(tmp_path: Pat
             (running.turn_id, "new-daemon", 2),
             (free.turn_id, "new-daemon", 1),
         ]
+
+
+async def test_endings_queued_together_run_as_one_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight endings queued in one pass are written by one `finish_many` call (one statement
+    per step for all of them), in one commit; a start queued before one of them runs first."""
+    calls: list[int] = []
+    real = batches.finish_many
+
+    def spy(conn: sqlite3.Connection, items: Sequence[Finish]) -> list[TurnRecord | Exception]:
+        calls.append(len(items))
+        return real(conn, items)
+
+    monkeypatch.setattr(engine_module, "finish_many", spy)
+    done = TurnEnding(state=TurnState.SUCCEEDED, verdict="SUCCEED", reason_code="ok")
+    async with open_sqlite_store(tmp_path / "turns.sqlite3") as store:
+        await store.open_session(NewSession(session_id="S1", package_id="demo"))
+        claims = []
+        for i in range(8):
+            accepted = await store.accept(_turn(i), claim_for="A")
+            assert accepted.claim is not None
+            claims.append(accepted.claim)
+        commits = store.statistics().commits
+        first = AttemptRecord(attempt=1, started_us=1)
+        start = store.start_attempt_soon(claims[0], first)
+        ended = [
+            store.finish_soon(
+                c,
+                done,
+                [AttemptRecord(attempt=1, started_us=1, decision="SUCCEED")],
+                started=None if i == 0 else first,
+            )
+            for i, c in enumerate(claims)
+        ]
+        await start.result()
+        records = [await p.result() for p in ended]
+        assert store.statistics().commits == commits + 1
+        assert calls == [8]
+        assert {r.state for r in records} == {TurnState.SUCCEEDED}
+        assert records == [await store.get_turn(c.turn_id) for c in claims]

@@ -1,0 +1,157 @@
+"""The endings of one pass as one set of statements (the turn core's hot path on SQLite).
+
+`operations.finish` ends one turn with six statements (the fence, the attempts, two ledger
+lines, the update, the attempts read back). Under load a batch of the committer holds dozens
+of endings; `finish_many` ends them all with one statement per step: one fence read for every
+turn, one ``executemany`` each for the attempts, the ledger lines and the updates, and the rows
+read back in two queries. Same checks, same rows, same records as `operations.finish`.
+
+An ending the checks refuse (a stale claim, an illegal move, an unknown turn) gets its error
+and writes nothing; the others go on. A failure after the first write (a ledger line that
+differs from the one kept at its seq) raises: the engine rolls the batch back and runs it
+again op by op, where each op fails alone (`SqliteTurnStore._run_batch`).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from ledger.entries import SealedLine
+from sandbox.policy.attempt_record import AttemptRecord
+from sandbox.policy.lifecycle import TurnState, check_move
+from supervisor.errors import StaleClaimError, UnknownTurnError
+from supervisor.store.protocol import Claim, TurnEnding, TurnRecord
+from supervisor.store.rows import attempt_from_row, ending_values, turn_from_row
+from supervisor.store.sqlite.operations import (
+    PUT_ATTEMPT,
+    attempt_row,
+    now_us,
+    put_ledger_lines,
+    started_move,
+    with_start,
+)
+from supervisor.store.sqlite.schema import ATTEMPT_COLUMNS, TURN_COLUMNS
+
+__all__ = ["Finish", "finish_many"]
+
+_CHUNK: Final = 500  # bound parameters per IN (...) list
+
+_PUT_LINE: Final = (
+    "INSERT INTO ledger_lines(ledger_id, seq, entry_hash, line) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT(ledger_id, seq) DO NOTHING"
+)
+_END: Final = (
+    "UPDATE turns SET state = ?, attempt = max(attempt, ?), updated_us = ?, finished_us = ?,"
+    " next_attempt_us = NULL, verdict = ?, reason_code = ?, reason = ?, fault_type = ?,"
+    " result = ?, owner = NULL, lease_until_us = NULL WHERE turn_id = ?"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """One queued ending: the arguments of `TurnStore.finish`."""
+
+    claim: Claim
+    ending: TurnEnding
+    attempts: tuple[AttemptRecord, ...]
+    ledger_lines: tuple[SealedLine, ...]
+    started: AttemptRecord | None
+
+
+def _marks(n: int) -> str:
+    return ", ".join("?" * n)
+
+
+def _chunks(ids: Sequence[int]) -> list[Sequence[int]]:
+    return [ids[i : i + _CHUNK] for i in range(0, len(ids), _CHUNK)]
+
+
+def finish_many(conn: sqlite3.Connection, items: Sequence[Finish]) -> list[TurnRecord | Exception]:
+    """End every turn of *items* (distinct turns) in the open transaction; per item, its
+    record or the error that refused it. Raises when the batch must run op by op instead."""
+    ids = [f.claim.turn_id for f in items]
+    fences: dict[int, tuple[str, str | None, int, int]] = {}
+    for chunk in _chunks(ids):
+        for turn_id, state, owner, token, round_ in conn.execute(
+            f"SELECT turn_id, state, owner, token, round FROM turns WHERE turn_id IN"
+            f" ({_marks(len(chunk))})",
+            chunk,
+        ):
+            fences[int(turn_id)] = (str(state), owner, int(token), int(round_))
+    results: list[TurnRecord | Exception | None] = []
+    ended: list[int] = []
+    attempt_rows: list[tuple[object, ...]] = []
+    lines: list[SealedLine] = []
+    updates: list[tuple[object, ...]] = []
+    now = now_us()
+    for f in items:
+        claim = f.claim
+        try:
+            round_ = _checked(f, fences.get(claim.turn_id))
+        except Exception as exc:  # refused: this ending writes nothing
+            results.append(exc)
+            continue
+        ended.append(len(results))
+        results.append(None)  # the record, once read back
+        attempt_rows.extend(
+            attempt_row(claim.turn_id, round_, a) for a in with_start(f.attempts, f.started)
+        )
+        lines.extend(f.ledger_lines)
+        updates.append((*ending_values(f.ending, f.attempts, now), claim.turn_id))
+    if attempt_rows:
+        conn.executemany(PUT_ATTEMPT, attempt_rows)
+    if lines:
+        before = conn.total_changes
+        conn.executemany(_PUT_LINE, [(x.ledger_id, x.seq, x.entry_hash, x.line) for x in lines])
+        if conn.total_changes - before != len(lines):  # some were kept before: the same?
+            put_ledger_lines(conn, lines)  # raises ValueError on a different line
+    if updates:
+        conn.executemany(_END, updates)
+    for index, turn in zip(ended, _read_back(conn, [items[i] for i in ended]), strict=True):
+        results[index] = turn
+    return [r for r in results if r is not None]
+
+
+def _checked(f: Finish, fence: tuple[str, str | None, int, int] | None) -> int:
+    """The checks of `operations.finish` (the fence, the move); the turn's round."""
+    claim = f.claim
+    if fence is None:
+        raise UnknownTurnError(claim.turn_id)
+    state, owner, token, round_ = fence
+    if owner is None or owner != claim.owner or token != claim.token:
+        raise StaleClaimError(
+            claim.turn_id, token=claim.token, current_token=token, owner=claim.owner
+        )
+    moved = started_move(TurnState(state), f.started, claim.turn_id)
+    check_move(moved, f.ending.state, turn_id=claim.turn_id)
+    return round_
+
+
+def _read_back(conn: sqlite3.Connection, items: Sequence[Finish]) -> list[TurnRecord]:
+    """The ended turns as records (their rows and attempts in a few queries)."""
+    ids = [f.claim.turn_id for f in items]
+    rows: dict[int, tuple[object, ...]] = {}
+    attempts: dict[int, list[AttemptRecord]] = {}
+    for chunk in _chunks(ids):
+        marks = _marks(len(chunk))
+        for row in conn.execute(
+            f"SELECT {TURN_COLUMNS} FROM turns WHERE turn_id IN ({marks})", chunk
+        ):
+            rows[int(row[0])] = row
+        for row in conn.execute(
+            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE turn_id IN ({marks})"
+            " ORDER BY turn_id, round, attempt",
+            chunk,
+        ):
+            attempts.setdefault(int(row[0]), []).append(attempt_from_row(row))
+    return [
+        turn_from_row(
+            rows[f.claim.turn_id],
+            tuple(attempts.get(f.claim.turn_id, ())),
+            spec=f.claim.turn.spec,
+        )
+        for f in items
+    ]
