@@ -1,4 +1,9 @@
-"""The endings of one pass as one set of statements (the turn core's hot path on SQLite).
+"""The accepts and the endings of one pass as one set of statements (the turn core's hot path
+on SQLite).
+
+`accept_many` accepts the batch's new turns (those without an idempotency key) with one
+statement per session for their numbers, one ``executemany`` for their rows and one query per
+session for their ids: what `operations.accept` does for one turn with two statements.
 
 `operations.finish` ends one turn with six statements (the fence, the attempts, two ledger
 lines, the update, the attempts read back). Under load a batch of the committer holds dozens
@@ -23,19 +28,21 @@ from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import TurnState, check_move
 from supervisor.errors import StaleClaimError, UnknownTurnError
-from supervisor.store.protocol import Claim, TurnEnding, TurnRecord
+from supervisor.store.protocol import Accepted, Claim, NewTurn, TurnEnding, TurnRecord
 from supervisor.store.rows import attempt_from_row, ending_values, turn_from_row
+from supervisor.store.sqlite.new_turns import INSERT_TURN, accepted, take_numbers, turn_values
 from supervisor.store.sqlite.operations import (
     PUT_ATTEMPT,
     attempt_row,
     now_us,
     put_ledger_lines,
+    raise_not_open,
     started_move,
     with_start,
 )
 from supervisor.store.sqlite.schema import ATTEMPT_COLUMNS, TURN_COLUMNS
 
-__all__ = ["Finish", "finish_many"]
+__all__ = ["Accept", "Finish", "accept_many", "finish_many"]
 
 _CHUNK: Final = 500  # bound parameters per IN (...) list
 
@@ -48,6 +55,59 @@ _END: Final = (
     " next_attempt_us = NULL, verdict = ?, reason_code = ?, reason = ?, fault_type = ?,"
     " result = ?, owner = NULL, lease_until_us = NULL WHERE turn_id = ?"
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Accept:
+    """One queued accept of a turn without an idempotency key (`TurnStore.accept`)."""
+
+    new: NewTurn
+    claim_for: str | None
+    lease_ms: int
+
+
+def accept_many(conn: sqlite3.Connection, items: Sequence[Accept]) -> list[Accepted | Exception]:
+    """Accept every turn of *items* in the open transaction, numbered per session in their
+    order; per item, what it got (the error of a session that is unknown or closed)."""
+    by_session: dict[str, list[int]] = {}
+    for index, item in enumerate(items):
+        by_session.setdefault(item.new.session_id, []).append(index)
+    results: dict[int, Accepted | Exception] = {}
+    now = now_us()
+    for session_id, indexes in by_session.items():
+        first = take_numbers(conn, session_id, len(indexes))
+        if first is None:
+            try:
+                raise_not_open(conn, session_id)
+            except Exception as exc:  # every accept of that session gets it
+                results.update(dict.fromkeys(indexes, exc))
+            continue
+        numbers = range(first, first + len(indexes))
+        conn.executemany(
+            INSERT_TURN,
+            [
+                turn_values(items[i].new, n, now, items[i].claim_for, items[i].lease_ms)
+                for i, n in zip(indexes, numbers, strict=True)
+            ],
+        )
+        ids = dict(
+            conn.execute(
+                "SELECT turn_number, turn_id FROM turns WHERE session_id = ?"
+                " AND turn_number BETWEEN ? AND ?",
+                (session_id, first, numbers[-1]),
+            ).fetchall()
+        )
+        for i, n in zip(indexes, numbers, strict=True):
+            item = items[i]
+            results[i] = accepted(
+                item.new,
+                int(ids[n]),
+                n,
+                now,
+                claim_for=item.claim_for,
+                lease_ms=item.lease_ms,
+            )
+    return [results[i] for i in range(len(items))]
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,7 +84,7 @@ from supervisor.store.protocol import (
     TurnRecord,
 )
 from supervisor.store.queued import PendingOp, QueuedOp
-from supervisor.store.sqlite.batches import Finish, finish_many
+from supervisor.store.sqlite.batches import Accept, Finish, accept_many, finish_many
 from supervisor.store.sqlite.schema import open_connections
 
 __all__ = ["SqliteTurnStore", "open_sqlite_store"]
@@ -103,15 +103,22 @@ _COSTS: Final = stage_costs()
 NEW_TURN: Final = -1
 
 
-def _endings_last(batch: list[_Op[object]]) -> tuple[list[_Op[object]], list[_Op[object]]] | None:
-    """The batch split into its other ops (in order) and its endings, when the endings may all
-    run after the others (`batches.finish_many`): at least two endings, of distinct turns, and
-    no other op that writes one of those turns after its ending or whose turns are unknown."""
+def _grouped(
+    batch: list[_Op[object]],
+) -> tuple[list[_Op[object]], list[_Op[object]], list[_Op[object]]] | None:
+    """The batch as its accepts (run first, at once), its other ops (in order) and its endings
+    (run last, at once), when that order is allowed: every other op names the one turn it
+    writes (a start) or writes only a turn it creates (an accept with an idempotency key), no
+    op writes a turn after its ending, the endings are of distinct turns; and there are at
+    least two accepts or two endings to group. None: run the batch op by op, in order."""
+    accepts: list[_Op[object]] = []
     endings: list[_Op[object]] = []
     others: list[_Op[object]] = []
     ended: set[int] = set()
     for op in batch:
-        if op.finish is not None:
+        if op.accept is not None:
+            accepts.append(op)
+        elif op.finish is not None:
             turn_id = op.finish.claim.turn_id
             if turn_id in ended:
                 return None
@@ -121,13 +128,15 @@ def _endings_last(batch: list[_Op[object]]) -> tuple[list[_Op[object]], list[_Op
             return None
         else:
             others.append(op)
-    return (others, endings) if len(endings) >= 2 else None
+    if len(accepts) < 2 and len(endings) < 2:
+        return None
+    return accepts, others, endings
 
 
 class _Op(QueuedOp[T_co]):
     """One queued write: run in a batch on the commit thread (or the loop)."""
 
-    __slots__ = ("_fn", "finish", "stage", "touches")
+    __slots__ = ("_fn", "accept", "finish", "stage", "touches")
 
     def __init__(
         self,
@@ -135,6 +144,7 @@ class _Op(QueuedOp[T_co]):
         on_commit: Callable[[T_co], None] | None = None,
         stage: str = "store",
         *,
+        accept: Accept | None = None,
         finish: Finish | None = None,
         touches: int | None = None,
     ) -> None:
@@ -142,7 +152,9 @@ class _Op(QueuedOp[T_co]):
         self._fn = fn
         #: where its CPU time counts (`supervisor.stages`): "commit" for endings
         self.stage = stage
-        #: an ending: it may run with the batch's other endings (`batches.finish_many`)
+        #: an accept (no idempotency key) or an ending: it may run with the batch's others of
+        #: its kind (`batches.accept_many`, `batches.finish_many`)
+        self.accept = accept
         self.finish = finish
         #: the turn it writes (NEW_TURN: only a turn it creates; None: unknown), which says
         #: whether the batch's endings may run after it (`_endings_last`)
@@ -288,11 +300,12 @@ class SqliteTurnStore:
         on_commit: Callable[[T], None] | None = None,
         stage: str = "store",
         *,
+        accept: Accept | None = None,
         finish: Finish | None = None,
         touches: int | None = None,
     ) -> _Op[T]:
         self._check_open()
-        op = _Op(fn, on_commit, stage, finish=finish, touches=touches)
+        op = _Op(fn, on_commit, stage, accept=accept, finish=finish, touches=touches)
         try:
             self._send.send_nowait(op)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
@@ -377,7 +390,7 @@ class SqliteTurnStore:
                 raise
             return False
         try:
-            grouped = _endings_last(batch)
+            grouped = _grouped(batch)
             if grouped is not None:
                 if not self._run_grouped(conn, *grouped):
                     conn.execute("ROLLBACK")
@@ -412,12 +425,28 @@ class SqliteTurnStore:
 
     @staticmethod
     def _run_grouped(
-        conn: sqlite3.Connection, others: list[_Op[object]], endings: list[_Op[object]]
+        conn: sqlite3.Connection,
+        accepts: list[_Op[object]],
+        others: list[_Op[object]],
+        endings: list[_Op[object]],
     ) -> bool:
-        """The batch's other ops in order, then all its endings at once; False when anything
-        failed that needs the one-by-one way (the caller rolls back and runs that)."""
+        """The batch's accepts at once, its other ops in order, then its endings at once;
+        False when anything failed that needs the one-by-one way (the caller rolls back and
+        runs that)."""
+        if accepts:
+            started = _COSTS.clock()
+            try:
+                taken = accept_many(conn, [op.accept for op in accepts if op.accept is not None])
+            except Exception:
+                return False
+            finally:
+                _COSTS.add("store", _COSTS.clock() - started, len(accepts))
+            for op, got in zip(accepts, taken, strict=True):
+                op.settle(got)
         if not all(op.execute(conn) for op in others):
             return False
+        if not endings:
+            return True
         started = _COSTS.clock()
         try:
             outcomes = finish_many(conn, [op.finish for op in endings if op.finish is not None])
@@ -464,7 +493,11 @@ class SqliteTurnStore:
         self, new: NewTurn, *, claim_for: str | None = None, lease_ms: int = 30_000
     ) -> Accepted:
         _check_lease(lease_ms)
-        op = self._enqueue(lambda c: ops.accept(c, new, claim_for, lease_ms), touches=NEW_TURN)
+        op = self._enqueue(
+            lambda c: ops.accept(c, new, claim_for, lease_ms),
+            accept=None if new.idempotency_key is not None else Accept(new, claim_for, lease_ms),
+            touches=NEW_TURN,
+        )
         return await PendingOp(op).result()
 
     async def find_turn(self, session_id: str, idempotency_key: str) -> TurnRecord | None:

@@ -22,7 +22,7 @@ import sqlite3
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
@@ -56,13 +56,13 @@ from supervisor.store.rows import (
     session_from_row,
     turn_from_row,
 )
+from supervisor.store.sqlite.new_turns import INSERT_TURN, accepted, take_numbers, turn_values
 from supervisor.store.sqlite.schema import (
     ATTEMPT_COLUMNS,
     SESSION_COLUMNS,
     TURN_COLUMNS,
     UNFINISHED,
 )
-from supervisor.wire.turn_spec import InstructionSpec, encode_spec
 
 __all__ = [
     "PUT_ATTEMPT",
@@ -80,6 +80,7 @@ __all__ = [
     "now_us",
     "open_session",
     "put_ledger_lines",
+    "raise_not_open",
     "record_attempt",
     "recover",
     "release",
@@ -207,59 +208,19 @@ def accept(
         first = find_turn(conn, new.session_id, new.idempotency_key)
         if first is not None:
             return Accepted(turn=first, created=False)
-    # Take the session's next turn number in one statement (every submission's path); only
-    # when no open session matched, find out why.
-    taken = conn.execute(
-        "UPDATE sessions SET turns = turns + 1 WHERE session_id = ? AND state = 'open'"
-        " RETURNING turns",
-        (new.session_id,),
-    ).fetchall()
-    if not taken:
-        get_session(conn, new.session_id)  # raises UnknownSessionError
-        raise SessionClosedError(new.session_id)
-    number = int(taken[0][0])
+    number = take_numbers(conn, new.session_id, 1)
+    if number is None:
+        raise_not_open(conn, new.session_id)
     now = now_us()
-    blob = encode_spec(new.spec)
-    command = new.spec.command_type.value if isinstance(new.spec, InstructionSpec) else None
-    token, lease = (1, now + lease_ms * 1000) if claim_for is not None else (0, None)
-    cur = conn.execute(
-        "INSERT INTO turns(session_id, turn_number, kind, command_type, spec, idempotency_key,"
-        " state, accepted_us, updated_us, owner, token, lease_until_us)"
-        " VALUES (?, ?, ?, ?, ?, ?, 'accepted', ?, ?, ?, ?, ?)",
-        (
-            new.session_id,
-            number,
-            new.kind.value,
-            command if isinstance(command, str) else None,
-            blob,
-            new.idempotency_key,
-            now,
-            now,
-            claim_for,
-            token,
-            lease,
-        ),
-    )
+    cur = conn.execute(INSERT_TURN, turn_values(new, number, now, claim_for, lease_ms))
     assert cur.lastrowid is not None
-    # Built here instead of read back; the spec takes the same JSON round trip as a stored one.
-    turn = TurnRecord(
-        turn_id=cur.lastrowid,
-        session_id=new.session_id,
-        turn_number=number,
-        kind=new.kind,
-        spec=new.spec,
-        idempotency_key=new.idempotency_key,
-        state=TurnState.ACCEPTED,
-        attempt=0,
-        accepted_us=now,
-        updated_us=now,
-        owner=claim_for,
-        token=token,
-    )
-    if claim_for is None or lease is None:
-        return Accepted(turn=turn, created=True)
-    claim = Claim(turn=turn, owner=claim_for, token=token, lease_until_us=lease)
-    return Accepted(turn=turn, created=True, claim=claim)
+    return accepted(new, cur.lastrowid, number, now, claim_for=claim_for, lease_ms=lease_ms)
+
+
+def raise_not_open(conn: sqlite3.Connection, session_id: str) -> NoReturn:
+    """No open session *session_id* took a turn number: say why."""
+    get_session(conn, session_id)  # raises UnknownSessionError
+    raise SessionClosedError(session_id)
 
 
 def _claims(conn: sqlite3.Connection, rows: list[_Row]) -> list[Claim]:

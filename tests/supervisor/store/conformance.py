@@ -30,6 +30,7 @@ from supervisor.errors import (
 )
 from supervisor.store.protocol import (
     RESOLUTION_REASONS,
+    Accepted,
     Claim,
     ClaimFilter,
     NewSession,
@@ -743,6 +744,57 @@ class TurnStoreConformance:
                 (2, line("L2", 2).entry_hash),
                 (3, line("L2", 3).entry_hash),
             ]
+
+    async def test_accepts_queued_together_each_get_their_own_outcome(
+        self, open_store: StoreFactory
+    ) -> None:
+        """Accepts arriving in one pass (the turn core's batch): each turn gets its own id and
+        the next number of its session, a keyed one among them too; those of a closed or an
+        unknown session are refused alone; each record is the turn as the store reads it."""
+        async with open_store() as store:
+            await session(store)
+            await session(store, "S2")
+            await session(store, "S3")
+            await store.close_session("S3")
+            news = [
+                instruction(),
+                instruction("S2"),
+                instruction("S3"),
+                instruction(key="k"),
+                instruction("nope"),
+                instruction(),
+                instruction("S2"),
+                process(),
+            ]
+            outcomes: dict[int, object] = {}
+
+            async def one(i: int) -> None:
+                try:
+                    outcomes[i] = await store.accept(news[i], claim_for="A", lease_ms=LEASE_MS)
+                except Exception as exc:  # the outcome under test
+                    outcomes[i] = exc
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(news)):
+                    tg.start_soon(one, i)
+            assert isinstance(outcomes[2], SessionClosedError)
+            assert isinstance(outcomes[4], UnknownSessionError)
+            numbers: dict[str, list[int]] = {}
+            for i in (0, 1, 3, 5, 6, 7):
+                got = outcomes[i]
+                assert isinstance(got, Accepted)
+                assert got.created
+                assert got.claim is not None
+                assert got.claim.owner == "A"
+                assert got.turn == await store.get_turn(got.turn.turn_id)
+                assert got.turn.spec == news[i].spec
+                numbers.setdefault(got.turn.session_id, []).append(got.turn.turn_number)
+            assert sorted(numbers["S1"]) == [1, 2, 3, 4]
+            assert sorted(numbers["S2"]) == [1, 2]
+            assert (await store.get_session("S1")).turns == 4
+            assert (await store.get_session("S3")).turns == 0
+            again = await store.accept(instruction(key="k"))
+            assert not again.created
 
     async def test_closed_store_raises(self, open_store: StoreFactory) -> None:
         """After aclose every call raises IntakeClosedError."""

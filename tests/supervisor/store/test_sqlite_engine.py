@@ -19,7 +19,14 @@ import supervisor.store.sqlite.engine as engine_module
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import TurnState
 from supervisor.errors import IntakeClosedError
-from supervisor.store.protocol import NewSession, NewTurn, TurnEnding, TurnRecord, TurnStore
+from supervisor.store.protocol import (
+    Accepted,
+    NewSession,
+    NewTurn,
+    TurnEnding,
+    TurnRecord,
+    TurnStore,
+)
 from supervisor.store.sqlite import (
     SCHEMA_VERSION,
     SchemaVersionError,
@@ -27,7 +34,7 @@ from supervisor.store.sqlite import (
     batches,
     open_sqlite_store,
 )
-from supervisor.store.sqlite.batches import Finish
+from supervisor.store.sqlite.batches import Accept, Finish
 from supervisor.store.sqlite.schema import open_connections
 from supervisor.wire.turn_spec import InstructionSpec
 from tests.turn_requests import READ_SPEC
@@ -366,3 +373,32 @@ async def test_endings_queued_together_run_as_one_group(
         assert calls == [8]
         assert {r.state for r in records} == {TurnState.SUCCEEDED}
         assert records == [await store.get_turn(c.turn_id) for c in claims]
+
+
+async def test_accepts_arriving_together_run_as_one_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight accepts arriving in one pass are written by one `accept_many` call, numbered
+    1..8 in the order they arrived, in one commit."""
+    calls: list[int] = []
+    real = batches.accept_many
+
+    def spy(conn: sqlite3.Connection, items: Sequence[Accept]) -> list[Accepted | Exception]:
+        calls.append(len(items))
+        return real(conn, items)
+
+    monkeypatch.setattr(engine_module, "accept_many", spy)
+    async with open_sqlite_store(tmp_path / "turns.sqlite3") as store:
+        await store.open_session(NewSession(session_id="S1", package_id="demo"))
+        commits = store.statistics().commits
+        got: dict[int, Accepted] = {}
+
+        async def one(i: int) -> None:
+            got[i] = await store.accept(_turn(i), claim_for="A")
+
+        async with anyio.create_task_group() as tg:
+            for i in range(8):
+                tg.start_soon(one, i)
+        assert store.statistics().commits == commits + 1
+    assert calls == [8]
+    assert [got[i].turn.turn_number for i in range(8)] == list(range(1, 9))
