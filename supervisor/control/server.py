@@ -63,13 +63,14 @@ import anyio.abc
 import anyio.to_thread
 
 from ledger import session_dir_for
-from sandbox.policy.lifecycle import TurnState
+from sandbox.policy.lifecycle import TurnKind, TurnState
 from supervisor.control.answers import (
     executor_answer,
     statistics_answer,
     turn_answer,
     turn_ledger_entries,
 )
+from supervisor.control.replies import Replies
 from supervisor.errors import RequestError, StoreIntegrityError
 from supervisor.executors.hub import ExecutorHub
 from supervisor.executors.peercred import stream_peer_credentials
@@ -85,11 +86,13 @@ from supervisor.wire.control import (
     ExecutorsWaitParams,
     NoParams,
     RequestDecodeError,
+    RequestId,
     SessionFilter,
     SessionOpenParams,
     SessionRef,
     TurnRef,
     TurnsListParams,
+    TurnSubmit,
     TurnSubmitParams,
     TurnWaitParams,
     convert_request,
@@ -239,47 +242,64 @@ class ControlServer:
         # Corked writer: answers completed in the same event-loop pass (a group commit ends
         # many turns at once) leave in one send; a lone answer is written at once.
         writer = FrameWriter(stream)
-        in_progress = [0]  # requests of this connection being served
+        in_progress = [0]  # requests of this connection being served by a task
         async with stream, anyio.create_task_group() as tg:
             tg.start_soon(writer.run)
-            while True:
-                try:
-                    body = await reader.read_body()
-                    request: ControlRequest | RequestDecodeError
-                    started = _COSTS.clock()
-                    try:
-                        request = decode_request(body)
-                    except RequestDecodeError as exc:
-                        request = exc
-                    _COSTS.add("decode", _COSTS.clock() - started)
-                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    break
-                except FrameError as exc:
-                    self._log.warning("control_frame_error", reason=exc.reason)
-                    with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                        await writer.send(
-                            encode_frame(
-                                {
-                                    "id": None,
-                                    "ok": False,
-                                    "error": {
-                                        "code": "bad_request",
-                                        "message": f"bad frame: {exc.reason}; closing connection",
-                                    },
-                                }
-                            ),
-                            cork=False,
-                        )
-                        await writer.flush()
-                    break
-                if in_progress[0] >= self._max_requests:
-                    await self._refuse_busy(writer, request)
-                    continue
-                in_progress[0] += 1
-                tg.start_soon(self._serve_counted, writer, request, in_progress)
+            replies = Replies(writer, tg, max_frame_bytes=self._max_frame_bytes)
+            tg.start_soon(replies.timers.run)
+            try:
+                await self._read_requests(reader, writer, tg, replies, in_progress)
+            finally:
+                replies.close()
             # The client went away: nobody will read the answers. Waits and reads in progress
             # are cancelled; requests that change state run to the end (they are shielded).
             tg.cancel_scope.cancel()
+
+    async def _read_requests(
+        self,
+        reader: FrameReader,
+        writer: FrameWriter,
+        tg: anyio.abc.TaskGroup,
+        replies: Replies,
+        in_progress: list[int],
+    ) -> None:
+        while True:
+            try:
+                body = await reader.read_body()
+                request: ControlRequest | RequestDecodeError
+                started = _COSTS.clock()
+                try:
+                    request = decode_request(body)
+                except RequestDecodeError as exc:
+                    request = exc
+                _COSTS.add("decode", _COSTS.clock() - started)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                break
+            except FrameError as exc:
+                self._log.warning("control_frame_error", reason=exc.reason)
+                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    await writer.send(
+                        encode_frame(
+                            {
+                                "id": None,
+                                "ok": False,
+                                "error": {
+                                    "code": "bad_request",
+                                    "message": f"bad frame: {exc.reason}; closing connection",
+                                },
+                            }
+                        ),
+                        cork=False,
+                    )
+                    await writer.flush()
+                break
+            if in_progress[0] + replies.owed >= self._max_requests:
+                await self._refuse_busy(writer, request)
+                continue
+            if isinstance(request, TurnSubmit) and self._submit_soon(replies, request):
+                continue  # taken without a task: its answer comes from a callback
+            in_progress[0] += 1
+            tg.start_soon(self._serve_counted, writer, request, in_progress)
 
     async def _serve_counted(
         self,
@@ -368,26 +388,31 @@ class ControlServer:
         op = op_of(request)
         try:
             result = await self._dispatch(op, request.params)
-        except RequestError as exc:
-            return {"id": request.id, "ok": False, "error": exc.to_wire()}
-        except StoreIntegrityError as exc:  # a damaged or foreign row: named, no traceback
+        except Exception as exc:
+            return self._failure(request.id, op, exc)
+        return {"id": request.id, "ok": True, "result": result}
+
+    def _failure(self, request_id: RequestId, op: str, exc: Exception) -> dict[str, object]:
+        """The answer to a request that raised *exc*: its code and message (a bug: logged
+        with its traceback, answered ``internal``)."""
+        if isinstance(exc, RequestError):
+            return {"id": request_id, "ok": False, "error": exc.to_wire()}
+        if isinstance(exc, StoreIntegrityError):  # a damaged or foreign row: named, no traceback
             self._log.error("store_row_invalid", op=op, table=exc.table, key=str(exc.key))
             return {
-                "id": request.id,
+                "id": request_id,
                 "ok": False,
                 "error": {"code": "store_integrity", "message": f"{op}: {exc}"},
             }
-        except Exception as exc:
-            self._log.exception("control_request_failed", op=op)
-            return {
-                "id": request.id,
-                "ok": False,
-                "error": {
-                    "code": "internal",
-                    "message": f"{op}: internal error {type(exc).__name__}: {exc}",
-                },
-            }
-        return {"id": request.id, "ok": True, "result": result}
+        self._log.error("control_request_failed", op=op, exc_info=exc)
+        return {
+            "id": request_id,
+            "ok": False,
+            "error": {
+                "code": "internal",
+                "message": f"{op}: internal error {type(exc).__name__}: {exc}",
+            },
+        }
 
     async def _dispatch(self, op: str, params: object) -> object:
         handler = self._ops.get(op)
@@ -448,6 +473,99 @@ class ControlServer:
         if warnings:
             answer["warnings"] = warnings
         return answer
+
+    # -- turn.submit of an instruction turn without a task (the hot path) -----------------------
+
+    def _submit_soon(self, replies: Replies, request: TurnSubmit) -> bool:
+        """Take a ``turn.submit`` of an instruction turn without an idempotency key without a
+        task: the turn core accepts it in its next intake pass and the answer is sent from a
+        callback (at once, or once the turn settles for a ``wait_s``). False, with nothing
+        done: the request is served by a task (`_serve_request`), as every other one."""
+        params = request.params
+        if params.kind is not TurnKind.INSTRUCTION or params.idempotency_key is not None:
+            return False
+        started = _COSTS.clock()
+        try:
+            turn = turn_request(
+                params, default_timeout_ms=self._turn_core.settings.default_timeout_ms
+            )
+        except RequestError:
+            return False  # answered by the task, the same way as any refusal
+        finally:
+            _COSTS.add("admit", _COSTS.clock() - started)
+        request_id = request.id
+
+        def accepted(outcome: TurnRecord | Exception) -> None:
+            if isinstance(outcome, Exception):
+                replies.send(self._failure(request_id, "turn.submit", outcome), "turn.submit")
+            elif params.wait_s is None:
+                replies.send(self._submitted(request_id, outcome, params, turn), "turn.submit")
+            else:
+                self._wait_soon(replies, request_id, outcome.turn_id, params, turn)
+
+        try:
+            taken = self._turn_core.submit_soon(turn, accepted)
+        except RequestError:
+            return False  # queue_full: answered by the task
+        if taken:
+            self._requests += 1
+            replies.owed += 1
+        return taken
+
+    def _wait_soon(
+        self,
+        replies: Replies,
+        request_id: RequestId,
+        turn_id: int,
+        params: TurnSubmitParams,
+        turn: TurnRequest,
+    ) -> None:
+        """The ``wait_s`` of a submit taken without a task: answered when the turn settles,
+        or when ``wait_s`` passes (then with the turn as it is), from a callback."""
+        timer: list[int] = []
+
+        async def read_and_answer() -> None:
+            try:
+                record = await self._turn_core.get_turn(turn_id)
+            except Exception as exc:
+                replies.send(self._failure(request_id, "turn.submit", exc), "turn.submit")
+                return
+            replies.send(self._submitted(request_id, record, params, turn), "turn.submit")
+
+        def settled(final: TurnRecord | None) -> None:
+            if timer:
+                replies.timers.cancel(timer[0])
+            if final is None:  # escalated or gone elsewhere: read it
+                replies.spawn(read_and_answer)
+            else:
+                replies.send(self._submitted(request_id, final, params, turn), "turn.submit")
+
+        wait_s = float(params.wait_s or 0.0)
+        forget = self._turn_core.settled_soon(turn_id, wait_s, settled)
+        if forget is None:  # settled already (or not watched here): read it
+            replies.spawn(read_and_answer)
+            return
+
+        def timed_out() -> None:
+            forget()
+            replies.spawn(read_and_answer)
+
+        timer.append(replies.timers.call_at(anyio.current_time() + wait_s, timed_out))
+
+    def _submitted(
+        self,
+        request_id: RequestId,
+        record: TurnRecord,
+        params: TurnSubmitParams,
+        turn: TurnRequest,
+    ) -> dict[str, object]:
+        started = _COSTS.clock()
+        result: dict[str, object] = {"turn": turn_answer(record, params.answer), "created": True}
+        warnings = self._submit_warnings(turn)
+        if warnings:
+            result["warnings"] = warnings
+        _COSTS.add("reply", _COSTS.clock() - started, 0)
+        return {"id": request_id, "ok": True, "result": result}
 
     def _submit_warnings(self, request: TurnRequest) -> list[str]:
         """What the client should know at once (the turn is accepted either way)."""

@@ -303,6 +303,13 @@ class TurnStore(Protocol):
         """
         ...
 
+    def accept_soon(
+        self, new: NewTurn, *, claim_for: str | None = None, lease_ms: int = 30_000
+    ) -> PendingWrite[Accepted]:
+        """`accept`, queued without waiting: the submissions of one pass of the turn core are
+        queued together and commit in one transaction."""
+        ...
+
     async def find_turn(self, session_id: str, idempotency_key: str) -> TurnRecord | None: ...
 
     async def claim(

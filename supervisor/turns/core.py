@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 import anyio
@@ -52,9 +52,11 @@ from supervisor.logging import get_logger, info_enabled
 from supervisor.stages import stage_costs
 from supervisor.store.fleet import DaemonRecord, FleetStore
 from supervisor.store.protocol import (
+    Accepted,
     Claim,
     NewSession,
     NewTurn,
+    PendingWrite,
     Resolution,
     SessionRecord,
     SessionState,
@@ -74,7 +76,10 @@ from supervisor.turns.runner import TurnRunner, error_code
 from supervisor.turns.sessions import DaemonSessions, RuntimeLike, SessionLike, verify_ledgers
 from supervisor.turns.tracker import Tracker, TrackerStatistics, TurnEvents
 
-__all__ = ["CoreStatistics", "TurnCore", "error_code"]
+__all__ = ["Answer", "CoreStatistics", "TurnCore", "error_code"]
+
+#: How `TurnCore.submit_soon` answers: the accepted turn, or the error.
+Answer = Callable[[TurnRecord | Exception], None]
 
 _COSTS = stage_costs()
 
@@ -137,6 +142,10 @@ class TurnCore:
         # each refuses while the other is under way, so no turn lands in a closed session.
         self._submitting: dict[str, int] = {}
         self._closing: set[str] = set()
+        # Submissions taken without a task (`submit_soon`), their accepts queued, for the
+        # intake pass (`_run_intake`); None while the core is not running.
+        self._intake: list[tuple[TurnRequest, PendingWrite[Accepted], Answer]] | None = None
+        self._intake_wake = anyio.Event()
         self._runner = TurnRunner(self._deps, hub)
         self._escalations = Escalations(
             self._deps, start=self._runner.start, fleet=fleet is not None
@@ -212,10 +221,12 @@ class TurnCore:
                 tg.start_soon(self._deps.starts.run, name="attempt-starts")
                 tg.start_soon(self._runner.feed_parked, name="parked-turns")
                 tg.start_soon(self._runner.run_flights, name="instruction-endings")
+                tg.start_soon(self._run_intake, name="instruction-intake")
                 task_status.started()
                 await anyio.sleep_forever()
         finally:
             self._runner.attach(None)
+            self._intake = None
             self._deps.sessions.close_all()
 
     async def _recover(self) -> None:
@@ -467,6 +478,103 @@ class TurnCore:
                 kind=turn.kind.value,
             )
         return turn, accepted.created
+
+    def submit_soon(self, request: TurnRequest, answer: Answer) -> bool:
+        """`submit` without a task, for the common case: an instruction turn without an
+        idempotency key, of a session this daemon holds. Its accept is queued with the others
+        of the pass (one transaction) and *answer* is called with the accepted turn, or with
+        the error (`RequestError` for the ones a client should read). False, with nothing done:
+        use `submit`. Raises `RequestError` (queue_full) as `submit` does."""
+        deps = self._deps
+        sid = request.session_id
+        if (
+            self._intake is None
+            or deps.draining
+            or request.instruction is None
+            or request.idempotency_key is not None
+            or sid in self._closing
+            or deps.sessions.get(sid) is None
+        ):
+            return False
+        started = _COSTS.clock()
+        self._admit(request)
+        pending = deps.store.accept_soon(
+            NewTurn(session_id=sid, spec=request.spec),
+            claim_for=deps.owner,
+            lease_ms=self.settings.lease_ms,
+        )
+        self._submitting[sid] = self._submitting.get(sid, 0) + 1
+        self._intake.append((request, pending, answer))
+        self._intake_wake.set()
+        _COSTS.add("admit", _COSTS.clock() - started, 0)
+        return True
+
+    async def _run_intake(self) -> None:
+        """The intake pass: the accepts queued by `submit_soon` since the last pass commit
+        together; each accepted turn starts (`runner.start`) and its submitter hears of it."""
+        self._intake = []
+        while True:
+            await self._intake_wake.wait()
+            self._intake_wake = anyio.Event()
+            while self._intake:
+                batch, self._intake = self._intake, []
+                for request, pending, answer in batch:
+                    await self._accepted(request, pending, answer)
+
+    async def _accepted(
+        self, request: TurnRequest, pending: PendingWrite[Accepted], answer: Answer
+    ) -> None:
+        sid = request.session_id
+        outcome: TurnRecord | Exception
+        try:
+            accepted = await pending.result()
+        except SessionClosedError:
+            outcome = RequestError(
+                "session_closed", f"session {sid} is closed; open a new one", session_id=sid
+            )
+        except Exception as exc:  # the submitter answers it (a store error, a bug)
+            outcome = exc
+        else:
+            outcome = accepted.turn
+            if accepted.created and accepted.claim is not None:
+                self._runner.start(accepted.turn, accepted.claim, recovered=False)
+                self._deps.tracker.accepted()
+                if info_enabled():
+                    self._log.info(
+                        "turn_accepted",
+                        session_id=sid,
+                        turn_number=accepted.turn.turn_number,
+                        turn_id=accepted.turn.turn_id,
+                        kind=accepted.turn.kind.value,
+                    )
+        finally:
+            self._submitting[sid] -= 1
+            if not self._submitting[sid]:
+                del self._submitting[sid]
+        try:
+            answer(outcome)
+        except Exception:  # the submitter's own bug: logged, the pass goes on
+            self._log.exception("submit_answer_failed", session_id=sid)
+
+    def settled_soon(
+        self, turn_id: int, timeout_s: float, done: Callable[[TurnRecord | None], None]
+    ) -> Callable[[], None] | None:
+        """`wait_turn` without a task: *done* is called with the turn once it is final, or
+        with None when it settled another way (escalated, lost: read it with `get_turn`).
+        Returns the call that forgets the wait (the caller's timeout), or None when the turn
+        is not watched here (use `wait_turn`). *timeout_s* is the caller's to enforce."""
+        del timeout_s  # enforced by the caller's timer, which calls the returned function
+        tracker = self._deps.tracker
+        active = tracker.get(turn_id)
+        if active is None or active.settled:
+            return None
+
+        def settled() -> None:
+            self._deps.sessions.write_pending()
+            done(tracker.recent(turn_id))
+
+        active.watch(settled)
+        return lambda: active.unwatch(settled)
 
     def _admit(self, request: TurnRequest) -> None:
         assert request.instruction is not None

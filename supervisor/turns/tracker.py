@@ -23,6 +23,7 @@ import anyio
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import TurnKind, TurnState
+from supervisor.logging import get_logger
 from supervisor.store.protocol import Claim, TurnRecord
 
 __all__ = ["ActiveTurn", "Tracker", "TrackerStatistics", "TurnEvents"]
@@ -75,6 +76,8 @@ class ActiveTurn:
     _settled: anyio.Event | None = None
     _finished: anyio.Event | None = None
     _resolving: bool = field(default=False)
+    #: called once when the turn settles (`TurnCore.settled_soon`: waits without a task)
+    _watchers: list[Callable[[], None]] | None = None
 
     def move(self, state: TurnState) -> None:
         self.state = state
@@ -94,6 +97,24 @@ class ActiveTurn:
         settled, self._settled = self._settled, None
         if settled is not None:
             settled.set()
+        watchers, self._watchers = self._watchers, None
+        for watcher in watchers or ():
+            try:
+                watcher()
+            except Exception:  # a watcher's bug: logged; the turn and the others go on
+                get_logger("supervisor.turns").exception(
+                    "turn_watcher_failed", turn_id=self.turn_id
+                )
+
+    def watch(self, watcher: Callable[[], None]) -> None:
+        """Call *watcher* once when the turn settles."""
+        if self._watchers is None:
+            self._watchers = []
+        self._watchers.append(watcher)
+
+    def unwatch(self, watcher: Callable[[], None]) -> None:
+        if self._watchers is not None and watcher in self._watchers:
+            self._watchers.remove(watcher)
 
     def finish(self) -> None:
         self.done = True

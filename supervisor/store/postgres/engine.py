@@ -483,8 +483,13 @@ class PostgresTurnStore:
     async def accept(
         self, new: NewTurn, *, claim_for: str | None = None, lease_ms: int = 30_000
     ) -> Accepted:
+        return await self.accept_soon(new, claim_for=claim_for, lease_ms=lease_ms).result()
+
+    def accept_soon(
+        self, new: NewTurn, *, claim_for: str | None = None, lease_ms: int = 30_000
+    ) -> PendingWrite[Accepted]:
         _check_lease(lease_ms)
-        return await self._write(lambda c: ops.accept(c, new, claim_for, lease_ms))
+        return PendingOp(self._enqueue(lambda c: ops.accept(c, new, claim_for, lease_ms)))
 
     async def find_turn(self, session_id: str, idempotency_key: str) -> TurnRecord | None:
         return await self._read(lambda c: ops.find_turn(c, session_id, idempotency_key))

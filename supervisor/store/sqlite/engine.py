@@ -492,13 +492,18 @@ class SqliteTurnStore:
     async def accept(
         self, new: NewTurn, *, claim_for: str | None = None, lease_ms: int = 30_000
     ) -> Accepted:
+        return await self.accept_soon(new, claim_for=claim_for, lease_ms=lease_ms).result()
+
+    def accept_soon(
+        self, new: NewTurn, *, claim_for: str | None = None, lease_ms: int = 30_000
+    ) -> PendingWrite[Accepted]:
         _check_lease(lease_ms)
         op = self._enqueue(
             lambda c: ops.accept(c, new, claim_for, lease_ms),
             accept=None if new.idempotency_key is not None else Accept(new, claim_for, lease_ms),
             touches=NEW_TURN,
         )
-        return await PendingOp(op).result()
+        return PendingOp(op)
 
     async def find_turn(self, session_id: str, idempotency_key: str) -> TurnRecord | None:
         return await self._read(lambda c: ops.find_turn(c, session_id, idempotency_key))
