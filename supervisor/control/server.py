@@ -10,8 +10,9 @@ Wire format (same framing as ``executors.sock``, see ``supervisor.wire.frames``)
 * failure  ``{"id": <same>, "ok": false, "error": {"code": "...", "message": "...", ...}}``
 
 A connection may carry many requests at once (each is served by its own task, so a long
-``turn.wait`` does not hold up the others); responses come back in completion order, matched by
-``id``. An error always names what was wrong, where, and what to do; its ``code`` is stable (see
+``turn.wait`` does not hold up the others; a ``turn.submit`` of an instruction turn without an
+idempotency key needs none: `supervisor.control.submits`); responses come back in completion
+order, matched by ``id``. An error always names what was wrong, where, and what to do; its ``code`` is stable (see
 `ERROR_CODES`). A malformed frame closes that connection only: nothing already accepted is lost.
 
 Operations (params -> result):
@@ -63,7 +64,7 @@ import anyio.abc
 import anyio.to_thread
 
 from ledger import session_dir_for
-from sandbox.policy.lifecycle import TurnKind, TurnState
+from sandbox.policy.lifecycle import TurnState
 from supervisor.control.answers import (
     executor_answer,
     statistics_answer,
@@ -71,6 +72,7 @@ from supervisor.control.answers import (
     turn_ledger_entries,
 )
 from supervisor.control.replies import Replies
+from supervisor.control.submits import QuickSubmits, submit_warnings
 from supervisor.errors import RequestError, StoreIntegrityError
 from supervisor.executors.hub import ExecutorHub
 from supervisor.executors.peercred import stream_peer_credentials
@@ -78,7 +80,7 @@ from supervisor.logging import describe_error, get_logger
 from supervisor.stages import stage_costs
 from supervisor.store.protocol import TurnRecord
 from supervisor.turns.core import TurnCore
-from supervisor.turns.requests import TurnRequest, turn_request
+from supervisor.turns.requests import turn_request
 from supervisor.wire.control import (
     ControlRequest,
     EscalationResolveParams,
@@ -176,6 +178,7 @@ class ControlServer:
         self._turn_core = turn_core
         self._sandbox = sandbox  # the sandbox's enforcement now, for `status`
         self._hub = hub
+        self._quick = QuickSubmits(turn_core, hub, self._failure)
         self._max_frame_bytes = max_frame_bytes
         self._max_requests = max_requests_per_connection
         self._on_drain = on_drain
@@ -296,7 +299,8 @@ class ControlServer:
             if in_progress[0] + replies.owed >= self._max_requests:
                 await self._refuse_busy(writer, request)
                 continue
-            if isinstance(request, TurnSubmit) and self._submit_soon(replies, request):
+            if isinstance(request, TurnSubmit) and self._quick.take(replies, request):
+                self._requests += 1
                 continue  # taken without a task: its answer comes from a callback
             in_progress[0] += 1
             tg.start_soon(self._serve_counted, writer, request, in_progress)
@@ -463,7 +467,7 @@ class ControlServer:
         wait = params.wait_s
         with anyio.CancelScope(shield=True):  # accepted means scheduled, client or not
             turn, created = await self._turn_core.submit(request)
-        warnings = self._submit_warnings(request)
+        warnings = submit_warnings(self._hub, request)
         if wait is not None:
             # submit-and-wait in one round trip: answers once the turn is final or parked
             turn = await self._turn_core.wait_turn(turn.turn_id, timeout_s=float(wait))
@@ -473,112 +477,6 @@ class ControlServer:
         if warnings:
             answer["warnings"] = warnings
         return answer
-
-    # -- turn.submit of an instruction turn without a task (the hot path) -----------------------
-
-    def _submit_soon(self, replies: Replies, request: TurnSubmit) -> bool:
-        """Take a ``turn.submit`` of an instruction turn without an idempotency key without a
-        task: the turn core accepts it in its next intake pass and the answer is sent from a
-        callback (at once, or once the turn settles for a ``wait_s``). False, with nothing
-        done: the request is served by a task (`_serve_request`), as every other one."""
-        params = request.params
-        if params.kind is not TurnKind.INSTRUCTION or params.idempotency_key is not None:
-            return False
-        started = _COSTS.clock()
-        try:
-            turn = turn_request(
-                params, default_timeout_ms=self._turn_core.settings.default_timeout_ms
-            )
-        except RequestError:
-            return False  # answered by the task, the same way as any refusal
-        finally:
-            _COSTS.add("admit", _COSTS.clock() - started)
-        request_id = request.id
-
-        def accepted(outcome: TurnRecord | Exception) -> None:
-            if isinstance(outcome, Exception):
-                replies.send(self._failure(request_id, "turn.submit", outcome), "turn.submit")
-            elif params.wait_s is None:
-                replies.send(self._submitted(request_id, outcome, params, turn), "turn.submit")
-            else:
-                self._wait_soon(replies, request_id, outcome.turn_id, params, turn)
-
-        try:
-            taken = self._turn_core.submit_soon(turn, accepted)
-        except RequestError:
-            return False  # queue_full: answered by the task
-        if taken:
-            self._requests += 1
-            replies.owed += 1
-        return taken
-
-    def _wait_soon(
-        self,
-        replies: Replies,
-        request_id: RequestId,
-        turn_id: int,
-        params: TurnSubmitParams,
-        turn: TurnRequest,
-    ) -> None:
-        """The ``wait_s`` of a submit taken without a task: answered when the turn settles,
-        or when ``wait_s`` passes (then with the turn as it is), from a callback."""
-        timer: list[int] = []
-
-        async def read_and_answer() -> None:
-            try:
-                record = await self._turn_core.get_turn(turn_id)
-            except Exception as exc:
-                replies.send(self._failure(request_id, "turn.submit", exc), "turn.submit")
-                return
-            replies.send(self._submitted(request_id, record, params, turn), "turn.submit")
-
-        def settled(final: TurnRecord | None) -> None:
-            if timer:
-                replies.timers.cancel(timer[0])
-            if final is None:  # escalated or gone elsewhere: read it
-                replies.spawn(read_and_answer)
-            else:
-                replies.send(self._submitted(request_id, final, params, turn), "turn.submit")
-
-        wait_s = float(params.wait_s or 0.0)
-        forget = self._turn_core.settled_soon(turn_id, wait_s, settled)
-        if forget is None:  # settled already (or not watched here): read it
-            replies.spawn(read_and_answer)
-            return
-
-        def timed_out() -> None:
-            forget()
-            replies.spawn(read_and_answer)
-
-        timer.append(replies.timers.call_at(anyio.current_time() + wait_s, timed_out))
-
-    def _submitted(
-        self,
-        request_id: RequestId,
-        record: TurnRecord,
-        params: TurnSubmitParams,
-        turn: TurnRequest,
-    ) -> dict[str, object]:
-        started = _COSTS.clock()
-        result: dict[str, object] = {"turn": turn_answer(record, params.answer), "created": True}
-        warnings = self._submit_warnings(turn)
-        if warnings:
-            result["warnings"] = warnings
-        _COSTS.add("reply", _COSTS.clock() - started, 0)
-        return {"id": request_id, "ok": True, "result": result}
-
-    def _submit_warnings(self, request: TurnRequest) -> list[str]:
-        """What the client should know at once (the turn is accepted either way)."""
-        spec = request.instruction
-        if spec is None or self._hub.serving(spec.command_type):
-            return []
-        queue_s = self._hub.settings.queue_wait_s
-        wait_s = min(queue_s, spec.timeout_ms / 1000)
-        return [
-            f"no connected executor serves {spec.command_type.value}: the turn waits up to"
-            f" {wait_s:g}s for one (executors.queue_wait_s={queue_s:g}s, at most its timeout),"
-            " then ends NO_CAPABLE_EXECUTOR"
-        ]
 
     async def _turn_get(self, params: TurnRef) -> object:
         turn = await self._turn_core.get_turn(params.id)

@@ -1,8 +1,8 @@
 """The turn core's front: what the control API calls, and the task group every turn runs in.
 
-The module is about 600 lines and `TurnCore` about 490: it is the one seam the control API
-calls (sessions, submit, waits, cancel, lists, escalations, drain); each method is short and
-delegates (runner, escalations, recovery, the store).
+The module is a little over 600 lines and `TurnCore` about 500: it is the one seam the control
+API calls (sessions, submit, waits, cancel, lists, escalations, drain); each method is short
+and delegates (runner, intake, escalations, recovery, the store).
 
 Design notes
 ------------
@@ -52,11 +52,9 @@ from supervisor.logging import get_logger, info_enabled
 from supervisor.stages import stage_costs
 from supervisor.store.fleet import DaemonRecord, FleetStore
 from supervisor.store.protocol import (
-    Accepted,
     Claim,
     NewSession,
     NewTurn,
-    PendingWrite,
     Resolution,
     SessionRecord,
     SessionState,
@@ -70,6 +68,7 @@ from supervisor.turns.context import CoreSettings, TurnDeps
 from supervisor.turns.escalations import Escalations
 from supervisor.turns.fleet import Fleet, FleetHooks
 from supervisor.turns.instruction import HubLike, monotonic_ms
+from supervisor.turns.intake import Answer, Intake, SessionGate
 from supervisor.turns.recovery import catch_up_ledgers, roll_forward
 from supervisor.turns.requests import TurnRequest
 from supervisor.turns.runner import TurnRunner, error_code
@@ -77,9 +76,6 @@ from supervisor.turns.sessions import DaemonSessions, RuntimeLike, SessionLike, 
 from supervisor.turns.tracker import Tracker, TrackerStatistics, TurnEvents
 
 __all__ = ["Answer", "CoreStatistics", "TurnCore", "error_code"]
-
-#: How `TurnCore.submit_soon` answers: the accepted turn, or the error.
-Answer = Callable[[TurnRecord | Exception], None]
 
 _COSTS = stage_costs()
 
@@ -140,13 +136,14 @@ class TurnCore:
         self._log = get_logger("supervisor.turns")
         # Submissions past their session check but not yet started, and sessions being closed:
         # each refuses while the other is under way, so no turn lands in a closed session.
-        self._submitting: dict[str, int] = {}
-        self._closing: set[str] = set()
-        # Submissions taken without a task (`submit_soon`), their accepts queued, for the
-        # intake pass (`_run_intake`); None while the core is not running.
-        self._intake: list[tuple[TurnRequest, PendingWrite[Accepted], Answer]] | None = None
-        self._intake_wake = anyio.Event()
+        self._gate = SessionGate()
         self._runner = TurnRunner(self._deps, hub)
+        self._intake = Intake(
+            self._deps,
+            self._gate,
+            admit=self._admit,
+            start=lambda turn, claim: self._runner.start(turn, claim, recovered=False),
+        )
         self._escalations = Escalations(
             self._deps, start=self._runner.start, fleet=fleet is not None
         )
@@ -221,12 +218,11 @@ class TurnCore:
                 tg.start_soon(self._deps.starts.run, name="attempt-starts")
                 tg.start_soon(self._runner.feed_parked, name="parked-turns")
                 tg.start_soon(self._runner.run_flights, name="instruction-endings")
-                tg.start_soon(self._run_intake, name="instruction-intake")
+                tg.start_soon(self._intake.run, name="instruction-intake")
                 task_status.started()
                 await anyio.sleep_forever()
         finally:
             self._runner.attach(None)
-            self._intake = None
             self._deps.sessions.close_all()
 
     async def _recover(self) -> None:
@@ -373,18 +369,18 @@ class TurnCore:
         busy = self._deps.tracker.in_session(session_id)
         if not busy and self._fleet is not None:  # its turns may be on another daemon
             busy = await self._fleet.unfinished(session_id)
-        if busy or self._submitting.get(session_id):
+        if busy or self._gate.submitting(session_id):
             what = f"unfinished turns {busy}" if busy else "a turn being submitted"
             raise RequestError(
                 "session_busy",
                 f"session {session_id} still has {what}; wait for or cancel them",
                 turn_ids=busy,
             )
-        self._closing.add(session_id)
+        self._gate.closing.add(session_id)
         try:
             record = await self._deps.store.close_session(session_id)
         finally:
-            self._closing.discard(session_id)
+            self._gate.closing.discard(session_id)
         await self._deps.sessions.close(session_id)
         if self._fleet is not None:
             await self._fleet.closed(session_id)
@@ -420,16 +416,16 @@ class TurnCore:
                 return existing, False
         admitting = _COSTS.clock()
         session = self._deps.sessions.get(sid)
-        if session is None and self._fleet is not None and sid not in self._closing:
+        if session is None and self._fleet is not None and sid not in self._gate.closing:
             try:
                 return await self._fleet.accept_elsewhere(request)
             except SessionClosedError:
                 raise RequestError(
                     "session_closed", f"session {sid} is closed; open a new one", session_id=sid
                 ) from None
-        if session is None or sid in self._closing:
+        if session is None or sid in self._gate.closing:
             record = await self.get_session(sid)
-            if record.state is not SessionState.OPEN or sid in self._closing:
+            if record.state is not SessionState.OPEN or sid in self._gate.closing:
                 raise RequestError(
                     "session_closed", f"session {sid} is closed; open a new one", session_id=sid
                 )
@@ -440,7 +436,7 @@ class TurnCore:
             )
         if request.instruction is not None:
             self._admit(request)
-        self._submitting[sid] = self._submitting.get(sid, 0) + 1
+        self._gate.enter(sid)
         try:
             if request.process is not None:
                 await self._check_process(session, request)
@@ -463,9 +459,7 @@ class TurnCore:
             if accepted.created and accepted.claim is not None:
                 self._runner.start(accepted.turn, accepted.claim, recovered=False)
         finally:
-            self._submitting[sid] -= 1
-            if not self._submitting[sid]:
-                del self._submitting[sid]
+            self._gate.leave(sid)
         turn = accepted.turn
         if accepted.created:
             self._deps.tracker.accepted()
@@ -480,90 +474,16 @@ class TurnCore:
         return turn, accepted.created
 
     def submit_soon(self, request: TurnRequest, answer: Answer) -> bool:
-        """`submit` without a task, for the common case: an instruction turn without an
-        idempotency key, of a session this daemon holds. Its accept is queued with the others
-        of the pass (one transaction) and *answer* is called with the accepted turn, or with
-        the error (`RequestError` for the ones a client should read). False, with nothing done:
-        use `submit`. Raises `RequestError` (queue_full) as `submit` does."""
-        deps = self._deps
-        sid = request.session_id
-        if (
-            self._intake is None
-            or deps.draining
-            or request.instruction is None
-            or request.idempotency_key is not None
-            or sid in self._closing
-            or deps.sessions.get(sid) is None
-        ):
-            return False
-        started = _COSTS.clock()
-        self._admit(request)
-        pending = deps.store.accept_soon(
-            NewTurn(session_id=sid, spec=request.spec),
-            claim_for=deps.owner,
-            lease_ms=self.settings.lease_ms,
-        )
-        self._submitting[sid] = self._submitting.get(sid, 0) + 1
-        self._intake.append((request, pending, answer))
-        self._intake_wake.set()
-        _COSTS.add("admit", _COSTS.clock() - started, 0)
-        return True
-
-    async def _run_intake(self) -> None:
-        """The intake pass: the accepts queued by `submit_soon` since the last pass commit
-        together; each accepted turn starts (`runner.start`) and its submitter hears of it."""
-        self._intake = []
-        while True:
-            await self._intake_wake.wait()
-            self._intake_wake = anyio.Event()
-            while self._intake:
-                batch, self._intake = self._intake, []
-                for request, pending, answer in batch:
-                    await self._accepted(request, pending, answer)
-
-    async def _accepted(
-        self, request: TurnRequest, pending: PendingWrite[Accepted], answer: Answer
-    ) -> None:
-        sid = request.session_id
-        outcome: TurnRecord | Exception
-        try:
-            accepted = await pending.result()
-        except SessionClosedError:
-            outcome = RequestError(
-                "session_closed", f"session {sid} is closed; open a new one", session_id=sid
-            )
-        except Exception as exc:  # the submitter answers it (a store error, a bug)
-            outcome = exc
-        else:
-            outcome = accepted.turn
-            if accepted.created and accepted.claim is not None:
-                self._runner.start(accepted.turn, accepted.claim, recovered=False)
-                self._deps.tracker.accepted()
-                if info_enabled():
-                    self._log.info(
-                        "turn_accepted",
-                        session_id=sid,
-                        turn_number=accepted.turn.turn_number,
-                        turn_id=accepted.turn.turn_id,
-                        kind=accepted.turn.kind.value,
-                    )
-        finally:
-            self._submitting[sid] -= 1
-            if not self._submitting[sid]:
-                del self._submitting[sid]
-        try:
-            answer(outcome)
-        except Exception:  # the submitter's own bug: logged, the pass goes on
-            self._log.exception("submit_answer_failed", session_id=sid)
+        """`submit` without a task, for the common case (`intake.Intake.submit_soon`)."""
+        return self._intake.submit_soon(request, answer)
 
     def settled_soon(
-        self, turn_id: int, timeout_s: float, done: Callable[[TurnRecord | None], None]
+        self, turn_id: int, done: Callable[[TurnRecord | None], None]
     ) -> Callable[[], None] | None:
         """`wait_turn` without a task: *done* is called with the turn once it is final, or
         with None when it settled another way (escalated, lost: read it with `get_turn`).
-        Returns the call that forgets the wait (the caller's timeout), or None when the turn
-        is not watched here (use `wait_turn`). *timeout_s* is the caller's to enforce."""
-        del timeout_s  # enforced by the caller's timer, which calls the returned function
+        Returns the call that forgets the wait (on the caller's timeout), or None when the
+        turn is not watched here (use `wait_turn`)."""
         tracker = self._deps.tracker
         active = tracker.get(turn_id)
         if active is None or active.settled:

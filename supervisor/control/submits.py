@@ -1,0 +1,143 @@
+"""``turn.submit`` of an instruction turn without a task: the control API's hot path.
+
+`QuickSubmits.take` hands a submission to the turn core's intake pass (`TurnCore.submit_soon`)
+and answers it from a callback: at once, or once the turn settles for a ``wait_s``
+(`TurnCore.settled_soon`; the wait's bound on the connection's timers). Only what needs to
+await runs in a task: reading a turn from the store after it escalated, or when ``wait_s``
+passed first. Everything else a client may send (another kind of turn, an idempotency key, a
+refusal) is served by a task, the way every other request is (`ControlServer`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+
+from sandbox.policy.lifecycle import TurnKind
+from supervisor.control.answers import turn_answer
+from supervisor.control.replies import Replies
+from supervisor.errors import RequestError
+from supervisor.executors.hub import ExecutorHub
+from supervisor.stages import stage_costs
+from supervisor.store.protocol import TurnRecord
+from supervisor.turns.core import TurnCore
+from supervisor.turns.requests import TurnRequest, turn_request
+from supervisor.wire.control import RequestId, TurnSubmit, TurnSubmitParams
+
+__all__ = ["QuickSubmits", "submit_warnings"]
+
+_COSTS = stage_costs()
+_OP = "turn.submit"
+
+#: The error answer of a request that raised (`ControlServer._failure`).
+Failure = Callable[[RequestId, str, Exception], dict[str, object]]
+
+
+def submit_warnings(hub: ExecutorHub, request: TurnRequest) -> list[str]:
+    """What the client should know at once (the turn is accepted either way)."""
+    spec = request.instruction
+    if spec is None or hub.serving(spec.command_type):
+        return []
+    queue_s = hub.settings.queue_wait_s
+    wait_s = min(queue_s, spec.timeout_ms / 1000)
+    return [
+        f"no connected executor serves {spec.command_type.value}: the turn waits up to"
+        f" {wait_s:g}s for one (executors.queue_wait_s={queue_s:g}s, at most its timeout),"
+        " then ends NO_CAPABLE_EXECUTOR"
+    ]
+
+
+class QuickSubmits:
+    """Submissions of instruction turns taken, and answered, without a task."""
+
+    def __init__(self, turn_core: TurnCore, hub: ExecutorHub, failure: Failure) -> None:
+        self._turn_core = turn_core
+        self._hub = hub
+        self._failure = failure
+
+    def take(self, replies: Replies, request: TurnSubmit) -> bool:
+        """Take the submission; False, with nothing done, when a task must serve it."""
+        params = request.params
+        if params.kind is not TurnKind.INSTRUCTION or params.idempotency_key is not None:
+            return False
+        started = _COSTS.clock()
+        try:
+            turn = turn_request(
+                params, default_timeout_ms=self._turn_core.settings.default_timeout_ms
+            )
+        except RequestError:
+            return False  # answered by the task, the same way as any refusal
+        finally:
+            _COSTS.add("admit", _COSTS.clock() - started)
+        request_id = request.id
+
+        def accepted(outcome: TurnRecord | Exception) -> None:
+            if isinstance(outcome, Exception):
+                replies.send(self._failure(request_id, _OP, outcome), _OP)
+            elif params.wait_s is None:
+                replies.send(self._answer(request_id, outcome, params, turn), _OP)
+            else:
+                self._wait(replies, request_id, outcome.turn_id, params, turn)
+
+        try:
+            taken = self._turn_core.submit_soon(turn, accepted)
+        except RequestError:
+            return False  # queue_full: answered by the task
+        if taken:
+            replies.owed += 1
+        return taken
+
+    def _wait(
+        self,
+        replies: Replies,
+        request_id: RequestId,
+        turn_id: int,
+        params: TurnSubmitParams,
+        turn: TurnRequest,
+    ) -> None:
+        """Answer when the turn settles, or when ``wait_s`` passes (with the turn as it is)."""
+        timer: list[int] = []
+
+        async def read_and_answer() -> None:
+            try:
+                record = await self._turn_core.get_turn(turn_id)
+            except Exception as exc:
+                replies.send(self._failure(request_id, _OP, exc), _OP)
+                return
+            replies.send(self._answer(request_id, record, params, turn), _OP)
+
+        def settled(final: TurnRecord | None) -> None:
+            if timer:
+                replies.timers.cancel(timer[0])
+            if final is None:  # escalated or gone elsewhere: read it
+                replies.spawn(read_and_answer)
+            else:
+                replies.send(self._answer(request_id, final, params, turn), _OP)
+
+        forget = self._turn_core.settled_soon(turn_id, settled)
+        if forget is None:  # settled already (or not watched here): read it
+            replies.spawn(read_and_answer)
+            return
+
+        def timed_out() -> None:
+            forget()
+            replies.spawn(read_and_answer)
+
+        deadline = anyio.current_time() + float(params.wait_s or 0.0)
+        timer.append(replies.timers.call_at(deadline, timed_out))
+
+    def _answer(
+        self,
+        request_id: RequestId,
+        record: TurnRecord,
+        params: TurnSubmitParams,
+        turn: TurnRequest,
+    ) -> dict[str, object]:
+        started = _COSTS.clock()
+        result: dict[str, object] = {"turn": turn_answer(record, params.answer), "created": True}
+        warnings = submit_warnings(self._hub, turn)
+        if warnings:
+            result["warnings"] = warnings
+        _COSTS.add("reply", _COSTS.clock() - started, 0)
+        return {"id": request_id, "ok": True, "result": result}

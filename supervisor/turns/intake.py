@@ -1,0 +1,154 @@
+"""The intake pass: submissions taken without a task, their accepts committed together.
+
+`TurnCore.submit` serves a submission in the caller's task, with every check a turn may need
+(an idempotency key looked up, a process turn's capabilities checked on a thread, a fleet's
+session homed elsewhere). The common case needs none of that: an instruction turn without an
+idempotency key, of a session this daemon holds. `Intake.submit_soon` takes it without a task:
+the intake rules and the queue's backpressure apply at once, its accept is queued
+(`TurnStore.accept_soon`), and one task (`run`) ends the pass: the pass's accepts commit in one
+transaction, each accepted turn starts (`runner.TurnRunner.start`) and its submitter's
+*answer* is called with the turn, or with the error.
+
+`SessionGate` is what a submission and a session's close share: each refuses while the other
+is under way, so no turn lands in a closed session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+
+from supervisor.errors import RequestError, SessionClosedError
+from supervisor.logging import get_logger, info_enabled
+from supervisor.stages import stage_costs
+from supervisor.store.protocol import Accepted, Claim, NewTurn, PendingWrite, TurnRecord
+from supervisor.turns.context import TurnDeps
+from supervisor.turns.requests import TurnRequest
+
+__all__ = ["Answer", "Intake", "SessionGate"]
+
+#: How `Intake.submit_soon` answers: the accepted turn, or the error.
+Answer = Callable[[TurnRecord | Exception], None]
+
+_COSTS = stage_costs()
+
+
+class SessionGate:
+    """Submissions under way per session, and the sessions being closed."""
+
+    __slots__ = ("_submitting", "closing")
+
+    def __init__(self) -> None:
+        self._submitting: dict[str, int] = {}
+        self.closing: set[str] = set()
+
+    def enter(self, session_id: str) -> None:
+        self._submitting[session_id] = self._submitting.get(session_id, 0) + 1
+
+    def leave(self, session_id: str) -> None:
+        self._submitting[session_id] -= 1
+        if not self._submitting[session_id]:
+            del self._submitting[session_id]
+
+    def submitting(self, session_id: str) -> int:
+        return self._submitting.get(session_id, 0)
+
+
+class Intake:
+    """Submissions taken without a task, and the pass that accepts them."""
+
+    def __init__(
+        self,
+        deps: TurnDeps,
+        gate: SessionGate,
+        *,
+        admit: Callable[[TurnRequest], None],
+        start: Callable[[TurnRecord, Claim], None],
+    ) -> None:
+        self._deps = deps
+        self._gate = gate
+        self._admit = admit
+        self._start = start
+        self._log = get_logger("supervisor.turns")
+        # None while the pass does not run (the core is not running): `submit` is used then.
+        self._queued: list[tuple[TurnRequest, PendingWrite[Accepted], Answer]] | None = None
+        self._wake = anyio.Event()
+
+    def submit_soon(self, request: TurnRequest, answer: Answer) -> bool:
+        """Take *request* for the next pass; *answer* is called with the accepted turn or
+        the error (`RequestError` for what a client should read). False, with nothing done,
+        when the request needs `TurnCore.submit`. Raises `RequestError` (queue_full) as
+        `submit` does."""
+        deps = self._deps
+        sid = request.session_id
+        queued = self._queued
+        if (
+            queued is None
+            or deps.draining
+            or request.instruction is None
+            or request.idempotency_key is not None
+            or sid in self._gate.closing
+            or deps.sessions.get(sid) is None
+        ):
+            return False
+        started = _COSTS.clock()
+        self._admit(request)
+        pending = deps.store.accept_soon(
+            NewTurn(session_id=sid, spec=request.spec),
+            claim_for=deps.owner,
+            lease_ms=deps.settings.lease_ms,
+        )
+        self._gate.enter(sid)
+        queued.append((request, pending, answer))
+        self._wake.set()
+        _COSTS.add("admit", _COSTS.clock() - started, 0)
+        return True
+
+    async def run(self) -> None:
+        """The passes: the accepts queued since the last one commit together; each accepted
+        turn starts and its submitter hears of it."""
+        self._queued = []
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake = anyio.Event()
+                while self._queued:
+                    batch, self._queued = self._queued, []
+                    for request, pending, answer in batch:
+                        await self._accepted(request, pending, answer)
+        finally:
+            self._queued = None
+
+    async def _accepted(
+        self, request: TurnRequest, pending: PendingWrite[Accepted], answer: Answer
+    ) -> None:
+        sid = request.session_id
+        outcome: TurnRecord | Exception
+        try:
+            accepted = await pending.result()
+        except SessionClosedError:
+            outcome = RequestError(
+                "session_closed", f"session {sid} is closed; open a new one", session_id=sid
+            )
+        except Exception as exc:  # the submitter answers it (a store error, a bug)
+            outcome = exc
+        else:
+            outcome = accepted.turn
+            if accepted.created and accepted.claim is not None:
+                self._start(accepted.turn, accepted.claim)
+                self._deps.tracker.accepted()
+                if info_enabled():
+                    self._log.info(
+                        "turn_accepted",
+                        session_id=sid,
+                        turn_number=accepted.turn.turn_number,
+                        turn_id=accepted.turn.turn_id,
+                        kind=accepted.turn.kind.value,
+                    )
+        finally:
+            self._gate.leave(sid)
+        try:
+            answer(outcome)
+        except Exception:  # the submitter's own bug: logged, the pass goes on
+            self._log.exception("submit_answer_failed", session_id=sid)
