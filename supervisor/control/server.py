@@ -12,8 +12,9 @@ Wire format (same framing as ``executors.sock``, see ``supervisor.wire.frames``)
 A connection may carry many requests at once (each is served by its own task, so a long
 ``turn.wait`` does not hold up the others; a ``turn.submit`` of an instruction turn without an
 idempotency key needs none: `supervisor.control.submits`); responses come back in completion
-order, matched by ``id``. An error always names what was wrong, where, and what to do; its ``code`` is stable (see
-`ERROR_CODES`). A malformed frame closes that connection only: nothing already accepted is lost.
+order, matched by ``id``. An error always names what was wrong, where, and what to do; its
+``code`` is stable (see `ERROR_CODES`). A malformed frame closes that connection only: nothing
+already accepted is lost.
 
 Operations (params -> result):
 

@@ -71,19 +71,21 @@ class QuickSubmits:
         finally:
             _COSTS.add("admit", _COSTS.clock() - started)
         request_id = request.id
+        # What the client should know at once, as of the submission (as the task path does).
+        warnings = submit_warnings(self._hub, turn)
 
         def accepted(outcome: TurnRecord | Exception) -> None:
             if isinstance(outcome, Exception):
                 replies.send(self._failure(request_id, _OP, outcome), _OP)
             elif params.wait_s is None:
-                replies.send(self._answer(request_id, outcome, params, turn), _OP)
+                replies.send(self._answer(request_id, outcome, params, warnings), _OP)
             else:
-                self._wait(replies, request_id, outcome.turn_id, params, turn)
+                self._wait(replies, request_id, outcome.turn_id, params, warnings)
 
         try:
             taken = self._turn_core.submit_soon(turn, accepted)
-        except RequestError:
-            return False  # queue_full: answered by the task
+        except Exception:  # queue_full, a store that closed: the task answers it alone
+            return False
         if taken:
             replies.owed += 1
         return taken
@@ -94,7 +96,7 @@ class QuickSubmits:
         request_id: RequestId,
         turn_id: int,
         params: TurnSubmitParams,
-        turn: TurnRequest,
+        warnings: list[str],
     ) -> None:
         """Answer when the turn settles, or when ``wait_s`` passes (with the turn as it is)."""
         timer: list[int] = []
@@ -105,7 +107,7 @@ class QuickSubmits:
             except Exception as exc:
                 replies.send(self._failure(request_id, _OP, exc), _OP)
                 return
-            replies.send(self._answer(request_id, record, params, turn), _OP)
+            replies.send(self._answer(request_id, record, params, warnings), _OP)
 
         def settled(final: TurnRecord | None) -> None:
             if timer:
@@ -113,7 +115,7 @@ class QuickSubmits:
             if final is None:  # escalated or gone elsewhere: read it
                 replies.spawn(read_and_answer)
             else:
-                replies.send(self._answer(request_id, final, params, turn), _OP)
+                replies.send(self._answer(request_id, final, params, warnings), _OP)
 
         forget = self._turn_core.settled_soon(turn_id, settled)
         if forget is None:  # settled already (or not watched here): read it
@@ -132,11 +134,10 @@ class QuickSubmits:
         request_id: RequestId,
         record: TurnRecord,
         params: TurnSubmitParams,
-        turn: TurnRequest,
+        warnings: list[str],
     ) -> dict[str, object]:
         started = _COSTS.clock()
         result: dict[str, object] = {"turn": turn_answer(record, params.answer), "created": True}
-        warnings = submit_warnings(self._hub, turn)
         if warnings:
             result["warnings"] = warnings
         _COSTS.add("reply", _COSTS.clock() - started, 0)
