@@ -230,19 +230,30 @@ def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return exc
 
 
-def guard_loop_races() -> None:
+@dataclass(slots=True)
+class LoopRaces:
+    """How `guard_loop_races` reports the race: set ``stopping`` once the daemon stops."""
+
+    #: the daemon is stopping: every read is being cancelled, the race is expected (debug)
+    stopping: bool = False
+
+
+def guard_loop_races() -> LoopRaces:
     """On asyncio, report one known harmless race as a warning, not an error with a traceback.
 
     anyio's asyncio backend registers ``Future.set_result`` as a socket's reader callback; when
     the read is cancelled in the same loop pass in which the socket becomes readable, the
     callback finds the future cancelled and asyncio logs ``InvalidStateError`` at error level.
     The read was cancelled anyway and nothing is lost (the executor chaos suite provokes it).
+    Once the daemon stops (``LoopRaces.stopping``) every connection's read is cancelled and the
+    race is expected: it is logged at debug, so a clean stop logs nothing at warning or above.
     Every other exception goes to the handler that was there before.
     """
+    races = LoopRaces()
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # another backend: nothing to guard
-        return
+        return races
     previous = loop.get_exception_handler()
     log = get_logger("supervisor.server")
 
@@ -250,7 +261,11 @@ def guard_loop_races() -> None:
         exc = context.get("exception")
         callback = repr(context.get("handle", ""))
         if isinstance(exc, asyncio.InvalidStateError) and "Future.set_result" in callback:
-            log.warning("loop_callback_race", detail=str(context.get("message", "")))
+            detail = str(context.get("message", ""))
+            if races.stopping:
+                log.debug("loop_callback_race", detail=detail, stopping=True)
+            else:
+                log.warning("loop_callback_race", detail=detail)
             return
         if previous is not None:
             previous(loop, context)
@@ -258,6 +273,7 @@ def guard_loop_races() -> None:
             loop.default_exception_handler(context)
 
     loop.set_exception_handler(handler)
+    return races
 
 
 def fleet_of(store: TurnStore) -> FleetStore | None:
@@ -476,6 +492,7 @@ class Daemon:
         #: set after each SIGHUP reload (then replaced), for tools and tests
         self.reloaded = anyio.Event()
         self.reloads = 0
+        self._races = LoopRaces()
 
     def request_drain(self) -> None:
         """Start the drain (as SIGTERM does)."""
@@ -489,7 +506,7 @@ class Daemon:
         # flight than anyio's default of 40 (they are blocked on I/O, not using CPU).
         limiter = anyio.to_thread.current_default_thread_limiter()
         limiter.total_tokens = max(limiter.total_tokens, WORKER_THREADS)
-        guard_loop_races()
+        self._races = guard_loop_races()
         with _root_lock(config.root):
             return await self._run_locked(config, task_status)
 
@@ -613,6 +630,7 @@ class Daemon:
                 self.ready.set()
                 task_status.started()
                 await self._stop.wait()
+                self._races.stopping = True
                 notify("STOPPING=1", "STATUS=draining")
                 # Attempts still running after the grace period are cancelled with everything
                 # else; their turns stay `running` in the store (a CRASH after restart).

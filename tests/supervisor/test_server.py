@@ -293,3 +293,25 @@ async def test_the_anyio_read_race_is_a_warning(tmp_path: Path, log_stream: io.S
     assert races
     assert races[0]["level"] == "warning"
     assert not [e for e in lines if e["level"] in {"error", "critical"}]
+
+
+async def test_the_read_race_during_a_stop_is_not_a_warning(
+    tmp_path: Path, log_stream: io.StringIO
+) -> None:
+    """Once the daemon stops, every connection's read is cancelled and the race is expected:
+    it is not logged at warning (nor as asyncio's error), so a clean stop stays quiet."""
+    import asyncio
+
+    config = _config(tmp_path / "root")
+    daemon = Daemon(config, handle_signals=False)
+    async with running(daemon):
+        loop = asyncio.get_running_loop()
+        daemon.request_drain()
+        await anyio.wait_all_tasks_blocked()
+        future: asyncio.Future[None] = loop.create_future()
+        future.cancel()
+        loop.call_soon(future.set_result, None)  # the race, while the daemon stops
+        await anyio.sleep(0.05)
+    lines = [orjson.loads(line) for line in log_stream.getvalue().splitlines() if line]
+    assert any(e["event"] == "daemon_stopped" for e in lines)
+    assert not [e for e in lines if e["level"] in {"warning", "error", "critical"}]
