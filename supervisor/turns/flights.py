@@ -347,8 +347,8 @@ class InstructionFlights:
                 reason_code=finished.reason_code,
                 **labels,
             )
-        self._owner.released(active)
         _COSTS.add("commit", _COSTS.clock() - started, 0)
+        self._owner.released(active)  # the waiters' answers count as "reply"
 
     def _not_ended(self, item: _Ending, lines: Sequence[SealedLine], exc: Exception) -> None:
         deps = self._deps
