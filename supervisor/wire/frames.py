@@ -202,27 +202,44 @@ class FrameReader:
         return body
 
     async def _fill(self, *, expected: int | None) -> None:
-        chunk = b""
         sock = self._sock
-        if sock is not None and self._fast < _YIELD_EVERY:
-            # Fast path: bytes already queued in the kernel are taken without a trip through
-            # the event loop (anyio's receive always yields once, then registers a reader).
-            try:
-                chunk = sock.recv(_RECEIVE_CHUNK)
-            except (BlockingIOError, InterruptedError):
-                chunk = b""
-            except OSError:
-                chunk = b""  # let the stream raise its own Broken/ClosedResourceError below
-            else:
-                if not chunk:
-                    self._eof(expected)
-                self._fast += 1
-        if not chunk:
-            self._fast = 0
+        if sock is None:
             try:
                 chunk = await self._stream.receive(_RECEIVE_CHUNK)
             except anyio.EndOfStream:
                 self._eof(expected)
+            self._buffer += chunk
+            return
+        # The socket read directly: bytes already queued in the kernel are taken without a
+        # trip through the event loop, and a wait for more registers the descriptor (an int)
+        # with the loop. anyio's receive would yield once first, then register the socket
+        # object, whose repr asyncio formats for a KeyError it catches on every registration
+        # (4% of a busy daemon's CPU), and whose late callback could meet a cancelled read
+        # (`loop_callback_race`): `anyio.wait_readable` does neither.
+        if self._fast >= _YIELD_EVERY:  # a peer that never pauses: let the others run
+            self._fast = 0
+            await anyio.lowlevel.checkpoint()
+        while True:
+            try:
+                chunk = sock.recv(_RECEIVE_CHUNK)
+            except (BlockingIOError, InterruptedError):
+                fd = sock.fileno()
+                if fd >= 0:
+                    await anyio.wait_readable(fd)
+                    continue
+                chunk = b""  # closed meanwhile: the stream raises its own error
+            except OSError:  # closed or broken: the stream raises its own error
+                chunk = b""
+            if chunk:
+                break
+            try:
+                chunk = await self._stream.receive(_RECEIVE_CHUNK)
+            except anyio.EndOfStream:
+                self._eof(expected)
+            break
+        if not chunk:
+            self._eof(expected)
+        self._fast += 1
         self._buffer += chunk
 
     def _eof(self, expected: int | None) -> None:
