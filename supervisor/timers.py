@@ -1,7 +1,8 @@
 """Callbacks due at a time, served by one task: the deadlines of many waits without a cancel
 scope each (the control server's submit-and-wait answers).
 
-`Timers.call_at` files a callback under a deadline on the event loop's clock and returns a key;
+`Timers.call_at` files a callback under a deadline (`time.monotonic`, the clock of asyncio's
+event loop: `anyio.current_time` costs a backend lookup per call) and returns a key;
 `cancel` forgets it (the usual case: the wait ended first). One task (`run`) sleeps until the
 earliest deadline and calls what is due. Cancelled entries are skipped when they come up, and
 the heap is rebuilt without them once they outnumber the live ones, so a million waits that
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from collections.abc import Callable
 
 import anyio
@@ -34,7 +36,7 @@ class Timers:
         return len(self._live)
 
     def call_at(self, deadline: float, fire: Callable[[], None]) -> int:
-        """Call *fire* at *deadline* (`anyio.current_time`'s clock); the key for `cancel`."""
+        """Call *fire* at *deadline* (`time.monotonic`); the key for `cancel`."""
         key = next(self._seq)
         heap = self._heap
         if len(heap) > 2 * len(self._live) + 1024:  # mostly cancelled entries: drop them
@@ -57,11 +59,11 @@ class Timers:
         while True:
             wake = self._wake = anyio.Event()
             if heap:
-                with anyio.move_on_after(max(0.0, heap[0][0] - anyio.current_time())):
+                with anyio.move_on_after(max(0.0, heap[0][0] - time.monotonic())):
                     await wake.wait()
             else:
                 await wake.wait()
-            now = anyio.current_time()
+            now = time.monotonic()
             while heap and heap[0][0] <= now:
                 _, key = heapq.heappop(heap)
                 fire = self._live.pop(key, None)

@@ -10,9 +10,8 @@ refusal) is served by a task, the way every other request is (`ControlServer`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-
-import anyio
 
 from sandbox.policy.lifecycle import TurnKind
 from supervisor.control.answers import turn_answer
@@ -126,7 +125,7 @@ class QuickSubmits:
             forget()
             replies.spawn(read_and_answer)
 
-        deadline = anyio.current_time() + float(params.wait_s or 0.0)
+        deadline = time.monotonic() + float(params.wait_s or 0.0)
         timer.append(replies.timers.call_at(deadline, timed_out))
 
     def _answer(

@@ -436,7 +436,7 @@ class Connection:
         self._host.recount(self)
         if len(in_flight) + len(self._unacked) + self._reserved >= self.slots:  # self.load
             self._host.changed()  # READY -> BUSY (wait_for_executor watchers)
-        pending.deadline = anyio.current_time() + envelope.timeout_ms / 1000
+        pending.deadline = pending.sent_at + envelope.timeout_ms / 1000
         pending.seq = next(_SEQ)
         self._push_deadline(pending)
         if self._host.trace:
@@ -489,11 +489,11 @@ class Connection:
         while True:
             wake = self._deadline_wake = anyio.Event()
             if heap:
-                with anyio.move_on_after(max(0.0, heap[0][0] - anyio.current_time())):
+                with anyio.move_on_after(max(0.0, heap[0][0] - time.monotonic())):
                     await wake.wait()
             else:
                 await wake.wait()
-            now = anyio.current_time()
+            now = time.monotonic()
             while heap and heap[0][0] <= now:
                 _, seq, iid = heapq.heappop(heap)
                 pending = self._in_flight.get(iid)

@@ -27,16 +27,34 @@ _log = get_logger("supervisor.store")
 class QueuedOp(Generic[T_co]):
     """One queued write's outcome: its result or error, whether it is done or abandoned."""
 
-    __slots__ = ("_result", "abandoned", "done", "error", "on_commit")
+    __slots__ = ("_done", "_result", "abandoned", "error", "finished", "on_commit")
 
     def __init__(self, on_commit: Callable[[T_co], None] | None = None) -> None:
         #: called on the event loop once the op committed (not when it failed)
         self.on_commit = on_commit
         self._result: tuple[T_co] | None = None
         self.error: BaseException | None = None
-        self.done = anyio.Event()
+        #: the committer is done with it (committed or failed); `_done` exists only while a
+        #: caller waits (the ops of one batch end together: most callers never wait)
+        self.finished = False
+        self._done: anyio.Event | None = None
         #: set by a caller cancelled before its op was taken: the committer skips it
         self.abandoned = False
+
+    def complete(self) -> None:
+        """The committer is done with the op: its caller may take the outcome."""
+        self.finished = True
+        if self._done is not None:
+            self._done.set()
+
+    async def wait(self) -> None:
+        """Until the committer is done with the op (no wait, not even a checkpoint, once it is:
+        a pass's callers take the outcomes of one batch one after the other)."""
+        if self.finished:
+            return
+        if self._done is None:
+            self._done = anyio.Event()
+        await self._done.wait()
 
     def reset(self) -> None:
         """Forget an outcome whose transaction was rolled back (the op runs again)."""
@@ -73,7 +91,7 @@ class PendingOp(Generic[T_co]):
     async def result(self) -> T_co:
         op = self._op
         try:
-            await op.done.wait()
+            await op.wait()
         except BaseException:  # cancelled: the op is skipped if its batch has not started
             op.abandoned = True
             raise

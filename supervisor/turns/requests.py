@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from typing import Final
 
 from sandbox.policy.declarations import DeclarationProblem, DeclaredOutput, parse_declared_outputs
 from sandbox.policy.errors import InstructionError
@@ -51,6 +52,9 @@ class TurnRequest:
     @property
     def process(self) -> ProcessSpec | None:
         return self.spec if isinstance(self.spec, ProcessSpec) else None
+
+
+_CHECK_TIMESTAMP: Final = "2026-01-01T00:00:00.000000Z"
 
 
 def _bad(field_name: str, problem: str) -> RequestError:
@@ -128,7 +132,8 @@ def _instruction(
         target_selector=params.target_selector or "",
         parameters=dict(params.parameters or {}),
     )
-    # The Phase-20 rules, now, so a bad instruction is refused at intake.
+    # The Phase-20 rules, now, so a bad instruction is refused at intake (the ids and the
+    # timestamp are the attempt's, set when it is sent; any valid ones do here).
     try:
         build_executor_instruction(
             instruction_id="INS-0-1",
@@ -136,7 +141,7 @@ def _instruction(
             command_type=spec.command_type,
             target_url=spec.target_url,
             target_selector=spec.target_selector,
-            timestamp=iso_now(),
+            timestamp=_CHECK_TIMESTAMP,
             timeout_ms=spec.timeout_ms,
             parameters=spec.parameters,
         )

@@ -201,7 +201,7 @@ class PostgresTurnStore:
             self._send.close()
             for op in self._drain():
                 op.fail(IntakeClosedError(f"turn store {self.where} stopped"))
-                op.done.set()
+                op.complete()
             with anyio.CancelScope(shield=True):
                 await self._close_connections()
             self._shut()
@@ -322,7 +322,7 @@ class PostgresTurnStore:
             self._stale += sum(isinstance(op.error, StaleClaimError) for op in batch)
         finally:
             for op in batch:
-                op.done.set()
+                op.complete()
                 op.committed()
         await anyio.lowlevel.checkpoint()
 

@@ -234,7 +234,7 @@ class SqliteTurnStore:
             self._send.close()
             for op in self._drain():
                 op.fail(IntakeClosedError(f"turn store {self.path} stopped"))
-                op.done.set()
+                op.complete()
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(self._close_writer, limiter=self._write_limiter)
                 await anyio.to_thread.run_sync(self._close_reader, limiter=self._read_limiter)
@@ -360,7 +360,7 @@ class SqliteTurnStore:
             if not inline:
                 self._inline_batches = 0
             for op in batch:
-                op.done.set()
+                op.complete()
                 op.committed()
             if inline:
                 await anyio.lowlevel.checkpoint()  # let the loop serve what arrived meanwhile
