@@ -26,10 +26,10 @@ from typing import Final
 
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
-from sandbox.policy.lifecycle import TurnState, check_move
+from sandbox.policy.lifecycle import FINAL_STATES, TurnState, check_move
 from supervisor.errors import StaleClaimError, UnknownTurnError
 from supervisor.store.protocol import Accepted, Claim, NewTurn, TurnEnding, TurnRecord
-from supervisor.store.rows import attempt_from_row, ending_values, turn_from_row
+from supervisor.store.rows import attempt_from_row, ending_values, loads, turn_from_row
 from supervisor.store.sqlite.new_turns import INSERT_TURN, accepted, take_numbers, turn_values
 from supervisor.store.sqlite.operations import (
     PUT_ATTEMPT,
@@ -38,6 +38,7 @@ from supervisor.store.sqlite.operations import (
     put_ledger_lines,
     raise_not_open,
     started_move,
+    stored_attempt,
     with_start,
 )
 from supervisor.store.sqlite.schema import ATTEMPT_COLUMNS, TURN_COLUMNS
@@ -133,34 +134,43 @@ def finish_many(conn: sqlite3.Connection, items: Sequence[Finish]) -> list[TurnR
     """End every turn of *items* (distinct turns) in the open transaction; per item, its
     record or the error that refused it. Raises when the batch must run op by op instead."""
     ids = [f.claim.turn_id for f in items]
-    fences: dict[int, tuple[str, str | None, int, int]] = {}
+    fences: dict[int, tuple[str, str | None, int, int, int]] = {}
     for chunk in _chunks(ids):
-        for turn_id, state, owner, token, round_ in conn.execute(
-            f"SELECT turn_id, state, owner, token, round FROM turns WHERE turn_id IN"
+        for turn_id, state, owner, token, round_, attempt in conn.execute(
+            f"SELECT turn_id, state, owner, token, round, attempt FROM turns WHERE turn_id IN"
             f" ({_marks(len(chunk))})",
             chunk,
         ):
-            fences[int(turn_id)] = (str(state), owner, int(token), int(round_))
+            fences[int(turn_id)] = (str(state), owner, int(token), int(round_), int(attempt))
     results: list[TurnRecord | Exception | None] = []
-    ended: list[int] = []
+    ended: list[int] = []  # read back
+    built: list[tuple[int, Finish, tuple[object, ...], int]] = []  # built from what is known
     attempt_rows: list[tuple[object, ...]] = []
     lines: list[SealedLine] = []
     updates: list[tuple[object, ...]] = []
     now = now_us()
     for f in items:
         claim = f.claim
+        fence = fences.get(claim.turn_id)
         try:
-            round_ = _checked(f, fences.get(claim.turn_id))
+            round_ = _checked(f, fence)
         except Exception as exc:  # refused: this ending writes nothing
             results.append(exc)
             continue
-        ended.append(len(results))
-        results.append(None)  # the record, once read back
-        attempt_rows.extend(
-            attempt_row(claim.turn_id, round_, a) for a in with_start(f.attempts, f.started)
-        )
+        assert fence is not None
+        written = with_start(f.attempts, f.started)
+        values = (*ending_values(f.ending, f.attempts, now), claim.turn_id)
+        numbers = {a.attempt for a in written}
+        if round_ == 0 and numbers >= set(range(1, fence[4] + 1)):
+            # Its first round, and these rows replace every attempt row it has: the record
+            # is known without reading it back (the usual ending, on the hot path).
+            built.append((len(results), f, values, fence[4]))
+        else:
+            ended.append(len(results))
+        results.append(None)  # the record, once built or read back
+        attempt_rows.extend(attempt_row(claim.turn_id, round_, a) for a in written)
         lines.extend(f.ledger_lines)
-        updates.append((*ending_values(f.ending, f.attempts, now), claim.turn_id))
+        updates.append(values)
     if attempt_rows:
         conn.executemany(PUT_ATTEMPT, attempt_rows)
     if lines:
@@ -170,17 +180,59 @@ def finish_many(conn: sqlite3.Connection, items: Sequence[Finish]) -> list[TurnR
             put_ledger_lines(conn, lines)  # raises ValueError on a different line
     if updates:
         conn.executemany(_END, updates)
-    for index, turn in zip(ended, _read_back(conn, [items[i] for i in ended]), strict=True):
-        results[index] = turn
+    if ended:
+        back = _read_back(conn, [items[i] for i in ended])
+        for index, turn in zip(ended, back, strict=True):
+            results[index] = turn
+    for index, f, values, stored_attempt_number in built:
+        results[index] = _known(f, values, stored_attempt_number, now)
     return [r for r in results if r is not None]
 
 
-def _checked(f: Finish, fence: tuple[str, str | None, int, int] | None) -> int:
+def _known(
+    f: Finish, values: tuple[object, ...], stored_attempt_number: int, now: int
+) -> TurnRecord:
+    """The ended turn as `_read_back` would read it: the claim's turn with the ending's columns
+    (*values*, as bound to `_END`) and its attempts as stored."""
+    turn = f.claim.turn
+    ending = f.ending
+    attempt = values[1]
+    blob = values[8]
+    assert isinstance(attempt, int)
+    assert isinstance(blob, bytes)
+    return TurnRecord(
+        turn_id=turn.turn_id,
+        session_id=turn.session_id,
+        turn_number=turn.turn_number,
+        kind=turn.kind,
+        spec=turn.spec,
+        idempotency_key=turn.idempotency_key,
+        state=ending.state,
+        attempt=max(stored_attempt_number, attempt),
+        accepted_us=turn.accepted_us,
+        updated_us=now,
+        next_attempt_us=None,
+        finished_us=now if ending.state in FINAL_STATES else None,
+        verdict=ending.verdict,
+        reason_code=ending.reason_code,
+        reason=ending.reason,
+        fault_type=ending.fault_type,
+        result=loads(blob),
+        attempts=tuple(
+            stored_attempt(a)
+            for a in sorted(with_start(f.attempts, f.started), key=lambda a: a.attempt)
+        ),
+        owner=None,
+        token=f.claim.token,
+    )
+
+
+def _checked(f: Finish, fence: tuple[str, str | None, int, int, int] | None) -> int:
     """The checks of `operations.finish` (the fence, the move); the turn's round."""
     claim = f.claim
     if fence is None:
         raise UnknownTurnError(claim.turn_id)
-    state, owner, token, round_ = fence
+    state, owner, token, round_, _ = fence
     if owner is None or owner != claim.owner or token != claim.token:
         raise StaleClaimError(
             claim.turn_id, token=claim.token, current_token=token, owner=claim.owner

@@ -88,6 +88,7 @@ __all__ = [
     "resolve",
     "start_attempt",
     "started_move",
+    "stored_attempt",
     "with_start",
 ]
 
@@ -312,7 +313,7 @@ def _fence(conn: sqlite3.Connection, claim: Claim) -> tuple[TurnState, int]:
     return TurnState(state), int(round_)
 
 
-def _stored(attempt: AttemptRecord) -> AttemptRecord:
+def stored_attempt(attempt: AttemptRecord) -> AttemptRecord:
     """*attempt* as it reads back (``extra`` through the JSON round trip)."""
     return replace(attempt, extra=loads(dumps(attempt.extra))) if attempt.extra else attempt
 
@@ -378,7 +379,7 @@ def start_attempt(conn: sqlite3.Connection, claim: Claim, attempt: AttemptRecord
     _put_attempts(conn, claim.turn_id, round_, (attempt,))
     # A turn's first attempt ever: its attempts are this one (no read back).
     first = state is TurnState.ACCEPTED and round_ == 0
-    return _after_write(conn, claim, rows, (_stored(attempt),) if first else None)
+    return _after_write(conn, claim, rows, (stored_attempt(attempt),) if first else None)
 
 
 def record_attempt(

@@ -347,7 +347,19 @@ async def test_endings_queued_together_run_as_one_group(
         return real(conn, items)
 
     monkeypatch.setattr(engine_module, "finish_many", spy)
-    done = TurnEnding(state=TurnState.SUCCEEDED, verdict="SUCCEED", reason_code="ok")
+    # A result and attempts shaped like an instruction turn's (nested objects, lists, nulls):
+    # the records built without reading back must equal what the store reads back.
+    done = TurnEnding(
+        state=TurnState.SUCCEEDED,
+        verdict="SUCCEED",
+        reason_code="ok",
+        result={
+            "executor_id": "ex-1",
+            "detail": None,
+            "output": {"rows": [1, 2, {"x": True}], "text": "hi"},
+            "last_instruction": {"parameters": {}, "timeout_ms": 100},
+        },
+    )
     async with open_sqlite_store(tmp_path / "turns.sqlite3") as store:
         await store.open_session(NewSession(session_id="S1", package_id="demo"))
         claims = []
@@ -362,7 +374,7 @@ async def test_endings_queued_together_run_as_one_group(
             store.finish_soon(
                 c,
                 done,
-                [AttemptRecord(attempt=1, started_us=1, decision="SUCCEED")],
+                [AttemptRecord(attempt=1, started_us=1, decision="SUCCEED", extra={"k": [i]})],
                 started=None if i == 0 else first,
             )
             for i, c in enumerate(claims)
