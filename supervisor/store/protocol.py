@@ -270,9 +270,15 @@ T_co = TypeVar("T_co", covariant=True)
 
 class PendingWrite(Protocol[T_co]):
     """A write queued by a ``*_soon`` method: it commits in order with the store's other
-    writes; `result` waits for its commit and returns (or raises) what the write did."""
+    writes; `result` waits for its commit and returns (or raises) what the write did. Without
+    a task: `when_done` calls back once the store is done with it (committed or failed), and
+    `outcome` then returns (or raises) the same as `result`."""
 
     async def result(self) -> T_co: ...
+
+    def when_done(self, callback: Callable[[], None]) -> None: ...
+
+    def outcome(self) -> T_co: ...
 
 
 class TurnStore(Protocol):

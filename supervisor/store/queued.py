@@ -27,7 +27,7 @@ _log = get_logger("supervisor.store")
 class QueuedOp(Generic[T_co]):
     """One queued write's outcome: its result or error, whether it is done or abandoned."""
 
-    __slots__ = ("_done", "_result", "abandoned", "error", "finished", "on_commit")
+    __slots__ = ("_callbacks", "_done", "_result", "abandoned", "error", "finished", "on_commit")
 
     def __init__(self, on_commit: Callable[[T_co], None] | None = None) -> None:
         #: called on the event loop once the op committed (not when it failed)
@@ -38,14 +38,32 @@ class QueuedOp(Generic[T_co]):
         #: caller waits (the ops of one batch end together: most callers never wait)
         self.finished = False
         self._done: anyio.Event | None = None
+        self._callbacks: list[Callable[[], None]] | None = None
         #: set by a caller cancelled before its op was taken: the committer skips it
         self.abandoned = False
 
     def complete(self) -> None:
-        """The committer is done with the op: its caller may take the outcome."""
+        """The committer is done with the op: its caller may take the outcome (its
+        callbacks run now, on the event loop; an error in one is logged, never the
+        committer's)."""
         self.finished = True
         if self._done is not None:
             self._done.set()
+        callbacks, self._callbacks = self._callbacks, None
+        for callback in callbacks or ():
+            try:
+                callback()
+            except Exception:
+                _log.exception("store_write_callback_failed")
+
+    def when_done(self, callback: Callable[[], None]) -> None:
+        """Call *callback* once the committer is done with the op (now, if it is)."""
+        if self.finished:
+            callback()
+            return
+        if self._callbacks is None:
+            self._callbacks = []
+        self._callbacks.append(callback)
 
     async def wait(self) -> None:
         """Until the committer is done with the op (no wait, not even a checkpoint, once it is:
@@ -87,6 +105,12 @@ class PendingOp(Generic[T_co]):
 
     def __init__(self, op: QueuedOp[T_co]) -> None:
         self._op = op
+
+    def when_done(self, callback: Callable[[], None]) -> None:
+        self._op.when_done(callback)
+
+    def outcome(self) -> T_co:
+        return self._op.result()
 
     async def result(self) -> T_co:
         op = self._op

@@ -11,10 +11,12 @@ scope or an event of its own:
 2. The executor's answer reaches `_answered` from the connection's reader: the outcome is
    decided by the pure attempt policy (`attempt_loop.decide_outcome`, the same step the attempt
    loop takes).
-3. An ending (success, a terminal fault, an escalation) joins the pass's batch: the committer
-   task seals the turn's exec and evidence lines and queues every ending of the pass
-   (`TurnStore.finish_soon`), so they commit in one transaction; then the lines go to the
-   files, the tracker and the waiters hear of it.
+3. An ending (success, a terminal fault, an escalation) is sealed there too (the turn's exec
+   and evidence lines) and queued (`TurnStore.finish_soon`): the endings queued in one pass of
+   the event loop commit in one transaction. When the store is done with it, its callback
+   (`PendingWrite.when_done`) lets the lines into the files, and the tracker and the waiters
+   hear of it. Only an answer with evidence bytes goes through a task (`run`), which writes
+   them to the session first.
 
 What is rare keeps the per-turn task of `runner.TurnRunner`, where it is simplest to get right:
 a RETRY (its backoff and later attempts), a cancel or a lost claim (`FlightOwner`), an attempt
@@ -24,6 +26,7 @@ error while ending.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
@@ -136,7 +139,7 @@ class InstructionFlights:
         self._hub = hub
         self._owner = owner
         self._log = get_logger("supervisor.turns")
-        self._endings: list[_Ending] = []
+        self._with_evidence: list[_Ending] = []
         self._wake = anyio.Event()
 
     def launch(self, turn: TurnRecord, active: ActiveTurn, spec: InstructionSpec) -> bool:
@@ -258,58 +261,72 @@ class InstructionFlights:
             fault_type=None if outcome.fault_type is None else outcome.fault_type.value,
             result=attempt_result(flight.wire, report, decided.detail, None),
         )
-        self._endings.append(_Ending(flight, ending, decided, started, report.evidence))
-        self._wake.set()
+        item = _Ending(flight, ending, decided, started, report.evidence)
+        if report.evidence is None:
+            self._end(item, ending)
+        else:  # the evidence bytes are written to the session first (a file: awaited)
+            self._with_evidence.append(item)
+            self._wake.set()
 
     async def run(self) -> None:
-        """The committer: every pass ends the answered turns of the pass in one transaction."""
+        """Ends the answered turns that brought evidence bytes: those are stored first (the
+        others end from `_answered`)."""
         while True:
             await self._wake.wait()
             self._wake = anyio.Event()
-            while self._endings:
-                batch, self._endings = self._endings, []
-                await self._commit(batch)
+            while self._with_evidence:
+                batch, self._with_evidence = self._with_evidence, []
+                for item in batch:
+                    await self._end_with_evidence(item)
 
-    async def _commit(self, batch: Sequence[_Ending]) -> None:
+    async def _end_with_evidence(self, item: _Ending) -> None:
+        assert item.evidence is not None
+        ending = item.ending
+        stored = await self._deps.sessions.store_evidence(
+            item.flight.turn.session_id, item.evidence
+        )
+        if stored is not None:  # else logged; the turn keeps its evidence_hash
+            result = dict(ending.result)
+            last = result.pop("last_instruction")
+            ending = replace(
+                ending, result={**result, "evidence": stored, "last_instruction": last}
+            )
+        self._end(item, ending)
+
+    def _end(self, item: _Ending, ending: TurnEnding) -> None:
+        """Seal the turn's lines and queue its ending: the endings queued in one pass of the
+        event loop commit in one transaction; the store calls back when done with it."""
         deps = self._deps
-        queued: list[tuple[_Ending, Sequence[SealedLine], PendingWrite[TurnRecord]]] = []
-        for item in batch:
-            flight = item.flight
-            active = flight.active
-            claim = active.claim
-            if claim is None:  # lost meanwhile: another daemon owns the turn now
-                deps.tracker.attempt_ended()
-                self._owner.released(active)
-                continue
-            ending = item.ending
-            if item.evidence is not None:
-                stored = await deps.sessions.store_evidence(flight.turn.session_id, item.evidence)
-                if stored is not None:  # else logged; the turn keeps its evidence_hash
-                    result = dict(ending.result)
-                    last = result.pop("last_instruction")
-                    ending = replace(
-                        ending, result={**result, "evidence": stored, "last_instruction": last}
-                    )
-            self._log_fault(flight, item.decided)
-            try:
-                sealing = _COSTS.clock()
-                sealed = deps.sessions.record_end(with_ending(flight.turn, ending, [item.decided]))
-                _COSTS.add("seal", _COSTS.clock() - sealing)
-                pending = deps.store.finish_soon(
-                    claim, ending, [item.decided], ledger_lines=sealed, started=item.started
-                )
-            except Exception as exc:  # a broken ledger or store: this turn, not the pass
-                deps.tracker.attempt_ended()
-                self._owner.end_failed_later(flight.turn, active, exc)
-                continue
-            queued.append((item, sealed, pending))
-        for item, lines, pending in queued:
-            try:
-                finished = await pending.result()
-            except Exception as exc:
-                self._not_ended(item, lines, exc)
-                continue
-            self._ended(item, lines, finished)
+        flight = item.flight
+        active = flight.active
+        claim = active.claim
+        if claim is None:  # lost meanwhile: another daemon owns the turn now
+            deps.tracker.attempt_ended()
+            self._owner.released(active)
+            return
+        self._log_fault(flight, item.decided)
+        try:
+            sealing = _COSTS.clock()
+            sealed = deps.sessions.record_end(with_ending(flight.turn, ending, [item.decided]))
+            _COSTS.add("seal", _COSTS.clock() - sealing)
+            pending = deps.store.finish_soon(
+                claim, ending, [item.decided], ledger_lines=sealed, started=item.started
+            )
+        except Exception as exc:  # a broken ledger or store: this turn, not the pass
+            deps.tracker.attempt_ended()
+            self._owner.end_failed_later(flight.turn, active, exc)
+            return
+        pending.when_done(functools.partial(self._committed, item, sealed, pending))
+
+    def _committed(
+        self, item: _Ending, lines: Sequence[SealedLine], pending: PendingWrite[TurnRecord]
+    ) -> None:
+        try:
+            finished = pending.outcome()
+        except Exception as exc:
+            self._not_ended(item, lines, exc)
+            return
+        self._ended(item, lines, finished)
 
     def _ended(self, item: _Ending, lines: Sequence[SealedLine], finished: TurnRecord) -> None:
         started = _COSTS.clock()

@@ -4,10 +4,11 @@
 (an idempotency key looked up, a process turn's capabilities checked on a thread, a fleet's
 session homed elsewhere). The common case needs none of that: an instruction turn without an
 idempotency key, of a session this daemon holds. `Intake.submit_soon` takes it without a task:
-the intake rules and the queue's backpressure apply at once, its accept is queued
-(`TurnStore.accept_soon`), and one task (`run`) ends the pass: the pass's accepts commit in one
-transaction, each accepted turn starts (`runner.TurnRunner.start`) and its submitter's
-*answer* is called with the turn, or with the error.
+the intake rules and the queue's backpressure apply at once, and its accept is queued
+(`TurnStore.accept_soon`) with the others of the pass, which commit in one transaction. When
+the store is done with it, a callback (on the event loop, in the store's committer) starts the
+accepted turn (`runner.TurnRunner.start`) and calls the submitter's *answer* with the turn, or
+with the error. `run` only marks the span in which the turn core runs.
 
 `SessionGate` is what a submission and a session's close share: each refuses while the other
 is under way, so no turn lands in a closed session.
@@ -15,6 +16,7 @@ is under way, so no turn lands in a closed session.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import anyio
@@ -71,9 +73,8 @@ class Intake:
         self._admit = admit
         self._start = start
         self._log = get_logger("supervisor.turns")
-        # None while the pass does not run (the core is not running): `submit` is used then.
-        self._queued: list[tuple[TurnRequest, PendingWrite[Accepted], Answer]] | None = None
-        self._wake = anyio.Event()
+        # False while the turn core does not run: `submit` is used then.
+        self._running = False
 
     def submit_soon(self, request: TurnRequest, answer: Answer) -> bool:
         """Take *request* for the next pass; *answer* is called with the accepted turn or
@@ -82,9 +83,8 @@ class Intake:
         `submit` does."""
         deps = self._deps
         sid = request.session_id
-        queued = self._queued
         if (
-            queued is None
+            not self._running
             or deps.draining
             or request.instruction is None
             or request.idempotency_key is not None
@@ -100,33 +100,26 @@ class Intake:
             lease_ms=deps.settings.lease_ms,
         )
         self._gate.enter(sid)
-        queued.append((request, pending, answer))
-        self._wake.set()
+        pending.when_done(functools.partial(self._accepted, request, pending, answer))
         _COSTS.add("admit", _COSTS.clock() - started, 0)
         return True
 
     async def run(self) -> None:
-        """The passes: the accepts queued since the last one commit together; each accepted
-        turn starts and its submitter hears of it."""
-        self._queued = []
+        """While the turn core runs: submissions are taken (their callbacks need it)."""
+        self._running = True
         try:
-            while True:
-                await self._wake.wait()
-                self._wake = anyio.Event()
-                while self._queued:
-                    batch, self._queued = self._queued, []
-                    for request, pending, answer in batch:
-                        await self._accepted(request, pending, answer)
+            await anyio.sleep_forever()
         finally:
-            self._queued = None
+            self._running = False
 
-    async def _accepted(
+    def _accepted(
         self, request: TurnRequest, pending: PendingWrite[Accepted], answer: Answer
     ) -> None:
+        """The store is done with the accept: start the turn, answer the submitter."""
         sid = request.session_id
         outcome: TurnRecord | Exception
         try:
-            accepted = await pending.result()
+            accepted = pending.outcome()
         except SessionClosedError:
             outcome = RequestError(
                 "session_closed", f"session {sid} is closed; open a new one", session_id=sid
@@ -136,7 +129,8 @@ class Intake:
         else:
             outcome = accepted.turn
             if accepted.created and accepted.claim is not None:
-                self._start(accepted.turn, accepted.claim)
+                if self._running:  # else the core stopped: a restart takes the turn back
+                    self._start(accepted.turn, accepted.claim)
                 self._deps.tracker.accepted()
                 if info_enabled():
                     self._log.info(
