@@ -385,6 +385,17 @@ class TurnStore(Protocol):
         *started*, an attempt start not written before (as by `start_attempt`)."""
         ...
 
+    def record_attempt_soon(
+        self,
+        claim: Claim,
+        attempt: AttemptRecord,
+        *,
+        next_attempt_us: int,
+        started: AttemptRecord | None = None,
+    ) -> PendingWrite[Claim]:
+        """`record_attempt`, queued without waiting (a retry decided without a task)."""
+        ...
+
     def finish_soon(
         self,
         claim: Claim,

@@ -144,12 +144,6 @@ class LoopHooks:
         self._started(attempt, await self._deps.store.start_attempt(self.claim, attempt))
         self._log_started(attempt)
 
-    def resume_counted(self, started: AttemptRecord | None) -> None:
-        """Take over an attempt that ran without a task (`flights`): it counts as running
-        already, and *started* (its start, not yet written) rides with its record."""
-        self.counting = True
-        self._unwritten = started
-
     def _write_start(self) -> None:
         """Due (the attempt is still running): queue the start's write."""
         attempt, self._unwritten = self._unwritten, None

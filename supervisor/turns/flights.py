@@ -27,6 +27,7 @@ error while ending.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
@@ -45,6 +46,7 @@ from supervisor.logging import get_logger, info_enabled
 from supervisor.stages import stage_costs
 from supervisor.store.fleet import StaleHomeError
 from supervisor.store.protocol import Claim, PendingWrite, TurnEnding, TurnRecord
+from supervisor.timers import Timers
 from supervisor.traces import attempt_traceparent
 from supervisor.turns.context import TurnDeps, now_us, with_ending
 from supervisor.turns.instruction import (
@@ -87,15 +89,8 @@ class DispatchingHub(Protocol):
 class FlightOwner(Protocol):
     """What the runner does for a flight that leaves the record path (in a task)."""
 
-    def retry_later(
-        self,
-        turn: TurnRecord,
-        active: ActiveTurn,
-        decided: AttemptRecord,
-        decision: AttemptDecision,
-        started: AttemptRecord | None,
-    ) -> None:
-        """The attempt was decided RETRY: record it and run the turn's next attempts."""
+    def run_later(self, turn: TurnRecord, active: ActiveTurn) -> None:
+        """The turn's next attempt cannot go straight to an executor: run it in a task."""
 
     def end_cancelled_later(self, turn: TurnRecord, active: ActiveTurn) -> None:
         """The turn was cancelled while its attempt was in flight: end it ``cancelled``."""
@@ -131,6 +126,10 @@ class _Ending:
     evidence: bytes | None
 
 
+def _labels(turn: TurnRecord) -> dict[str, object]:
+    return {"session_id": turn.session_id, "turn_number": turn.turn_number, "turn_id": turn.turn_id}
+
+
 class InstructionFlights:
     """Attempts of instruction turns in flight as records, and the pass that ends them."""
 
@@ -141,6 +140,7 @@ class InstructionFlights:
         self._log = get_logger("supervisor.turns")
         self._with_evidence: list[_Ending] = []
         self._wake = anyio.Event()
+        self._timers = Timers()
 
     def launch(self, turn: TurnRecord, active: ActiveTurn, spec: InstructionSpec) -> bool:
         """Start the turn's next attempt on the record path; False (nothing done) when the
@@ -250,7 +250,7 @@ class InstructionFlights:
         if decision.verdict is Verdict.RETRY:
             if started is not None:
                 active.attempt = started.attempt
-            self._owner.retry_later(turn, active, decided, decision, started)
+            self._retry(flight, decided, decision, started)
             return
         outcome = report.outcome
         ending = TurnEnding(
@@ -269,15 +269,17 @@ class InstructionFlights:
             self._wake.set()
 
     async def run(self) -> None:
-        """Ends the answered turns that brought evidence bytes: those are stored first (the
-        others end from `_answered`)."""
-        while True:
-            await self._wake.wait()
-            self._wake = anyio.Event()
-            while self._with_evidence:
-                batch, self._with_evidence = self._with_evidence, []
-                for item in batch:
-                    await self._end_with_evidence(item)
+        """Serves the timers of the retries' backoffs, and ends the answered turns that
+        brought evidence bytes: those are stored first (the others end from `_answered`)."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._timers.run, name="retry-backoffs")
+            while True:
+                await self._wake.wait()
+                self._wake = anyio.Event()
+                while self._with_evidence:
+                    batch, self._with_evidence = self._with_evidence, []
+                    for item in batch:
+                        await self._end_with_evidence(item)
 
     async def _end_with_evidence(self, item: _Ending) -> None:
         assert item.evidence is not None
@@ -292,6 +294,103 @@ class InstructionFlights:
                 ending, result={**result, "evidence": stored, "last_instruction": last}
             )
         self._end(item, ending)
+
+    # -- a RETRY: recorded, its backoff on the timers, the next attempt sent: no task ---------
+
+    def _retry(
+        self,
+        flight: _Flight,
+        decided: AttemptRecord,
+        decision: AttemptDecision,
+        started: AttemptRecord | None,
+    ) -> None:
+        """Record the attempt decided RETRY (queued with the pass's writes); the backoff then
+        waits on the timers (`_retry_recorded`)."""
+        deps = self._deps
+        active = flight.active
+        claim = active.claim
+        if claim is None:  # lost meanwhile: another daemon owns the turn now
+            deps.tracker.attempt_ended()
+            self._owner.released(active)
+            return
+        self._log_fault(flight, decided)
+        next_us = now_us() + decision.delay_ms * 1000
+        try:
+            pending = deps.store.record_attempt_soon(
+                claim, decided, next_attempt_us=next_us, started=started
+            )
+        except Exception as exc:  # a broken store: this turn, not the pass
+            deps.tracker.attempt_ended()
+            self._owner.end_failed_later(flight.turn, active, exc)
+            return
+        pending.when_done(
+            functools.partial(self._retry_recorded, flight, decided, decision, next_us, pending)
+        )
+
+    def _retry_recorded(
+        self,
+        flight: _Flight,
+        decided: AttemptRecord,
+        decision: AttemptDecision,
+        next_us: int,
+        pending: PendingWrite[Claim],
+    ) -> None:
+        deps = self._deps
+        active = flight.active
+        turn = flight.turn
+        labels = _labels(turn)
+        deps.tracker.attempt_ended()
+        try:
+            claim = pending.outcome()
+        except (StaleClaimError, StaleHomeError) as exc:  # another daemon owns it now
+            self._log.warning("stale_result_refused", reason=str(exc), **labels)
+            self._owner.released(active)
+            return
+        except Exception as exc:
+            self._owner.end_failed_later(turn, active, exc)
+            return
+        if active.claim is not None:  # not lost meanwhile
+            active.claim = claim
+        active.attempt = decided.attempt
+        active.move(TurnState.WAITING_RETRY)
+        deps.tracker.retried(decided)
+        if info_enabled():
+            self._log.info(
+                "retry_scheduled",
+                attempt=decided.attempt,
+                delay_ms=decision.delay_ms,
+                reason_code=decision.reason_code,
+                **labels,
+            )
+        waiting = replace(
+            turn, state=TurnState.WAITING_RETRY, attempt=decided.attempt, next_attempt_us=next_us
+        )
+        key = self._timers.call_at(
+            time.monotonic() + decision.delay_ms / 1000,
+            functools.partial(self._retry_due, waiting, active, flight.spec),
+        )
+        active.stop = functools.partial(self._stop_waiting, waiting, active, key)
+
+    def _retry_due(self, turn: TurnRecord, active: ActiveTurn, spec: InstructionSpec) -> None:
+        """The backoff is over: the next attempt goes (straight to a slot, else in a task)."""
+        active.stop = None
+        if active.claim is None:  # lost during the backoff
+            self._owner.released(active)
+        elif active.cancel_requested:
+            self._owner.end_cancelled_later(turn, active)
+        elif self._deps.draining:  # it stays waiting_retry: a restart takes it back
+            self._owner.released(active)
+        elif not self.launch(turn, active, spec):
+            self._owner.run_later(turn, active)
+
+    def _stop_waiting(self, turn: TurnRecord, active: ActiveTurn, key: int) -> None:
+        """Cancelled, or the claim lost, during the backoff."""
+        self._timers.cancel(key)
+        active.stop = None
+        if active.cancel_requested and active.claim is not None:
+            self._owner.end_cancelled_later(turn, active)
+        else:
+            self._owner.released(active)
 
     def _end(self, item: _Ending, ending: TurnEnding) -> None:
         """Seal the turn's lines and queue its ending: the endings queued in one pass of the

@@ -199,15 +199,12 @@ async def run_instruction_turn(
     interrupted: AttemptRecord | None,
     dispatched: Callable[[], None] = lambda: None,
     queue_waited_s: float = 0.0,
-    retried: tuple[AttemptRecord, AttemptDecision, AttemptRecord | None] | None = None,
 ) -> TurnRecord | None:
     """Run the turn's attempts to its ending (final or escalated); None when a drain stopped
     it before an attempt (it stays accepted / waiting_retry for the restart). *dispatched* is
     called just before an envelope goes to the hub (the core's launch count). *queue_waited_s*:
     how long the turn already waited parked for a slot; its first attempt waits the rest of its
-    bound (`slot_wait_s`), not all of it again. *retried*: the turn's attempt that ran
-    without a task (`flights`) and was decided RETRY, with its start if not yet written: it is
-    recorded first, then the attempts go on after its backoff."""
+    bound (`slot_wait_s`), not all of it again."""
     execution_id = f"EXE-{turn.turn_id}"
     hooks = LoopHooks(deps, active, overlap_start=True, command_type=spec.command_type.value)
 
@@ -229,13 +226,6 @@ async def run_instruction_turn(
             duration_ms=report.duration_ms,
         )
 
-    first_attempt, resume_at_us = turn.attempt + 1, turn.next_attempt_us
-    if retried is not None:
-        decided, decision, started = retried
-        hooks.resume_counted(started)
-        resume_at_us = now_us() + decision.delay_ms * 1000
-        await hooks.retry_scheduled(decided, decision, resume_at_us)
-        first_attempt = decided.attempt + 1
     try:
         end = await run_attempts(
             one_attempt,
@@ -244,9 +234,9 @@ async def run_instruction_turn(
             clock=now_us,
             sleep=anyio.sleep,
             hooks=hooks,
-            first_attempt=first_attempt,
+            first_attempt=turn.attempt + 1,
             interrupted=interrupted,
-            resume_at_us=resume_at_us if interrupted is None else None,
+            resume_at_us=turn.next_attempt_us if interrupted is None else None,
             execution_id=execution_id,
             instruction_id=lambda n: f"INS-{turn.turn_id}-{n}",
             should_continue=lambda: not deps.draining,

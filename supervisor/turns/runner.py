@@ -11,7 +11,6 @@ a turn starts and what happens when its run fails or is cancelled.
 from __future__ import annotations
 
 import collections
-import functools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -21,7 +20,6 @@ import anyio.abc
 import structlog.contextvars
 
 from sandbox.policy.attempt_record import AttemptRecord
-from sandbox.policy.attempts import AttemptDecision
 from sandbox.policy.envelopes import ExecutorCommandType, ExecutorInstructionEnvelope
 from sandbox.policy.lifecycle import TurnState
 from supervisor.errors import StaleClaimError
@@ -250,22 +248,11 @@ class TurnRunner:
         self._deps.tracker.remove(active)
         self._kick_feeder()
 
-    def retry_later(
-        self,
-        turn: TurnRecord,
-        active: ActiveTurn,
-        decided: AttemptRecord,
-        decision: AttemptDecision,
-        started: AttemptRecord | None,
-    ) -> None:
-        self._kick_feeder()
+    def run_later(self, turn: TurnRecord, active: ActiveTurn) -> None:
         if self._tg is None:
             self.released(active)
             return
-        task = functools.partial(
-            self._turn_task, turn, active, False, None, retried=(decided, decision, started)
-        )
-        self._tg.start_soon(task, name=f"turn-{turn.turn_id}")
+        self._launch(turn, active, False, self._command(turn))
 
     def end_cancelled_later(self, turn: TurnRecord, active: ActiveTurn) -> None:
         self._kick_feeder()
@@ -304,8 +291,6 @@ class TurnRunner:
         recovered: bool,
         command: ExecutorCommandType | None,
         parked_s: float = 0.0,
-        *,
-        retried: tuple[AttemptRecord, AttemptDecision, AttemptRecord | None] | None = None,
     ) -> None:
         # Each task runs in its own copy of the context: the ids bound here label every event
         # of this turn (the hub's too) and vanish with the task.
@@ -337,7 +322,6 @@ class TurnRunner:
                         interrupted=interrupted,
                         dispatched=launched.done,
                         queue_waited_s=parked_s,
-                        retried=retried,
                     )
                 else:
                     await run_process_turn(self._deps, turn, active, spec, interrupted=interrupted)

@@ -539,8 +539,21 @@ class PostgresTurnStore:
         next_attempt_us: int,
         started: AttemptRecord | None = None,
     ) -> Claim:
-        return await self._write(
-            lambda c: ops.record_attempt(c, claim, attempt, next_attempt_us, started)
+        pending = self.record_attempt_soon(
+            claim, attempt, next_attempt_us=next_attempt_us, started=started
+        )
+        return await pending.result()
+
+    def record_attempt_soon(
+        self,
+        claim: Claim,
+        attempt: AttemptRecord,
+        *,
+        next_attempt_us: int,
+        started: AttemptRecord | None = None,
+    ) -> PendingWrite[Claim]:
+        return PendingOp(
+            self._enqueue(lambda c: ops.record_attempt(c, claim, attempt, next_attempt_us, started))
         )
 
     async def finish(

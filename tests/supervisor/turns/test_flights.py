@@ -185,7 +185,8 @@ async def test_cancel_of_an_attempt_in_flight(root: Path) -> None:
 
 
 async def test_retry_decided_on_the_record_path_continues_and_succeeds(root: Path) -> None:
-    """An attempt decided RETRY goes on in a task: the second attempt succeeds."""
+    """An attempt decided RETRY is recorded, waits out its backoff on the timers and sends the
+    next attempt, all without a task: the second attempt succeeds."""
     executor = Flaky()
     async with serving(root, executor, **{"retry.base_delay_ms": 10}) as (client, sid):
         turn = await submit(client, sid)
@@ -196,8 +197,25 @@ async def test_retry_decided_on_the_record_path_continues_and_succeeds(root: Pat
     assert (first["decision"], first["fault_type"]) == ("RETRY", "CRASH")
     assert second["outcome"] == "SUCCESS"
     assert executor.calls == 2
-    # the first attempt ran without a task, the second in the turn's own task
-    assert executor.seen == [[], [f"turn-{turn['turn_id']}"]]
+    # neither attempt ran in a task of the turn's own
+    assert executor.seen == [[], []]
+
+
+async def test_cancel_during_a_backoff_ends_the_turn_and_sends_nothing_more(root: Path) -> None:
+    """A turn cancelled while it waits out a retry's backoff (on the timers, no task) ends
+    `cancelled` at once; its next attempt is never sent."""
+    executor = Flaky()
+    async with serving(root, executor, **{"retry.base_delay_ms": 30_000}) as (client, sid):
+        turn = await submit(client, sid)
+        with anyio.fail_after(WAIT_S):
+            waiting = await client.call(
+                "turn.wait", turn_id=turn["turn_id"], until=["waiting_retry"], timeout_s=WAIT_S
+            )
+            assert waiting["turn"]["state"] == "waiting_retry", waiting
+            assert turn_tasks() == []
+            cancelled = await client.call("turn.cancel", turn_id=turn["turn_id"])
+    assert cancelled["turn"]["state"] == "cancelled", cancelled
+    assert executor.calls == 1
 
 
 async def test_deadline_on_the_record_path_times_out_and_cancels(root: Path) -> None:
