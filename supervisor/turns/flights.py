@@ -18,10 +18,12 @@ scope or an event of its own:
    hear of it. Only an answer with evidence bytes goes through a task (`run`), which writes
    them to the session first.
 
-What is rare keeps the per-turn task of `runner.TurnRunner`, where it is simplest to get right:
-a RETRY (its backoff and later attempts), a cancel or a lost claim (`FlightOwner`), an attempt
-that cannot go straight to a slot (the hub's queue, an open circuit), a recovered turn, and an
-error while ending.
+4. A RETRY is recorded the same way (`TurnStore.record_attempt_soon`), its backoff waits on one
+   timer heap (`supervisor.timers.Timers`), and the next attempt is launched as in 1.
+
+What is rare keeps the per-turn task of `runner.TurnRunner`, where it is simplest to get right
+(`FlightOwner`): ending a cancelled turn, an attempt that cannot go straight to a slot (the
+hub's queue, an open circuit), a recovered turn, and an error while ending.
 """
 
 from __future__ import annotations
