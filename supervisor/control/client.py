@@ -79,13 +79,18 @@ class ControlClient:
         tb: TracebackType | None,
     ) -> bool | None:
         self._closed = True
-        if self._stream is not None:
-            await self._stream.aclose()
         assert self._tg is not None
+        # The reader stops before its socket closes: a read waiting on a descriptor that is
+        # closed under it could leave that number registered with the event loop, and the next
+        # socket to get it would find the registration taken (`FrameReader`).
         self._tg.cancel_scope.cancel()
         # The reader task handles its own errors; the body's exception (if any) propagates
         # unwrapped instead of inside an exception group.
-        await self._tg.__aexit__(None, None, None)
+        try:
+            await self._tg.__aexit__(None, None, None)
+        finally:
+            if self._stream is not None:
+                await self._stream.aclose()
         return None
 
     async def _reader(self, stream: anyio.abc.SocketStream) -> None:

@@ -215,7 +215,9 @@ class FrameReader:
         # with the loop. anyio's receive would yield once first, then register the socket
         # object, whose repr asyncio formats for a KeyError it catches on every registration
         # (4% of a busy daemon's CPU), and whose late callback could meet a cancelled read
-        # (`loop_callback_race`): `anyio.wait_readable` does neither.
+        # (`loop_callback_race`): `anyio.wait_readable` does neither. The one rule it adds:
+        # stop a reader before closing its socket (a wait on a descriptor closed under it
+        # stays registered under that number until the reader is cancelled).
         if self._fast >= _YIELD_EVERY:  # a peer that never pauses: let the others run
             self._fast = 0
             await anyio.lowlevel.checkpoint()
@@ -225,9 +227,16 @@ class FrameReader:
             except (BlockingIOError, InterruptedError):
                 fd = sock.fileno()
                 if fd >= 0:
-                    await anyio.wait_readable(fd)
-                    continue
-                chunk = b""  # closed meanwhile: the stream raises its own error
+                    try:
+                        await anyio.wait_readable(fd)
+                    except anyio.BusyResourceError:
+                        # The number is still registered for a socket closed while it was
+                        # read (its reader must be stopped first): wait the stream's way.
+                        chunk = b""
+                    else:
+                        continue
+                else:
+                    chunk = b""  # closed meanwhile: the stream raises its own error
             except OSError:  # closed or broken: the stream raises its own error
                 chunk = b""
             if chunk:
