@@ -158,6 +158,9 @@ class FrameReader:
     the stream cleanly between frames, ``FrameTruncated`` when it closed mid-frame,
     ``FrameTooLarge`` / ``FrameDecodeError`` for a bad frame, and passes through
     ``anyio.BrokenResourceError`` / ``anyio.ClosedResourceError`` from the stream.
+
+    On an asyncio Unix socket it reads the socket itself (see `_fill`): stop the task that
+    reads (cancel it) before closing the stream, as every reader of this product does.
     """
 
     __slots__ = ("_buffer", "_fast", "_sock", "_stream", "max_bytes")
@@ -233,6 +236,8 @@ class FrameReader:
                         # The number is still registered for a socket closed while it was
                         # read (its reader must be stopped first): wait the stream's way.
                         chunk = b""
+                    except OSError as exc:  # the loop could not register it: a broken read
+                        raise anyio.BrokenResourceError from exc
                     else:
                         continue
                 else:
