@@ -7,6 +7,7 @@ on its ``executors.sock``: what a user sees of turns whose attempts run without 
 from __future__ import annotations
 
 import functools
+import io
 import re
 import shutil
 import tempfile
@@ -16,13 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import orjson
 import pytest
 
 from supervisor.config import load_config
 from supervisor.control.client import ControlClient
 from supervisor.demo.stack import prepare_root
+from supervisor.logging import configure_logging, reset_logging
 from supervisor.sdk import Executor, Instruction, Result, run_executor
 from supervisor.server import Daemon
+from supervisor.store.sqlite import open_sqlite_store
 
 WAIT_S = 20.0  # the bound of every wait below; a healthy run takes well under a second each
 
@@ -254,3 +258,40 @@ async def test_endings_of_one_pass_commit_together(root: Path) -> None:
     operations = after["operations"] - before["operations"]
     assert operations >= 32
     assert 0 < commits < operations, (before, after)
+
+
+async def test_a_stop_with_an_attempt_in_flight_writes_nothing_for_it(root: Path) -> None:
+    """The daemon stops while an attempt is in flight on the record path (its drain grace runs
+    out): the attempt is not recorded (no error logged, nothing written on a store that is
+    closing); the turn stays unfinished in the store, for the next start to decide."""
+    stream = io.StringIO()
+    configure_logging(fmt="json", level="info", stream=stream)
+    executor = Sleeper()
+    config = load_config(None, env={}, overrides={"root": root, "drain_grace_s": 0.2})
+    daemon = Daemon(config, handle_signals=False)
+    try:
+        async with anyio.create_task_group() as executors:
+            async with anyio.create_task_group() as tg:
+                await tg.start(daemon.run)
+                executors.start_soon(
+                    functools.partial(
+                        run_executor, executor, socket_path=config.executor_socket, reconnect=False
+                    )
+                )
+                async with ControlClient(config.control_socket) as client:
+                    await client.call("executors.wait", executor_id="sleeper", timeout_s=WAIT_S)
+                    sid = (await client.call("session.open", package_id="demo"))["session_id"]
+                    turn = await submit(client, str(sid))
+                    with anyio.fail_after(WAIT_S):
+                        await executor.started.wait()
+                daemon.request_drain()  # the executor is still connected, its attempt running
+            executors.cancel_scope.cancel()
+    finally:
+        reset_logging()
+    events = [orjson.loads(line) for line in stream.getvalue().splitlines() if line]
+    assert any(e["event"] == "drain_finished" and e["clean"] is False for e in events)
+    loud = [e for e in events if e["level"] in {"error", "critical", "exception"}]
+    assert loud == []
+    async with open_sqlite_store(config.intake_path) as store:
+        left = await store.get_turn(int(turn["turn_id"]))
+    assert not left.final
