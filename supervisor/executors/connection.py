@@ -14,9 +14,10 @@ of its load (in flight, unanswered cancels, reserved slots) or of its status, a 
 ``host.recount(self)``: the hub keeps running totals of free slots per command from these, so
 nothing per turn has to look at every executor.
 
-`Connection` is over 400 lines on purpose: the in-flight table, the deadline/cancel handling and
-the response attribution below share one connection's state and are read together; splitting the
-in-flight table into its own class costs an attribute hop on every response (the hot path).
+`Connection` is about 600 lines (the module about 730) on purpose: the in-flight table, the two
+ways of an attempt (with a task, without), the deadline/cancel handling and the response
+attribution below share one connection's state and are read together; splitting the in-flight
+table into its own class costs an attribute hop on every response (the hot path).
 
 Attribution of a response whose ``instruction_id`` is not one of the executor's in-flight
 instructions: if it names an instruction that timed out or finished recently, it is a late
@@ -30,8 +31,7 @@ in-flight attempt on it ends INVALID_RESPONSE.
 from __future__ import annotations
 
 import collections
-import heapq
-import itertools
+import functools
 import time
 from collections.abc import Callable, Mapping
 from typing import Final
@@ -62,6 +62,7 @@ from supervisor.executors.log import EventLog
 from supervisor.executors.peercred import PeerCredentials
 from supervisor.executors.reports import ExecutorInfo, HubReason
 from supervisor.stages import stage_costs
+from supervisor.timers import Timers
 from supervisor.wire.executor import (
     Cancel,
     Heartbeat,
@@ -91,15 +92,12 @@ _LOST: Final = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 _READY: Final = ExecutorStatus.READY  # an enum member lookup costs a call: once, here
 
 
-_SEQ: Final = itertools.count(1)  # 0: an attempt with a task (no deadline entry)
-
-
 class Pending:
     """One attempt in flight on a connection; resolved by the connection's reader (or its
     deadline). An attempt with a task waits on ``event``; one without (``on_done``) is called
     back, once, with its verdict, and has an ``event`` only while a cancel of it is answered."""
 
-    __slots__ = ("deadline", "envelope", "event", "labels", "on_done", "sent_at", "seq", "verdict")
+    __slots__ = ("envelope", "event", "labels", "on_done", "sent_at", "timer", "verdict")
 
     def __init__(
         self,
@@ -114,8 +112,8 @@ class Pending:
         #: the turn's ids, bound to the events of a deadline handled without the turn's task
         self.labels = labels
         self.sent_at = 0.0
-        self.deadline = 0.0
-        self.seq = 0
+        #: its deadline's key on the connection's timers (0: an attempt with a task)
+        self.timer = 0
 
     def resolve(self, verdict: Verdict) -> None:
         """Settle the attempt with ``verdict`` (the first one wins) and wake its task, or call
@@ -142,8 +140,6 @@ class Connection:
     """A connected executor. Only its own methods change its state; others read it."""
 
     __slots__ = (
-        "_deadline_wake",
-        "_deadlines",
         "_ending",
         "_error_detail",
         "_host",
@@ -155,6 +151,7 @@ class Connection:
         "_scope",
         "_self_status",
         "_tg",
+        "_timers",
         "_unacked",
         "_writer",
         "close_detail",
@@ -205,9 +202,8 @@ class Connection:
         self._scope: anyio.CancelScope | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         #: (deadline, seq, instruction id) of attempts without a task; entries of attempts
-        #: that ended stay until popped or compacted away (`_push_deadline`)
-        self._deadlines: list[tuple[float, int, str]] = []
-        self._deadline_wake: anyio.Event | None = None
+        #: the deadlines of the attempts without a task (one timer heap, one task)
+        self._timers = Timers()
 
     # ------------------------------------------------------------------ state
     @property
@@ -287,7 +283,7 @@ class Connection:
                 self._tg = tg
                 tg.start_soon(self._writer.run)
                 tg.start_soon(self._heartbeats)
-                tg.start_soon(self._deadlines_due)
+                tg.start_soon(self._timers.run)
                 reason, detail = await self._read_loop(reader)
                 self._ending = True  # nothing new is dispatched while the tasks stop
                 tg.cancel_scope.cancel()
@@ -436,9 +432,9 @@ class Connection:
         self._host.recount(self)
         if len(in_flight) + len(self._unacked) + self._reserved >= self.slots:  # self.load
             self._host.changed()  # READY -> BUSY (wait_for_executor watchers)
-        pending.deadline = pending.sent_at + envelope.timeout_ms / 1000
-        pending.seq = next(_SEQ)
-        self._push_deadline(pending)
+        pending.timer = self._timers.call_at(
+            pending.sent_at + envelope.timeout_ms / 1000, functools.partial(self._due, pending)
+        )
         if self._host.trace:
             self._log.debug(
                 "instruction_sent",
@@ -455,6 +451,7 @@ class Connection:
         its slot stays taken until the executor answers the ``cancel`` sent now; its
         ``on_done`` is not called."""
         pending.on_done = None
+        self._timers.cancel(pending.timer)
         iid = pending.envelope.instruction_id
         moved = self._in_flight.get(iid) is pending and not self.closed
         if moved:
@@ -468,38 +465,12 @@ class Connection:
         with anyio.move_on_after(self._host.settings.cancel_grace_s, shield=True):
             await self._send_cancel(pending.envelope, reason="cancelled")
 
-    def _push_deadline(self, pending: Pending) -> None:
-        heap = self._deadlines
-        if len(heap) > 2 * len(self._in_flight) + 1024:  # mostly attempts that ended: compact
-            heap[:] = [
-                (p.deadline, p.seq, iid)
-                for iid, p in self._in_flight.items()
-                if p.seq and p.sent_at
-            ]
-            heapq.heapify(heap)
-        earliest = heap[0][0] if heap else None
-        heapq.heappush(heap, (pending.deadline, pending.seq, pending.envelope.instruction_id))
-        wake = self._deadline_wake
-        if wake is not None and (earliest is None or pending.deadline < earliest):
-            wake.set()
-
-    async def _deadlines_due(self) -> None:
-        """The timer of the attempts without a task: one heap, one task per connection."""
-        heap = self._deadlines
-        while True:
-            wake = self._deadline_wake = anyio.Event()
-            if heap:
-                with anyio.move_on_after(max(0.0, heap[0][0] - time.monotonic())):
-                    await wake.wait()
-            else:
-                await wake.wait()
-            now = time.monotonic()
-            while heap and heap[0][0] <= now:
-                _, seq, iid = heapq.heappop(heap)
-                pending = self._in_flight.get(iid)
-                if pending is not None and pending.seq == seq and pending.verdict is None:
-                    assert self._tg is not None
-                    self._tg.start_soon(self._expire, pending)
+    def _due(self, pending: Pending) -> None:
+        """An attempt's deadline passed: if it is still unanswered, time it out (a task: it
+        sends the ``cancel`` and waits for its answer)."""
+        in_flight = self._in_flight.get(pending.envelope.instruction_id) is pending
+        if pending.verdict is None and in_flight and self._tg is not None:
+            self._tg.start_soon(self._expire, pending)
 
     async def _expire(self, pending: Pending) -> None:
         # The answer may have been read between the timer's look and this task's start: then
@@ -711,6 +682,7 @@ class Connection:
         iid = envelope.instruction_id
         verdict = judge_response(envelope, body, evidence)
         del self._in_flight[iid]
+        self._timers.cancel(pending.timer)
         self._host.recount(self)
         self._recent.append(iid)
         if verdict.accepted:
