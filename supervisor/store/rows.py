@@ -20,11 +20,21 @@ import orjson
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import FINAL_STATES, TurnKind, TurnState
 from supervisor.errors import StoreIntegrityError
-from supervisor.store.protocol import SessionRecord, SessionState, TurnEnding, TurnRecord
+from supervisor.store.protocol import (
+    Accepted,
+    Claim,
+    NewTurn,
+    SessionRecord,
+    SessionState,
+    TurnEnding,
+    TurnRecord,
+)
 from supervisor.wire.turn_spec import TurnSpec, decode_spec
 
 __all__ = [
+    "accepted",
     "attempt_from_row",
+    "claim_of",
     "dumps",
     "ending_values",
     "loads",
@@ -217,3 +227,34 @@ def ending_values(
         ending.fault_type,
         dumps(ending.result),
     )
+
+
+def claim_of(now: int, claim_for: str | None, lease_ms: int) -> tuple[int, int | None]:
+    """A new turn's fencing token and lease end (none when it is not claimed)."""
+    return (1, now + lease_ms * 1000) if claim_for is not None else (0, None)
+
+
+def accepted(
+    new: NewTurn, turn_id: int, number: int, now: int, *, claim_for: str | None, lease_ms: int
+) -> Accepted:
+    """A turn just accepted as turn *number* of its session, as a record built instead of
+    read back (both engines), and its claim when it was claimed."""
+    token, lease = claim_of(now, claim_for, lease_ms)
+    turn = TurnRecord(
+        turn_id=turn_id,
+        session_id=new.session_id,
+        turn_number=number,
+        kind=new.kind,
+        spec=new.spec,
+        idempotency_key=new.idempotency_key,
+        state=TurnState.ACCEPTED,
+        attempt=0,
+        accepted_us=now,
+        updated_us=now,
+        owner=claim_for,
+        token=token,
+    )
+    if claim_for is None or lease is None:
+        return Accepted(turn=turn, created=True)
+    claim = Claim(turn=turn, owner=claim_for, token=token, lease_until_us=lease)
+    return Accepted(turn=turn, created=True, claim=claim)

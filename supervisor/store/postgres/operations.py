@@ -73,7 +73,9 @@ from supervisor.store.protocol import (
     TurnRecord,
 )
 from supervisor.store.rows import (
+    accepted,
     attempt_from_row,
+    claim_of,
     dumps,
     ending_values,
     loads,
@@ -235,9 +237,9 @@ async def accept(conn: Conn, new: NewTurn, claim_for: str | None, lease_ms: int)
     now = _now_us()
     blob = encode_spec(new.spec)
     command = new.spec.command_type.value if isinstance(new.spec, InstructionSpec) else None
-    token, lease = (1, now + lease_ms * 1000) if claim_for is not None else (0, None)
+    token, lease = claim_of(now, claim_for, lease_ms)
     # one statement: the counter, the insert and (unclaimed) the notify (one_trip.py)
-    accepted = await accept_row(
+    row = await accept_row(
         conn,
         new,
         blob=blob,
@@ -248,28 +250,11 @@ async def accept(conn: Conn, new: NewTurn, claim_for: str | None, lease_ms: int)
         lease=lease,
         channel=WORK_CHANNEL,
     )
-    if accepted is None:
+    if row is None:
         await get_session(conn, new.session_id)  # raises UnknownSessionError
         raise SessionClosedError(new.session_id)
-    turn_id, number = accepted
-    turn = TurnRecord(
-        turn_id=int(turn_id),
-        session_id=new.session_id,
-        turn_number=int(number),
-        kind=new.kind,
-        spec=new.spec,
-        idempotency_key=new.idempotency_key,
-        state=TurnState.ACCEPTED,
-        attempt=0,
-        accepted_us=now,
-        updated_us=now,
-        owner=claim_for,
-        token=token,
-    )
-    if claim_for is None or lease is None:
-        return Accepted(turn=turn, created=True)
-    claim = Claim(turn=turn, owner=claim_for, token=token, lease_until_us=lease)
-    return Accepted(turn=turn, created=True, claim=claim)
+    turn_id, number = row
+    return accepted(new, int(turn_id), int(number), now, claim_for=claim_for, lease_ms=lease_ms)
 
 
 async def _claims(conn: Conn, rows: Sequence[asyncpg.Record]) -> list[Claim]:

@@ -29,8 +29,8 @@ from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import FINAL_STATES, TurnState, check_move
 from supervisor.errors import StaleClaimError, UnknownTurnError
 from supervisor.store.protocol import Accepted, Claim, NewTurn, TurnEnding, TurnRecord
-from supervisor.store.rows import attempt_from_row, ending_values, loads, turn_from_row
-from supervisor.store.sqlite.new_turns import INSERT_TURN, accepted, take_numbers, turn_values
+from supervisor.store.rows import accepted, attempt_from_row, ending_values, loads, turn_from_row
+from supervisor.store.sqlite.new_turns import INSERT_TURN, take_numbers, turn_values
 from supervisor.store.sqlite.operations import (
     PUT_ATTEMPT,
     attempt_row,

@@ -49,6 +49,7 @@ from supervisor.store.protocol import (
     TurnRecord,
 )
 from supervisor.store.rows import (
+    accepted,
     attempt_from_row,
     dumps,
     ending_values,
@@ -56,7 +57,7 @@ from supervisor.store.rows import (
     session_from_row,
     turn_from_row,
 )
-from supervisor.store.sqlite.new_turns import INSERT_TURN, accepted, take_numbers, turn_values
+from supervisor.store.sqlite.new_turns import INSERT_TURN, take_numbers, turn_values
 from supervisor.store.sqlite.schema import (
     ATTEMPT_COLUMNS,
     SESSION_COLUMNS,

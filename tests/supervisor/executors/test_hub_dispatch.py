@@ -9,61 +9,19 @@ go at once, so the caller can take the slower way; no task is started per attemp
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
-import pytest
 
 from sandbox.policy.attempts import OutcomeKind
 from sandbox.policy.envelopes import ExecutorInstructionEnvelope, ExecutorStatus
 from sandbox.policy.faults import ExecutionFaultType
-from sandbox.policy.safety import build_executor_instruction, instruction_to_wire
-from supervisor.executors.hub import ExecutorHub, HubSettings, open_executor_listener
+from sandbox.policy.safety import instruction_to_wire
+from supervisor.executors.hub import ExecutorHub
 from supervisor.executors.reports import AttemptReport
 from supervisor.sdk import Executor, Instruction, Result, run_executor
-
-
-@pytest.fixture
-def socket_path() -> Iterator[Path]:
-    directory = Path(tempfile.mkdtemp(prefix="hh-dsp-"))
-    try:
-        yield directory / "ex.sock"
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-@asynccontextmanager
-async def hub_at(path: Path, **changes: Any) -> AsyncIterator[ExecutorHub]:
-    hub = ExecutorHub(settings=HubSettings(**changes))
-    listener = await open_executor_listener(path)
-    async with anyio.create_task_group() as tg:
-        await tg.start(hub.serve, listener)
-        try:
-            yield hub
-        finally:
-            with anyio.CancelScope(shield=True):
-                await hub.aclose()
-                await listener.aclose()
-            tg.cancel_scope.cancel()
-
-
-_ids = iter(range(1, 1_000_000))
-
-
-def _read(*, timeout_ms: int = 5_000) -> ExecutorInstructionEnvelope:
-    return build_executor_instruction(
-        instruction_id=f"dsp-{next(_ids)}",
-        execution_id="exe-dsp",
-        command_type="READ",
-        target_selector="#x",
-        timestamp="2026-01-01T00:00:00Z",
-        timeout_ms=timeout_ms,
-    )
+from tests.supervisor.executors.harness import instruction, running_hub
 
 
 class Gated(Executor):
@@ -125,15 +83,16 @@ def _dispatch(hub: ExecutorHub, envelope: ExecutorInstructionEnvelope, reports: 
     )
 
 
-async def test_attempts_run_without_a_task_each_and_report_once(socket_path: Path) -> None:
+async def test_attempts_run_without_a_task_each_and_report_once(socket_dir: Path) -> None:
     """Eight attempts in flight start no task; each is reported once, SUCCESS."""
     executor = Gated(slots=8)
     reports = Reports(expect=8)
-    async with hub_at(socket_path) as hub, anyio.create_task_group() as tg:
+    async with running_hub(socket_dir) as harness, anyio.create_task_group() as tg:
+        hub, socket_path = harness.hub, harness.socket
         tg.start_soon(lambda: run_executor(executor, socket_path=socket_path))
         await _ready(hub)
         before = len(anyio.get_running_tasks())
-        handles = [_dispatch(hub, _read(), reports) for _ in range(8)]
+        handles = [_dispatch(hub, instruction(), reports) for _ in range(8)]
         assert all(h is not None for h in handles)
         with anyio.fail_after(10):
             await executor.all_started.wait()
@@ -152,15 +111,19 @@ async def test_attempts_run_without_a_task_each_and_report_once(socket_path: Pat
     assert (stats.attempts_started, stats.attempts_finished) == (8, 8)
 
 
-async def test_a_deadline_ends_the_attempt_timeout_and_cancels_it(socket_path: Path) -> None:
+async def test_a_deadline_ends_the_attempt_timeout_and_cancels_it(socket_dir: Path) -> None:
     """An attempt past its timeout_ms is reported TIMEOUT from the connection's timer, and the
     executor's handler is cancelled by the daemon's cancel frame."""
     executor = Gated(slots=1)
     reports = Reports(expect=1)
-    async with hub_at(socket_path, cancel_grace_s=5.0) as hub, anyio.create_task_group() as tg:
+    async with (
+        running_hub(socket_dir, cancel_grace_s=5.0) as harness,
+        anyio.create_task_group() as tg,
+    ):
+        hub, socket_path = harness.hub, harness.socket
         tg.start_soon(lambda: run_executor(executor, socket_path=socket_path))
         await _ready(hub)
-        envelope = _read(timeout_ms=150)
+        envelope = instruction(timeout_ms=150)
         assert _dispatch(hub, envelope, reports) is not None
         with anyio.fail_after(10):
             await reports.all_in.wait()
@@ -176,15 +139,19 @@ async def test_a_deadline_ends_the_attempt_timeout_and_cancels_it(socket_path: P
     assert late == 1  # the TIMEOUT answer to the cancel, dropped as late
 
 
-async def test_an_abandoned_attempt_is_cancelled_and_never_reported(socket_path: Path) -> None:
+async def test_an_abandoned_attempt_is_cancelled_and_never_reported(socket_dir: Path) -> None:
     """Abandoning an attempt in flight (its turn was cancelled) sends the cancel; no report."""
     executor = Gated(slots=1)
     executor.expect = 1
     reports = Reports(expect=1)
-    async with hub_at(socket_path, cancel_grace_s=5.0) as hub, anyio.create_task_group() as tg:
+    async with (
+        running_hub(socket_dir, cancel_grace_s=5.0) as harness,
+        anyio.create_task_group() as tg,
+    ):
+        hub, socket_path = harness.hub, harness.socket
         tg.start_soon(lambda: run_executor(executor, socket_path=socket_path))
         await _ready(hub)
-        envelope = _read()
+        envelope = instruction()
         handle = _dispatch(hub, envelope, reports)
         assert handle is not None
         with anyio.fail_after(10):
@@ -199,18 +166,19 @@ async def test_an_abandoned_attempt_is_cancelled_and_never_reported(socket_path:
     assert reports.by_id == {}
 
 
-async def test_nothing_is_sent_when_the_attempt_cannot_go_at_once(socket_path: Path) -> None:
+async def test_nothing_is_sent_when_the_attempt_cannot_go_at_once(socket_dir: Path) -> None:
     """No executor, or every slot taken: dispatch returns None and sends nothing (the caller
     queues the attempt the slower way)."""
     executor = Gated(slots=1)
     executor.expect = 1
     reports = Reports(expect=99)
-    async with hub_at(socket_path) as hub, anyio.create_task_group() as tg:
-        assert _dispatch(hub, _read(), reports) is None  # nobody connected
+    async with running_hub(socket_dir) as harness, anyio.create_task_group() as tg:
+        hub, socket_path = harness.hub, harness.socket
+        assert _dispatch(hub, instruction(), reports) is None  # nobody connected
         tg.start_soon(lambda: run_executor(executor, socket_path=socket_path))
         await _ready(hub)
-        assert _dispatch(hub, _read(), reports) is not None
-        assert _dispatch(hub, _read(), reports) is None  # its one slot is taken
+        assert _dispatch(hub, instruction(), reports) is not None
+        assert _dispatch(hub, instruction(), reports) is None  # its one slot is taken
         with anyio.fail_after(10):
             await executor.all_started.wait()
         stats = hub.statistics()

@@ -9,10 +9,7 @@ from __future__ import annotations
 import functools
 import io
 import re
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,55 +19,17 @@ import pytest
 
 from supervisor.config import load_config
 from supervisor.control.client import ControlClient
-from supervisor.demo.stack import prepare_root
 from supervisor.logging import configure_logging, reset_logging
 from supervisor.sdk import Executor, Instruction, Result, run_executor
 from supervisor.server import Daemon
 from supervisor.store.sqlite import open_sqlite_store
-
-WAIT_S = 20.0  # the bound of every wait below; a healthy run takes well under a second each
+from tests.live_daemon import WAIT_S, demo_root, serving
 
 
 @pytest.fixture
 def root() -> Iterator[Path]:
     """A fresh root with the demo package installed; removed afterwards."""
-    base = Path(tempfile.mkdtemp(prefix="hh-flt-"))
-    base.chmod(0o711)
-    prepare_root(base / "r", fresh=True)
-    try:
-        yield base / "r"
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-
-
-@asynccontextmanager
-async def serving(
-    root: Path, executor: Executor, **overrides: object
-) -> AsyncIterator[tuple[ControlClient, str]]:
-    """An in-process daemon serving *root* with *executor* connected and a session of the demo
-    package open: the client and the session id (executor stopped, daemon drained after)."""
-    config = load_config(None, env={}, overrides={"root": root, **overrides})
-    daemon = Daemon(config, handle_signals=False)
-    async with anyio.create_task_group() as tg:
-        await tg.start(daemon.run)
-        try:
-            async with anyio.create_task_group() as executors:
-                executors.start_soon(
-                    functools.partial(
-                        run_executor, executor, socket_path=config.executor_socket, reconnect=False
-                    )
-                )
-                try:
-                    async with ControlClient(config.control_socket) as client:
-                        await client.call(
-                            "executors.wait", executor_id=executor.executor_id, timeout_s=WAIT_S
-                        )
-                        opened = await client.call("session.open", package_id="demo")
-                        yield client, str(opened["session_id"])
-                finally:
-                    executors.cancel_scope.cancel()
-        finally:
-            daemon.request_drain()
+    yield from demo_root("hh-flt-")
 
 
 async def submit(client: ControlClient, sid: str, **params: object) -> dict[str, Any]:
