@@ -29,6 +29,7 @@ __all__ = [
     "LoopHooks",
     "TurnDeps",
     "end_turn",
+    "log_fault",
     "merge_attempts",
     "now_us",
     "with_ending",
@@ -210,24 +211,30 @@ class LoopHooks:
         )
 
     def log_fault(self, attempt: AttemptRecord) -> None:
-        if attempt.outcome != "FAULT":
-            return
-        get_logger("supervisor.turns").info(
-            "fault_classified",
-            attempt=attempt.attempt,
-            fault_type=attempt.fault_type,
-            decision=attempt.decision,
-            reason_code=attempt.reason_code,
-            duration_ms=attempt.duration_ms,
-            detail=attempt.detail,
-            executor_id=attempt.executor_id,
-            instruction_id=attempt.instruction_id,
-        )
+        log_fault(attempt)  # the turn's ids come from its task's context
 
     def stop_counting(self) -> None:
         if self.counting:
             self.counting = False
             self._deps.tracker.attempt_ended(process=self._process)
+
+
+def log_fault(attempt: AttemptRecord, **ids: object) -> None:
+    """``fault_classified`` for an attempt decided on a fault (nothing for any other)."""
+    if attempt.outcome != "FAULT":
+        return
+    get_logger("supervisor.turns").info(
+        "fault_classified",
+        attempt=attempt.attempt,
+        fault_type=attempt.fault_type,
+        decision=attempt.decision,
+        reason_code=attempt.reason_code,
+        duration_ms=attempt.duration_ms,
+        detail=attempt.detail,
+        executor_id=attempt.executor_id,
+        instruction_id=attempt.instruction_id,
+        **ids,
+    )
 
 
 async def end_turn(

@@ -50,7 +50,7 @@ from supervisor.store.fleet import StaleHomeError
 from supervisor.store.protocol import Claim, PendingWrite, TurnEnding, TurnRecord
 from supervisor.timers import Timers
 from supervisor.traces import attempt_traceparent
-from supervisor.turns.context import TurnDeps, now_us, with_ending
+from supervisor.turns.context import TurnDeps, log_fault, now_us, with_ending
 from supervisor.turns.instruction import (
     BudgetGate,
     HubAttemptLike,
@@ -159,7 +159,7 @@ class InstructionFlights:
         envelope = build_envelope(spec, record, f"EXE-{tid}")
         wire = instruction_to_wire(envelope)
         flight = _Flight(turn, active, spec, record, wire)
-        labels = {"session_id": turn.session_id, "turn_number": turn.turn_number, "turn_id": tid}
+        labels = _labels(turn)
         handle = self._hub.dispatch(
             envelope,
             wire,
@@ -315,7 +315,7 @@ class InstructionFlights:
             deps.tracker.attempt_ended()
             self._owner.released(active)
             return
-        self._log_fault(flight, decided)
+        log_fault(decided, **_labels(flight.turn))
         next_us = now_us() + decision.delay_ms * 1000
         try:
             pending = deps.store.record_attempt_soon(
@@ -405,7 +405,7 @@ class InstructionFlights:
             deps.tracker.attempt_ended()
             self._owner.released(active)
             return
-        self._log_fault(flight, item.decided)
+        log_fault(item.decided, **_labels(flight.turn))
         try:
             sealing = _COSTS.clock()
             sealed = deps.sessions.record_end(with_ending(flight.turn, ending, [item.decided]))
@@ -442,11 +442,7 @@ class InstructionFlights:
         deps.tracker.ended(finished, [item.decided], lines)
         active.move(finished.state)
         deps.tracker.attempt_ended()
-        labels = {
-            "session_id": session_id,
-            "turn_number": flight.turn.turn_number,
-            "turn_id": flight.turn.turn_id,
-        }
+        labels = _labels(flight.turn)
         if finished.final and info_enabled():
             self._log.info(
                 "turn_finished",
@@ -472,11 +468,7 @@ class InstructionFlights:
         deps = self._deps
         flight = item.flight
         active = flight.active
-        labels = {
-            "session_id": flight.turn.session_id,
-            "turn_number": flight.turn.turn_number,
-            "turn_id": flight.turn.turn_id,
-        }
+        labels = _labels(flight.turn)
         if lines:  # sealed, not committed: held, they would stop every later line
             self._log.error(
                 "ledger_lines_uncommitted",
@@ -499,21 +491,3 @@ class InstructionFlights:
             self._owner.end_failed_later(flight.turn, active, exc)
             return
         self._owner.released(active)
-
-    def _log_fault(self, flight: _Flight, attempt: AttemptRecord) -> None:
-        if attempt.outcome != "FAULT":
-            return
-        self._log.info(
-            "fault_classified",
-            attempt=attempt.attempt,
-            fault_type=attempt.fault_type,
-            decision=attempt.decision,
-            reason_code=attempt.reason_code,
-            duration_ms=attempt.duration_ms,
-            detail=attempt.detail,
-            executor_id=attempt.executor_id,
-            instruction_id=attempt.instruction_id,
-            session_id=flight.turn.session_id,
-            turn_number=flight.turn.turn_number,
-            turn_id=flight.turn.turn_id,
-        )
