@@ -609,13 +609,6 @@ class Connection:
         self._host.slot_freed(self)
 
     def _on_response(self, body: object, evidence: object = None) -> None:
-        started = _COSTS.clock()
-        try:
-            self._attribute(body, evidence)
-        finally:
-            _COSTS.add("judge", _COSTS.clock() - started)
-
-    def _attribute(self, body: object, evidence: object) -> None:
         iid = body.get("instruction_id") if isinstance(body, dict) else None
         pending = self._in_flight.get(iid) if isinstance(iid, str) else None
         if pending is None:
@@ -680,7 +673,9 @@ class Connection:
     def _judge(self, pending: Pending, body: object, evidence: object = None) -> None:
         envelope = pending.envelope
         iid = envelope.instruction_id
+        started = _COSTS.clock()
         verdict = judge_response(envelope, body, evidence)
+        _COSTS.add("judge", _COSTS.clock() - started)
         del self._in_flight[iid]
         self._timers.cancel(pending.timer)
         self._host.recount(self)

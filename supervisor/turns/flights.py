@@ -225,6 +225,7 @@ class InstructionFlights:
         if flight.answered:
             return
         flight.answered = True
+        started_judging = _COSTS.clock()
         self._owner.slot_returned()
         deps = self._deps
         active = flight.active
@@ -249,6 +250,7 @@ class InstructionFlights:
             finished_us=now_us(),
             retry_gate=BudgetGate(deps, command_type=flight.spec.command_type.value),
         )
+        _COSTS.add("judge", _COSTS.clock() - started_judging, 0)  # the decision
         if decision.verdict is Verdict.RETRY:
             if started is not None:
                 active.attempt = started.attempt
