@@ -16,6 +16,7 @@ import anyio
 
 from supervisor.errors import IntakeClosedError
 from supervisor.logging import get_logger
+from supervisor.store.grouping import Accept, Finish
 
 __all__ = ["PendingOp", "QueuedOp"]
 
@@ -27,9 +28,29 @@ _log = get_logger("supervisor.store")
 class QueuedOp(Generic[T_co]):
     """One queued write's outcome: its result or error, whether it is done or abandoned."""
 
-    __slots__ = ("_callbacks", "_done", "_result", "abandoned", "error", "finished", "on_commit")
+    __slots__ = (
+        "_callbacks",
+        "_done",
+        "_result",
+        "abandoned",
+        "accept",
+        "error",
+        "finish",
+        "finished",
+        "on_commit",
+        "stage",
+        "touches",
+    )
 
-    def __init__(self, on_commit: Callable[[T_co], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_commit: Callable[[T_co], None] | None = None,
+        stage: str = "store",
+        *,
+        accept: Accept | None = None,
+        finish: Finish | None = None,
+        touches: int | None = None,
+    ) -> None:
         #: called on the event loop once the op committed (not when it failed)
         self.on_commit = on_commit
         self._result: tuple[T_co] | None = None
@@ -41,6 +62,22 @@ class QueuedOp(Generic[T_co]):
         self._callbacks: list[Callable[[], None]] | None = None
         #: set by a caller cancelled before its op was taken: the committer skips it
         self.abandoned = False
+        #: where its CPU time counts (`supervisor.stages`): "commit" for endings
+        self.stage = stage
+        #: an accept (no idempotency key) or an ending: it may run with the batch's others of
+        #: its kind (`supervisor.store.grouping`)
+        self.accept = accept
+        self.finish = finish
+        #: the turn it writes (`grouping.NEW_TURN`: only a turn it creates; None: unknown),
+        #: which says whether the batch's endings may run after it
+        self.touches = touches
+
+    def settle(self, outcome: object) -> None:
+        """The outcome of the op as run in a group: its value, or the error that refused it."""
+        if isinstance(outcome, Exception):
+            self.error = outcome
+        else:
+            self._result = (outcome,)  # type: ignore[assignment]
 
     def complete(self) -> None:
         """The committer is done with the op: its caller may take the outcome (its

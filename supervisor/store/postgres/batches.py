@@ -27,9 +27,19 @@ from typing import Final, TypeVar
 import asyncpg
 
 from supervisor.logging import get_logger
+from supervisor.store.grouping import Accept, Finish, Plan, plan
 from supervisor.store.queued import PendingOp, QueuedOp
 
-__all__ = ["BatchAttempt", "Op", "PendingOp", "connection_lost", "note_xid", "try_batch"]
+__all__ = [
+    "BatchAttempt",
+    "GroupedRun",
+    "Op",
+    "PendingOp",
+    "batch_error",
+    "connection_lost",
+    "note_xid",
+    "try_batch",
+]
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -60,8 +70,12 @@ class Op(QueuedOp[T_co]):
         self,
         fn: Callable[[asyncpg.Connection], Awaitable[T_co]],
         on_commit: Callable[[T_co], None] | None = None,
+        *,
+        accept: Accept | None = None,
+        finish: Finish | None = None,
+        touches: int | None = None,
     ) -> None:
-        super().__init__(on_commit)
+        super().__init__(on_commit, accept=accept, finish=finish, touches=touches)
         self._fn = fn
 
     async def execute(self, conn: asyncpg.Connection) -> bool:
@@ -70,10 +84,8 @@ class Op(QueuedOp[T_co]):
         runs again)."""
         try:
             self._result = (await self._fn(conn),)
-        except asyncpg.TransactionRollbackError:
-            raise
         except Exception as exc:  # handed to this op's caller, never to its neighbours
-            if connection_lost(exc, conn):
+            if batch_error(exc, conn):
                 raise
             self.error = exc
             return False
@@ -102,20 +114,43 @@ def note_xid(xid: int) -> None:
         attempt.seen_xid = xid
 
 
+#: Runs a batch's groups (`supervisor.store.postgres.many.run_grouped`); False when an op
+#: failed (the batch then runs op by op).
+GroupedRun = Callable[[asyncpg.Connection, Plan[Op[object]]], Awaitable[bool]]
+
+
+def batch_error(exc: BaseException, conn: asyncpg.Connection) -> bool:
+    """True when *exc* is the batch's (a deadlock, a serialization failure, a lost
+    connection: the batch runs again), not one op's."""
+    return isinstance(exc, asyncpg.TransactionRollbackError) or connection_lost(exc, conn)
+
+
+async def _in_order(conn: asyncpg.Connection, batch: list[Op[object]]) -> bool:
+    for op in batch:
+        if not await op.execute(conn):
+            return False
+    return True
+
+
 async def try_batch(
-    conn: asyncpg.Connection, batch: list[Op[object]], attempt: BatchAttempt
+    conn: asyncpg.Connection,
+    batch: list[Op[object]],
+    attempt: BatchAttempt,
+    *,
+    run_grouped: GroupedRun | None = None,
 ) -> None:
-    """Run *batch* in one transaction (see the module docstring)."""
+    """Run *batch* in one transaction (see the module docstring); its accepts and endings as
+    groups (*run_grouped*, when `grouping.plan` allows), else op by op in order."""
     attempt.seen_xid = None
     running = _RUNNING.set(attempt)
     tx = conn.transaction()
     try:
         await tx.start()
-        failed = False
-        for op in batch:
-            if not await op.execute(conn):
-                failed = True
-                break
+        grouped = plan(batch) if run_grouped is not None else None
+        if grouped is not None and run_grouped is not None:
+            failed = not await run_grouped(conn, grouped)
+        else:
+            failed = not await _in_order(conn, batch)
         if failed:
             await tx.rollback()
             attempt.seen_xid = None  # that transaction's id: the rerun gets another

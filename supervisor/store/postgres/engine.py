@@ -67,6 +67,7 @@ from sandbox.policy.lifecycle import FINAL_STATES, TurnState
 from supervisor.errors import IntakeClosedError, StaleClaimError, StoreUnavailableError
 from supervisor.logging import get_logger
 from supervisor.store.fleet import DaemonRecord, LedgerHead, SessionHome
+from supervisor.store.grouping import NEW_TURN, Accept, Finish
 from supervisor.store.postgres import fleet_ops
 from supervisor.store.postgres.batches import (
     BatchAttempt,
@@ -75,6 +76,7 @@ from supervisor.store.postgres.batches import (
     connection_lost,
     try_batch,
 )
+from supervisor.store.postgres.many import run_grouped
 from supervisor.store.postgres.schema import check_schema, migrate
 from supervisor.store.protocol import (
     Accepted,
@@ -284,9 +286,13 @@ class PostgresTurnStore:
         self,
         fn: Callable[[asyncpg.Connection], Awaitable[T]],
         on_commit: Callable[[T], None] | None = None,
+        *,
+        accept: Accept | None = None,
+        finish: Finish | None = None,
+        touches: int | None = None,
     ) -> Op[T]:
         self._check_open()
-        op = Op(fn, on_commit)
+        op = Op(fn, on_commit, accept=accept, finish=finish, touches=touches)
         try:
             self._send.send_nowait(op)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
@@ -335,7 +341,7 @@ class PostgresTurnStore:
             conn = await self._connected_writer()
             attempt = BatchAttempt()
             try:
-                await try_batch(conn, batch, attempt)
+                await try_batch(conn, batch, attempt, run_grouped=run_grouped)
             except asyncpg.TransactionRollbackError:
                 retries += 1
                 if retries == _BATCH_RETRIES:
@@ -489,7 +495,12 @@ class PostgresTurnStore:
         self, new: NewTurn, *, claim_for: str | None = None, lease_ms: int = 30_000
     ) -> PendingWrite[Accepted]:
         _check_lease(lease_ms)
-        return PendingOp(self._enqueue(lambda c: ops.accept(c, new, claim_for, lease_ms)))
+        op = self._enqueue(
+            lambda c: ops.accept(c, new, claim_for, lease_ms),
+            accept=None if new.idempotency_key is not None else Accept(new, claim_for, lease_ms),
+            touches=NEW_TURN,
+        )
+        return PendingOp(op)
 
     async def find_turn(self, session_id: str, idempotency_key: str) -> TurnRecord | None:
         return await self._read(lambda c: ops.find_turn(c, session_id, idempotency_key))
@@ -529,7 +540,11 @@ class PostgresTurnStore:
         *,
         on_commit: Callable[[Claim], None] | None = None,
     ) -> PendingWrite[Claim]:
-        return PendingOp(self._enqueue(lambda c: ops.start_attempt(c, claim, attempt), on_commit))
+        return PendingOp(
+            self._enqueue(
+                lambda c: ops.start_attempt(c, claim, attempt), on_commit, touches=claim.turn_id
+            )
+        )
 
     async def record_attempt(
         self,
@@ -553,7 +568,10 @@ class PostgresTurnStore:
         started: AttemptRecord | None = None,
     ) -> PendingWrite[Claim]:
         return PendingOp(
-            self._enqueue(lambda c: ops.record_attempt(c, claim, attempt, next_attempt_us, started))
+            self._enqueue(
+                lambda c: ops.record_attempt(c, claim, attempt, next_attempt_us, started),
+                touches=claim.turn_id,
+            )
         )
 
     async def finish(
@@ -586,7 +604,10 @@ class PostgresTurnStore:
         lines = tuple(ledger_lines)
         return PendingOp(
             self._enqueue(
-                lambda c: ops.finish(c, claim, ending, records, ledger_lines=lines, started=started)
+                lambda c: ops.finish(
+                    c, claim, ending, records, ledger_lines=lines, started=started
+                ),
+                finish=Finish(claim, ending, records, lines, started),
             )
         )
 

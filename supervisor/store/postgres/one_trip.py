@@ -40,7 +40,14 @@ from supervisor.store.postgres.schema import ATTEMPT_COLUMNS, TURN_COLUMNS
 from supervisor.store.protocol import Claim, NewTurn, TurnEnding
 from supervisor.store.rows import dumps, ending_values
 
-__all__ = ["accept_row", "finish_from", "finish_row"]
+__all__ = [
+    "ATTEMPT_TYPES",
+    "ATTEMPT_UPSERT",
+    "accept_row",
+    "attempt_arrays",
+    "finish_from",
+    "finish_row",
+]
 
 Conn = asyncpg.Connection
 
@@ -55,8 +62,8 @@ ATTEMPT_UPSERT: Final = (
     " delay_ms = excluded.delay_ms, extra = excluded.extra"
 )
 
-#: The SQL types of `_attempt_arrays`' arrays, in `ATTEMPT_COLUMNS` order after turn and round.
-_ATTEMPT_TYPES: Final = (
+#: The SQL types of `attempt_arrays`' arrays, in `ATTEMPT_COLUMNS` order after turn and round.
+ATTEMPT_TYPES: Final = (
     "bigint", "bigint", "text", "text", "bigint", "text", "text", "bigint", "text", "text",
     "text", "text", "bigint", "bigint", "bytea",
 )  # fmt: skip
@@ -70,14 +77,14 @@ _ATTEMPT_FIELDS: Final = (
 def _attempt_rows(first: int) -> str:
     """The CTE ``a``: upsert the attempt rows bound as arrays from parameter *first* on, for
     the turn ``t`` returned (nothing when the fenced update returned no row)."""
-    arrays = ", ".join(f"${first + i}::{kind}[]" for i, kind in enumerate(_ATTEMPT_TYPES))
+    arrays = ", ".join(f"${first + i}::{kind}[]" for i, kind in enumerate(ATTEMPT_TYPES))
     return (
         f"a AS (INSERT INTO attempts({ATTEMPT_COLUMNS}) SELECT t.turn_id, t.round, u.*"
         f" FROM t, unnest({arrays}) AS u{ATTEMPT_UPSERT} RETURNING 1)"
     )
 
 
-def _attempt_arrays(attempts: Sequence[AttemptRecord]) -> list[list[object]]:
+def attempt_arrays(attempts: Sequence[AttemptRecord]) -> list[list[object]]:
     """*attempts* as the arrays `_attempt_rows` binds."""
     out: list[list[object]] = [[getattr(a, name) for a in attempts] for name in _ATTEMPT_FIELDS]
     out.append([dumps(a.extra) if a.extra else None for a in attempts])
@@ -173,7 +180,7 @@ async def finish_row(
         claim.owner,
         claim.token,
         list(states),
-        *_attempt_arrays(written),
+        *attempt_arrays(written),
         sessions,
         [x.ledger_id for x in ledger_lines],
         [x.seq for x in ledger_lines],
@@ -244,7 +251,7 @@ async def retry_row(
         claim.owner,
         claim.token,
         list(states),
-        *_attempt_arrays(written),
+        *attempt_arrays(written),
     )
     if row is None:
         return None

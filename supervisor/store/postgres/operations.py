@@ -87,6 +87,7 @@ from supervisor.wire.turn_spec import InstructionSpec, encode_spec
 __all__ = [
     "WORK_CHANNEL",
     "accept",
+    "attempts_after",
     "check_homes",
     "claim_turns",
     "close_session",
@@ -104,8 +105,11 @@ __all__ = [
     "release",
     "renew",
     "resolve",
+    "row_values",
+    "same_lines",
     "start_attempt",
     "trim_ledger_lines",
+    "with_start",
 ]
 
 Conn = asyncpg.Connection
@@ -125,7 +129,7 @@ def _now_us() -> int:
     return time.time_ns() // 1000
 
 
-def _row(record: asyncpg.Record) -> tuple[object, ...]:
+def row_values(record: asyncpg.Record) -> tuple[object, ...]:
     return tuple(record.values())
 
 
@@ -148,7 +152,7 @@ async def open_session(conn: Conn, new: NewSession) -> SessionRecord:
     )
     if row is None:
         raise ValueError(f"session {new.session_id!r} already exists")
-    return session_from_row(_row(row))
+    return session_from_row(row_values(row))
 
 
 async def close_session(conn: Conn, session_id: str) -> SessionRecord:
@@ -158,7 +162,11 @@ async def close_session(conn: Conn, session_id: str) -> SessionRecord:
         _now_us(),
         session_id,
     )
-    return session_from_row(_row(row)) if row is not None else await get_session(conn, session_id)
+    return (
+        session_from_row(row_values(row))
+        if row is not None
+        else await get_session(conn, session_id)
+    )
 
 
 async def get_session(conn: Conn, session_id: str) -> SessionRecord:
@@ -167,7 +175,7 @@ async def get_session(conn: Conn, session_id: str) -> SessionRecord:
     )
     if row is None:
         raise UnknownSessionError(session_id)
-    return session_from_row(_row(row))
+    return session_from_row(row_values(row))
 
 
 async def list_sessions(conn: Conn, state: SessionState | None) -> list[SessionRecord]:
@@ -176,7 +184,7 @@ async def list_sessions(conn: Conn, state: SessionState | None) -> list[SessionR
         " ORDER BY opened_us, session_id",
         None if state is None else state.value,
     )
-    return [session_from_row(_row(r)) for r in rows]
+    return [session_from_row(row_values(r)) for r in rows]
 
 
 # -- reads of turns -------------------------------------------------------------------------------
@@ -187,7 +195,7 @@ async def _attempts_of(conn: Conn, turn_id: int) -> tuple[AttemptRecord, ...]:
         f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE turn_id = $1 ORDER BY round, attempt",
         turn_id,
     )
-    return tuple(attempt_from_row(_row(r)) for r in rows)
+    return tuple(attempt_from_row(row_values(r)) for r in rows)
 
 
 async def _turns_from_rows(conn: Conn, rows: Sequence[asyncpg.Record]) -> list[TurnRecord]:
@@ -201,15 +209,15 @@ async def _turns_from_rows(conn: Conn, rows: Sequence[asyncpg.Record]) -> list[T
         " ORDER BY turn_id, round, attempt",
         ids,
     ):
-        found.setdefault(int(a[0]), []).append(attempt_from_row(_row(a)))
-    return [turn_from_row(_row(r), tuple(found.get(int(r[0]), ()))) for r in rows]
+        found.setdefault(int(a[0]), []).append(attempt_from_row(row_values(a)))
+    return [turn_from_row(row_values(r), tuple(found.get(int(r[0]), ()))) for r in rows]
 
 
 async def get_turn(conn: Conn, turn_id: int) -> TurnRecord:
     row = await conn.fetchrow(f"SELECT {TURN_COLUMNS} FROM turns WHERE turn_id = $1", turn_id)
     if row is None:
         raise UnknownTurnError(turn_id)
-    return turn_from_row(_row(row), await _attempts_of(conn, turn_id))
+    return turn_from_row(row_values(row), await _attempts_of(conn, turn_id))
 
 
 async def find_turn(conn: Conn, session_id: str, key: str) -> TurnRecord | None:
@@ -220,7 +228,7 @@ async def find_turn(conn: Conn, session_id: str, key: str) -> TurnRecord | None:
     )
     if row is None:
         return None
-    return turn_from_row(_row(row), await _attempts_of(conn, int(row[0])))
+    return turn_from_row(row_values(row), await _attempts_of(conn, int(row[0])))
 
 
 # -- acceptance and claims ------------------------------------------------------------------------
@@ -400,7 +408,7 @@ async def _put_attempts(
         await conn.executemany(_PUT_ATTEMPT, rows)
 
 
-async def _attempts_after(
+async def attempts_after(
     conn: Conn, row: asyncpg.Record, written: tuple[AttemptRecord, ...]
 ) -> tuple[AttemptRecord, ...]:
     """The turn's attempts once *written* are upserted: without reading them back when the
@@ -412,14 +420,14 @@ async def _attempts_after(
 
 
 def _claim_after(claim: Claim, row: asyncpg.Record, attempts: tuple[AttemptRecord, ...]) -> Claim:
-    turn = turn_from_row(_row(row), attempts, spec=claim.turn.spec)
+    turn = turn_from_row(row_values(row), attempts, spec=claim.turn.spec)
     return Claim(turn=turn, owner=claim.owner, token=claim.token, lease_until_us=int(row[19]))
 
 
 async def start_attempt(conn: Conn, claim: Claim, attempt: AttemptRecord) -> Claim:
     started = await start_row(conn, claim, attempt, now=_now_us())
     if started is not None:  # one statement (one_trip.py)
-        return _claim_after(claim, started, await _attempts_after(conn, started, (attempt,)))
+        return _claim_after(claim, started, await attempts_after(conn, started, (attempt,)))
     # the long way: the precise error, or the write the one statement would not make
     state, round_ = await _fence(conn, claim)
     check_move(state, TurnState.RUNNING, turn_id=claim.turn_id)
@@ -445,7 +453,7 @@ def _started_move(state: TurnState, started: AttemptRecord | None, turn_id: int)
     return TurnState.RUNNING
 
 
-def _with_start(
+def with_start(
     attempts: tuple[AttemptRecord, ...], started: AttemptRecord | None
 ) -> tuple[AttemptRecord, ...]:
     """*attempts* plus the row of *started* unless its outcome (same number) is among them."""
@@ -461,7 +469,7 @@ async def record_attempt(
     next_attempt_us: int,
     started: AttemptRecord | None = None,
 ) -> Claim:
-    written = _with_start((attempt,), started)
+    written = with_start((attempt,), started)
     waiting = await retry_row(
         conn,
         claim,
@@ -472,7 +480,7 @@ async def record_attempt(
         now=_now_us(),
     )
     if waiting is not None:  # one statement (one_trip.py)
-        return _claim_after(claim, waiting, await _attempts_after(conn, waiting, written))
+        return _claim_after(claim, waiting, await attempts_after(conn, waiting, written))
     # the long way: the precise error, or the write the one statement would not make
     state, round_ = await _fence(conn, claim)
     state = _started_move(state, started, claim.turn_id)
@@ -499,7 +507,7 @@ async def finish(
     ledger_lines: tuple[SealedLine, ...] = (),
     started: AttemptRecord | None = None,
 ) -> TurnRecord:
-    written = _with_start(attempts, started)
+    written = with_start(attempts, started)
     now = _now_us()
     done = await finish_row(
         conn,
@@ -514,9 +522,9 @@ async def finish(
     if done is not None:
         ended, kept = done
         if kept < len(ledger_lines):
-            await _same_lines(conn, ledger_lines)
+            await same_lines(conn, ledger_lines)
         return turn_from_row(
-            _row(ended), await _attempts_after(conn, ended, written), spec=claim.turn.spec
+            row_values(ended), await attempts_after(conn, ended, written), spec=claim.turn.spec
         )
     # the long way: the precise error, or the write the one statement would not make
     state, round_ = await _fence(conn, claim)
@@ -535,7 +543,9 @@ async def finish(
         claim.turn_id,
     )
     assert row is not None
-    return turn_from_row(_row(row), await _attempts_of(conn, claim.turn_id), spec=claim.turn.spec)
+    return turn_from_row(
+        row_values(row), await _attempts_of(conn, claim.turn_id), spec=claim.turn.spec
+    )
 
 
 # -- ledger lines ---------------------------------------------------------------------------------
@@ -568,10 +578,10 @@ async def put_ledger_lines(conn: Conn, lines: Sequence[SealedLine]) -> None:
     if len(kept) == len(lines):
         return
     written = {(str(r[0]), int(r[1])) for r in kept}
-    await _same_lines(conn, [x for x in lines if (x.ledger_id, x.seq) not in written])
+    await same_lines(conn, [x for x in lines if (x.ledger_id, x.seq) not in written])
 
 
-async def _same_lines(conn: Conn, lines: Sequence[SealedLine]) -> None:
+async def same_lines(conn: Conn, lines: Sequence[SealedLine]) -> None:
     """Each of *lines* is the line kept under its seq (ValueError: a fork of the chain); one
     statement however many (an anchoring round may re-send hundreds already kept)."""
     if not lines:
@@ -673,7 +683,7 @@ async def resolve(
     assert row is not None
     if ledger_lines:
         await put_ledger_lines(conn, ledger_lines)
-    return turn_from_row(_row(row), await _attempts_of(conn, turn_id))
+    return turn_from_row(row_values(row), await _attempts_of(conn, turn_id))
 
 
 # -- listings -------------------------------------------------------------------------------------

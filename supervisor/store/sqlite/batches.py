@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Final
 
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import FINAL_STATES, TurnState, check_move
 from supervisor.errors import StaleClaimError, UnknownTurnError
-from supervisor.store.protocol import Accepted, Claim, NewTurn, TurnEnding, TurnRecord
+from supervisor.store.grouping import Accept, Finish
+from supervisor.store.protocol import Accepted, TurnRecord
 from supervisor.store.rows import accepted, attempt_from_row, ending_values, loads, turn_from_row
 from supervisor.store.sqlite.new_turns import INSERT_TURN, take_numbers, turn_values
 from supervisor.store.sqlite.operations import (
@@ -43,7 +43,7 @@ from supervisor.store.sqlite.operations import (
 )
 from supervisor.store.sqlite.schema import ATTEMPT_COLUMNS, TURN_COLUMNS
 
-__all__ = ["Accept", "Finish", "accept_many", "finish_many"]
+__all__ = ["accept_many", "finish_many"]
 
 _CHUNK: Final = 500  # bound parameters per IN (...) list
 
@@ -56,15 +56,6 @@ _END: Final = (
     " next_attempt_us = NULL, verdict = ?, reason_code = ?, reason = ?, fault_type = ?,"
     " result = ?, owner = NULL, lease_until_us = NULL WHERE turn_id = ?"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Accept:
-    """One queued accept of a turn without an idempotency key (`TurnStore.accept`)."""
-
-    new: NewTurn
-    claim_for: str | None
-    lease_ms: int
 
 
 def accept_many(conn: sqlite3.Connection, items: Sequence[Accept]) -> list[Accepted | Exception]:
@@ -109,17 +100,6 @@ def accept_many(conn: sqlite3.Connection, items: Sequence[Accept]) -> list[Accep
                 lease_ms=item.lease_ms,
             )
     return [results[i] for i in range(len(items))]
-
-
-@dataclass(frozen=True, slots=True)
-class Finish:
-    """One queued ending: the arguments of `TurnStore.finish`."""
-
-    claim: Claim
-    ending: TurnEnding
-    attempts: tuple[AttemptRecord, ...]
-    ledger_lines: tuple[SealedLine, ...]
-    started: AttemptRecord | None
 
 
 def _marks(n: int) -> str:

@@ -68,6 +68,7 @@ from sandbox.policy.lifecycle import FINAL_STATES, TurnState
 from supervisor.errors import IntakeClosedError, StaleClaimError
 from supervisor.logging import get_logger
 from supervisor.stages import stage_costs
+from supervisor.store.grouping import NEW_TURN, Accept, Finish, plan
 from supervisor.store.protocol import (
     Accepted,
     Claim,
@@ -84,7 +85,7 @@ from supervisor.store.protocol import (
     TurnRecord,
 )
 from supervisor.store.queued import PendingOp, QueuedOp
-from supervisor.store.sqlite.batches import Accept, Finish, accept_many, finish_many
+from supervisor.store.sqlite.batches import accept_many, finish_many
 from supervisor.store.sqlite.schema import open_connections
 
 __all__ = ["SqliteTurnStore", "open_sqlite_store"]
@@ -99,44 +100,12 @@ _BUSY_TIMEOUT_MS = 10_000
 
 
 _COSTS: Final = stage_costs()
-#: `_Op.touches` of an op that writes only a turn it creates (an accept)
-NEW_TURN: Final = -1
-
-
-def _grouped(
-    batch: list[_Op[object]],
-) -> tuple[list[_Op[object]], list[_Op[object]], list[_Op[object]]] | None:
-    """The batch as its accepts (run first, at once), its other ops (in order) and its endings
-    (run last, at once), when that order is allowed: every other op names the one turn it
-    writes (a start) or writes only a turn it creates (an accept with an idempotency key), no
-    op writes a turn after its ending, the endings are of distinct turns; and there are at
-    least two accepts or two endings to group. None: run the batch op by op, in order."""
-    accepts: list[_Op[object]] = []
-    endings: list[_Op[object]] = []
-    others: list[_Op[object]] = []
-    ended: set[int] = set()
-    for op in batch:
-        if op.accept is not None:
-            accepts.append(op)
-        elif op.finish is not None:
-            turn_id = op.finish.claim.turn_id
-            if turn_id in ended:
-                return None
-            ended.add(turn_id)
-            endings.append(op)
-        elif op.touches is None or op.touches in ended:
-            return None
-        else:
-            others.append(op)
-    if len(accepts) < 2 and len(endings) < 2:
-        return None
-    return accepts, others, endings
 
 
 class _Op(QueuedOp[T_co]):
     """One queued write: run in a batch on the commit thread (or the loop)."""
 
-    __slots__ = ("_fn", "accept", "finish", "stage", "touches")
+    __slots__ = ("_fn",)
 
     def __init__(
         self,
@@ -148,24 +117,8 @@ class _Op(QueuedOp[T_co]):
         finish: Finish | None = None,
         touches: int | None = None,
     ) -> None:
-        super().__init__(on_commit)
+        super().__init__(on_commit, stage, accept=accept, finish=finish, touches=touches)
         self._fn = fn
-        #: where its CPU time counts (`supervisor.stages`): "commit" for endings
-        self.stage = stage
-        #: an accept (no idempotency key) or an ending: it may run with the batch's others of
-        #: its kind (`batches.accept_many`, `batches.finish_many`)
-        self.accept = accept
-        self.finish = finish
-        #: the turn it writes (NEW_TURN: only a turn it creates; None: unknown), which says
-        #: whether the batch's endings may run after it (`_endings_last`)
-        self.touches = touches
-
-    def settle(self, outcome: object) -> None:
-        """The outcome of the op as run in a group: its record, or the error that refused it."""
-        if isinstance(outcome, Exception):
-            self.error = outcome
-        else:
-            self._result = (outcome,)  # type: ignore[assignment]
 
     def execute(self, conn: sqlite3.Connection) -> bool:
         """Run the op; False when it raised (its error is kept)."""
@@ -390,9 +343,9 @@ class SqliteTurnStore:
                 raise
             return False
         try:
-            grouped = _grouped(batch)
+            grouped = plan(batch)
             if grouped is not None:
-                if not self._run_grouped(conn, *grouped):
+                if not self._run_grouped(conn, grouped.accepts, grouped.others, grouped.endings):
                     conn.execute("ROLLBACK")
                     conn.execute("BEGIN IMMEDIATE")
                     self._run_one_by_one(conn, batch)

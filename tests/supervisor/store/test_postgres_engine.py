@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import anyio
@@ -239,6 +240,94 @@ async def test_a_turn_costs_one_statement_to_accept_and_one_to_finish(pg_dsn: st
         assert {(x.ledger_id, x.seq) for x in kept} == {
             (f"S1/{k}", n) for k in ("exec", "evidence") for n in (1, 2)
         }
+
+
+async def test_a_pass_of_accepts_and_of_endings_costs_one_statement_each(pg_dsn: str) -> None:
+    """Twenty accepts queued in one pass (two sessions) are one statement, and so are their
+    twenty endings with their ledger lines: BEGIN, the statement, COMMIT, however many turns.
+    Each turn gets the next number of its session, each ending its own record, each ledger
+    its lines and its head."""
+    async with open_postgres_store(pg_dsn) as store:
+        await session(store)
+        await session(store, "S2")
+        warm = await claimed(store)  # asyncpg's one-off type look-ups
+        await store.finish(warm, TurnEnding(state=TurnState.TERMINATED))
+        await anyio.sleep(0.05)  # asyncpg reports a query to the counter just after it
+        before = store.statistics().round_trips
+        queued = [
+            store.accept_soon(
+                instruction("S1" if i % 2 else "S2"), claim_for="A", lease_ms=LEASE_MS
+            )
+            for i in range(20)
+        ]
+        claims = []
+        for pending in queued:
+            got = await pending.result()
+            assert got.claim is not None
+            claims.append(got.claim)
+        await anyio.sleep(0.05)
+        accept_trips = store.statistics().round_trips - before
+        numbers = sorted((c.turn.session_id, c.turn.turn_number) for c in claims)
+        assert numbers == sorted(
+            [("S1", n) for n in range(2, 12)] + [("S2", n) for n in range(1, 11)]
+        )
+        done = TurnEnding(state=TurnState.SUCCEEDED, verdict="SUCCEED", reason_code="ok")
+        seqs = {"S1": 0, "S2": 0}
+        endings = []
+        for claim in claims:
+            sid = claim.turn.session_id
+            seqs[sid] += 1
+            lines = [line(f"{sid}/exec", seqs[sid]), line(f"{sid}/evidence", seqs[sid])]
+            endings.append(
+                store.finish_soon(
+                    claim,
+                    replace(done, result={"turn": claim.turn_id}),
+                    [attempt(1, decision="SUCCEED")],
+                    ledger_lines=lines,
+                    started=attempt(1),
+                )
+            )
+        before = store.statistics().round_trips
+        records = [await pending.result() for pending in endings]
+        await anyio.sleep(0.05)
+        assert (accept_trips, store.statistics().round_trips - before) == (3, 3)
+        for claim, record in zip(claims, records, strict=True):
+            assert record == await store.get_turn(claim.turn_id)
+            assert record.state is TurnState.SUCCEEDED
+            assert record.result == {"turn": claim.turn_id}
+            assert [a.decision for a in record.attempts] == ["SUCCEED"]
+        heads = {h.ledger_id: h.seq for h in await store.ledger_heads()}
+        assert heads == {f"{s}/{k}": 10 for s in ("S1", "S2") for k in ("exec", "evidence")}
+        kept = await store.ledger_lines(["S1/exec"])
+        assert [x.seq for x in kept] == list(range(1, 11))
+
+
+async def test_endings_in_one_statement_refuse_a_stale_home_alone(pg_dsn: str) -> None:
+    """Among endings queued together, those whose session another daemon homes are refused
+    (StaleHomeError) and write nothing; the others commit."""
+    async with open_postgres_store(pg_dsn) as a, open_postgres_store(pg_dsn) as b:
+        await session(a)
+        await session(a, "S2")
+        claims = [await claimed(a, instruction("S1" if i % 2 else "S2")) for i in range(6)]
+        await b.home_session("S2", "B", lease_ms=LEASE_MS)
+        ending = TurnEnding(state=TurnState.TERMINATED)
+        seqs = {"S1": 0, "S2": 0}
+        pending = []
+        for claim in claims:
+            sid = claim.turn.session_id
+            seqs[sid] += 1
+            pending.append(
+                a.finish_soon(claim, ending, ledger_lines=[line(f"{sid}/exec", seqs[sid])])
+            )
+        for claim, item in zip(claims, pending, strict=True):
+            if claim.turn.session_id == "S2":
+                with pytest.raises(StaleHomeError):
+                    await item.result()
+                assert (await a.get_turn(claim.turn_id)).state is TurnState.ACCEPTED
+            else:
+                assert (await item.result()).state is TurnState.TERMINATED
+        assert await a.ledger_lines(["S2/exec"]) == []
+        assert [x.seq for x in await a.ledger_lines(["S1/exec"])] == [1, 2, 3]
 
 
 async def test_the_one_statement_finish_refuses_what_the_long_way_refuses(pg_dsn: str) -> None:

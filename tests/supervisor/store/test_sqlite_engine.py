@@ -19,6 +19,7 @@ import supervisor.store.sqlite.engine as engine_module
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import TurnState
 from supervisor.errors import IntakeClosedError
+from supervisor.store.grouping import Accept, Finish
 from supervisor.store.protocol import (
     Accepted,
     NewSession,
@@ -34,7 +35,6 @@ from supervisor.store.sqlite import (
     batches,
     open_sqlite_store,
 )
-from supervisor.store.sqlite.batches import Accept, Finish
 from supervisor.store.sqlite.schema import open_connections
 from supervisor.wire.turn_spec import InstructionSpec
 from tests.turn_requests import READ_SPEC
