@@ -26,6 +26,8 @@ from supervisor.turns.tracker import ActiveTurn, Tracker
 
 __all__ = [
     "CoreSettings",
+    "Drain",
+    "LiveSettings",
     "LoopHooks",
     "TurnDeps",
     "end_turn",
@@ -56,24 +58,62 @@ class CoreSettings:
     retry_budget: BudgetLimits = field(default_factory=BudgetLimits)
 
 
-@dataclass(slots=True)
+class LiveSettings:
+    """The turn core's settings as they are now: a SIGHUP reload replaces them whole (each
+    value is frozen; a runner reads them when it needs them, so a reload applies from the next
+    read on)."""
+
+    __slots__ = ("current",)
+
+    def __init__(self, settings: CoreSettings) -> None:
+        self.current = settings
+
+
+class Drain:
+    """Set once, when the daemon begins to drain: no session opens, no turn is admitted and
+    no attempt starts after it."""
+
+    __slots__ = ("_begun",)
+
+    def __init__(self) -> None:
+        self._begun = False
+
+    def begin(self) -> None:
+        self._begun = True
+
+    @property
+    def begun(self) -> bool:
+        return self._begun
+
+
+@dataclass(frozen=True, slots=True)
 class TurnDeps:
-    """The neighbours a turn runner works with (owned by `TurnCore`, lent to the runners)."""
+    """The neighbours a turn runner works with (owned by `TurnCore`, lent to the runners),
+    fixed when the core is built; what changes later is behind its own small object (the
+    settings a reload replaces, the drain)."""
 
     store: TurnStore
     tracker: Tracker
     sessions: DaemonSessions
-    settings: CoreSettings
+    live: LiveSettings
     owner: str
     process_limiter: anyio.CapacityLimiter
     starts: DeferredStarts = field(default_factory=DeferredStarts)
-    draining: bool = False
+    drain: Drain = field(default_factory=Drain)
     #: in a fleet (a shared store): what of the ledger files the store holds
     anchors: LedgerAnchors | None = None
     #: traces are on: each attempt's envelope goes with its W3C traceparent
     traced: bool = False
     #: first attempts and retries of instruction turns in the budget's window
     retry_budget: RetryBudget = field(default_factory=RetryBudget)
+
+    @property
+    def settings(self) -> CoreSettings:
+        return self.live.current
+
+    @property
+    def draining(self) -> bool:
+        return self.drain.begun
 
 
 def merge_attempts(

@@ -64,7 +64,7 @@ from supervisor.store.protocol import (
     TurnStore,
 )
 from supervisor.turns.anchors import LedgerAnchors
-from supervisor.turns.context import CoreSettings, TurnDeps
+from supervisor.turns.context import CoreSettings, LiveSettings, TurnDeps
 from supervisor.turns.escalations import Escalations
 from supervisor.turns.fleet import Fleet, FleetHooks
 from supervisor.turns.instruction import HubLike, monotonic_ms
@@ -123,16 +123,18 @@ class TurnCore:
         traced: bool = False,
     ) -> None:
         settings = settings or CoreSettings()
+        owner = owner or _owner_id()
         self._hub = hub
         self._deps = TurnDeps(
             store=store,
             tracker=Tracker(events=events),
             sessions=DaemonSessions(runtime),
-            settings=settings,
-            owner=owner or _owner_id(),
+            live=LiveSettings(settings),
+            owner=owner,
             process_limiter=anyio.CapacityLimiter(max(1, settings.process_slots)),
+            anchors=LedgerAnchors(fleet, owner) if fleet is not None else None,
+            traced=traced,
         )
-        self._deps.traced = traced
         self._log = get_logger("supervisor.turns")
         # Submissions past their session check but not yet started, and sessions being closed:
         # each refuses while the other is under way, so no turn lands in a closed session.
@@ -148,8 +150,7 @@ class TurnCore:
             self._deps, start=self._runner.start, fleet=fleet is not None
         )
         self._fleet: Fleet | None = None
-        if fleet is not None:
-            self._deps.anchors = LedgerAnchors(fleet, self._deps.owner)
+        if fleet is not None and self._deps.anchors is not None:
             hooks = FleetHooks(
                 start=lambda turn, claim: self._runner.start(turn, claim, recovered=True),
                 resolve=self._escalations.resolve,
@@ -167,7 +168,7 @@ class TurnCore:
 
     @settings.setter
     def settings(self, settings: CoreSettings) -> None:
-        self._deps.settings = settings
+        self._deps.live.current = settings
 
     @property
     def draining(self) -> bool:
@@ -308,7 +309,7 @@ class TurnCore:
 
     async def drain(self, grace_s: float) -> bool:
         """Stop starting attempts; wait up to *grace_s* for running ones. True when none is left."""
-        self._deps.draining = True
+        self._deps.drain.begin()
         tracker = self._deps.tracker
         self._log.info("drain_started", attempts_running=tracker.attempts_running, grace_s=grace_s)
         with anyio.move_on_after(grace_s):
