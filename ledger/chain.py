@@ -22,6 +22,7 @@ __all__ = [
     "DOMAIN_HEAD",
     "DOMAIN_LEGACY",
     "FORMAT_VERSION",
+    "content_hash",
     "entry_hash",
     "genesis_hash",
     "is_hex_hash",
@@ -59,6 +60,12 @@ def entry_hash(body: bytes) -> str:
 def is_hex_hash(value: object) -> bool:
     """True for a 64-character lowercase hex string."""
     return type(value) is str and len(value) == 64 and _HEX.issuperset(value)
+
+
+def content_hash(data: object) -> str:
+    """SHA-256 of *data*'s canonical JSON (sorted keys): the ``query_hash`` and ``result_hash``
+    a turn entry carries for its request and its result."""
+    return hashlib.sha256(orjson.dumps(data, option=_SORT)).hexdigest()
 
 
 def seal(entry: dict[str, object]) -> tuple[bytes, str]:

@@ -21,17 +21,16 @@ from __future__ import annotations
 import dataclasses
 import errno
 import functools
-import hashlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import anyio
-import orjson
 import structlog
 
 from ledger import LedgerEntry, SealedLine
+from ledger.chain import content_hash
 from sandbox.capabilities import resolve_command
 from sandbox.enumerate import RealizedWrite
 from sandbox.errors import (
@@ -208,8 +207,8 @@ def _now_us() -> int:
     return time.time_ns() // 1000
 
 
-def digest(data: object) -> str:
-    return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()
+#: a request's or result's hash in a turn entry (the ledger's one definition)
+digest = content_hash
 
 
 def parse_declared_outputs(declared: object) -> tuple[DeclaredOutput, ...]:

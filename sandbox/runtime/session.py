@@ -241,32 +241,6 @@ class Session:
         (``<session dir>/evidence/<sha256>``, see `sandbox.runtime.evidence`)."""
         return await anyio.to_thread.run_sync(store_evidence, self.ledgers.session_dir, data)
 
-    def seal_instruction_turn(
-        self,
-        *,
-        turn_number: int,
-        instruction: Mapping[str, object],
-        result: Mapping[str, object],
-        status: str,
-        external_calls: Iterable[object] = (),
-        exec_extra: Mapping[str, object] | None = None,
-    ) -> tuple[SealedLine, SealedLine]:
-        """`record_instruction_turn` without the sync: the caller's store makes the two lines
-        durable in its own commit (see `SessionLedgers.seal_turn`). A result that names stored
-        evidence (``result["evidence"]``, an `EvidenceRef` dict) puts the reference in the
-        evidence entry too."""
-        self.next_turn_number = max(self.next_turn_number, turn_number + 1)
-        evidence = result.get("evidence")
-        return self.ledgers.seal_turn(
-            turn_number=turn_number,
-            query_hash=digest(instruction),
-            result_hash=digest(result),
-            status=status,
-            external_calls=external_calls,
-            exec_extra=exec_extra,
-            evidence_extra={"evidence": dict(evidence)} if isinstance(evidence, Mapping) else None,
-        )
-
     @property
     def ledger_ids(self) -> tuple[str, str]:
         """``(exec ledger id, evidence ledger id)``."""

@@ -4,8 +4,10 @@ Process turns write their own exec and evidence entries inside the sandbox runti
 both). Every other ending is the daemon's own: instruction turns, and the decisions the runtime
 never saw (a cancel, an operator's terminate, an interrupted attempt that ends the turn after a
 restart). `DaemonSessions.record_end` seals those lines, for either kind, from the store's
-record; the store commits them with the ending (the turn's one durable step), `sync_ledgers`
-syncs the files in rounds, and `restore` writes back after a crash what the files lost.
+record, in the session's ledgers themselves (`ledger.SessionLedgers.seal_turn`: an instruction
+turn never passes through the sandbox runtime); the store commits them with the ending (the
+turn's one durable step), `sync_ledgers` syncs the files in rounds, and `restore` writes back
+after a crash what the files lost.
 
 The sandbox runtime is reached through the `RuntimeLike` / `SessionLike` protocols, so tests can
 run the turn core with a runtime of their own.
@@ -21,6 +23,8 @@ from typing import Literal, Protocol
 import anyio
 import anyio.to_thread
 
+from ledger import SessionLedgers
+from ledger.chain import content_hash
 from ledger.entries import SealedLine
 from sandbox.policy.attempts import AgentPhase, RetryOptions
 from sandbox.policy.lifecycle import TurnState
@@ -100,17 +104,9 @@ class SessionLike(Protocol):
         """Keep an executor's evidence bytes with the session, content-addressed, durably."""
         ...
 
-    def seal_instruction_turn(
-        self,
-        *,
-        turn_number: int,
-        instruction: Mapping[str, object],
-        result: Mapping[str, object],
-        status: str,
-        external_calls: Iterable[object] = (),
-        exec_extra: Mapping[str, object] | None = None,
-    ) -> tuple[SealedLine, SealedLine]:
-        """Seal the turn's exec and evidence lines without syncing (the store commits them)."""
+    @property
+    def ledgers(self) -> SessionLedgers:
+        """The session's exec and evidence ledgers (the turn core seals its endings there)."""
         ...
 
     @property
@@ -307,10 +303,11 @@ class DaemonSessions:
             reason_code=turn.reason_code,
             fault_type=turn.fault_type,
         )
-        return session.seal_instruction_turn(
+        evidence = result.get("evidence")
+        return session.ledgers.seal_turn(
             turn_number=turn.turn_number,
-            instruction=spec_to_dict(turn.spec),
-            result=result,
+            query_hash=content_hash(spec_to_dict(turn.spec)),
+            result_hash=content_hash(result),
             status=turn.state.value if turn.state is not TurnState.ACCEPTED else "accepted",
             external_calls=calls,
             exec_extra={
@@ -319,6 +316,7 @@ class DaemonSessions:
                 "reason_code": turn.reason_code,
                 "fault_type": turn.fault_type,
             },
+            evidence_extra={"evidence": dict(evidence)} if isinstance(evidence, Mapping) else None,
         )
 
     def flush(self, session_id: str, committed: Iterable[SealedLine] = ()) -> None:

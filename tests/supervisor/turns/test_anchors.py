@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from ledger.chain import content_hash
 from sandbox.errors import CapabilityViolation
 from sandbox.runtime.session import Session
 from supervisor.store.postgres import open_postgres_store
@@ -27,8 +28,11 @@ async def test_committed_lines_are_not_read_again_and_the_runtimes_own_still_are
         anchors = LedgerAnchors(store, "A")
         assert await anchors.anchor(session) == 2  # the session_opened pair
         for turn in (1, 2, 3):
-            lines = session.seal_instruction_turn(
-                turn_number=turn, instruction={"n": turn}, result={}, status="succeeded"
+            lines = session.ledgers.seal_turn(
+                turn_number=turn,
+                query_hash=content_hash({"n": turn}),
+                result_hash=content_hash({}),
+                status="succeeded",
             )
             await store.anchor_ledger_lines("A", lines)  # as TurnStore.finish commits them
             anchors.noted(lines)
@@ -40,8 +44,11 @@ async def test_committed_lines_are_not_read_again_and_the_runtimes_own_still_are
         # the offset of its ledger stops before it; the exec ledger's moves on.
         with pytest.raises(CapabilityViolation):
             session.check_turn_request(["/usr/bin/env"], [], turn_number=4)
-        lines = session.seal_instruction_turn(
-            turn_number=5, instruction={}, result={}, status="succeeded"
+        lines = session.ledgers.seal_turn(
+            turn_number=5,
+            query_hash=content_hash({}),
+            result_hash=content_hash({}),
+            status="succeeded",
         )
         await store.anchor_ledger_lines("A", lines)
         anchors.noted(lines)
@@ -54,8 +61,11 @@ async def test_committed_lines_are_not_read_again_and_the_runtimes_own_still_are
         # A daemon that adopts the session starts from the files' ends, and moves on the same way.
         adopter = LedgerAnchors(store, "A")
         adopter.adopted(session)
-        lines = session.seal_instruction_turn(
-            turn_number=6, instruction={}, result={}, status="succeeded"
+        lines = session.ledgers.seal_turn(
+            turn_number=6,
+            query_hash=content_hash({}),
+            result_hash=content_hash({}),
+            status="succeeded",
         )
         await store.anchor_ledger_lines("A", lines)
         adopter.noted(lines)

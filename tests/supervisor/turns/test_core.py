@@ -199,16 +199,6 @@ class FakeSession:
     async def store_evidence(self, data: bytes) -> FakeEvidence:
         return FakeEvidence(hashlib.sha256(data).hexdigest(), len(data))
 
-    def seal_instruction_turn(self, **kw: Any) -> tuple[SealedLine, SealedLine]:
-        return self.ledgers.seal_turn(
-            turn_number=kw["turn_number"],
-            query_hash=_h(kw["instruction"]),
-            result_hash=_h(kw["result"]),
-            status=kw["status"],
-            external_calls=kw["external_calls"],
-            exec_extra=kw.get("exec_extra"),
-        )
-
     @property
     def ledger_ids(self) -> tuple[str, str]:
         return self.ledgers.exec.ledger_id, self.ledgers.evidence.ledger_id

@@ -13,6 +13,7 @@ import anyio.lowlevel
 import pytest
 
 from ledger import SealedLine, verify_session_dir
+from ledger.chain import content_hash
 from sandbox.runtime.session import Runtime, Session
 from supervisor.turns.sessions import DaemonSessions
 
@@ -28,8 +29,11 @@ def _turns_in(path: Path) -> list[int]:
 
 
 def _seal(session: Session, turn: int) -> tuple[SealedLine, SealedLine]:
-    return session.seal_instruction_turn(
-        turn_number=turn, instruction={"n": turn}, result={}, status="succeeded"
+    return session.ledgers.seal_turn(
+        turn_number=turn,
+        query_hash=content_hash({"n": turn}),
+        result_hash=content_hash({}),
+        status="succeeded",
     )
 
 
