@@ -63,9 +63,10 @@ import asyncpg
 import supervisor.store.postgres.operations as ops
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
-from sandbox.policy.lifecycle import FINAL_STATES, TurnState
+from sandbox.policy.lifecycle import TurnState
 from supervisor.errors import IntakeClosedError, StaleClaimError, StoreUnavailableError
 from supervisor.logging import get_logger
+from supervisor.store.fencing import check_ending
 from supervisor.store.fleet import DaemonRecord, LedgerHead, SessionHome
 from supervisor.store.grouping import NEW_TURN, Accept, Finish
 from supervisor.store.postgres import fleet_ops
@@ -597,9 +598,7 @@ class PostgresTurnStore:
         ledger_lines: Sequence[SealedLine] = (),
         started: AttemptRecord | None = None,
     ) -> PendingWrite[TurnRecord]:
-        if ending.state not in FINAL_STATES and ending.state is not TurnState.ESCALATED:
-            msg = f"finish needs a final state or escalated, not {ending.state.value}"
-            raise ValueError(msg)
+        check_ending(ending)
         records = tuple(attempts)
         lines = tuple(ledger_lines)
         return PendingOp(

@@ -29,20 +29,19 @@ import asyncpg
 
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
+from supervisor.store.fencing import finish_from, with_start
 from supervisor.store.grouping import Accept, Finish, Plan
 from supervisor.store.postgres.batches import Op, batch_error, note_xid
 from supervisor.store.postgres.one_trip import (
     ATTEMPT_TYPES,
     ATTEMPT_UPSERT,
     attempt_arrays,
-    finish_from,
 )
 from supervisor.store.postgres.operations import (
     WORK_CHANNEL,
     attempts_after,
     row_values,
     same_lines,
-    with_start,
 )
 from supervisor.store.postgres.schema import ATTEMPT_COLUMNS, TURN_COLUMNS
 from supervisor.store.protocol import Accepted, TurnRecord

@@ -27,14 +27,14 @@ home, unknown or closed session) or, should the short way have refused a legal w
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache
 from typing import Final
 
 import asyncpg
 
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
-from sandbox.policy.lifecycle import LEGAL_MOVES, TurnState
+from sandbox.policy.lifecycle import TurnState
+from supervisor.store.fencing import finish_from
 from supervisor.store.postgres.batches import note_xid
 from supervisor.store.postgres.schema import ATTEMPT_COLUMNS, TURN_COLUMNS
 from supervisor.store.protocol import Claim, NewTurn, TurnEnding
@@ -45,7 +45,6 @@ __all__ = [
     "ATTEMPT_UPSERT",
     "accept_row",
     "attempt_arrays",
-    "finish_from",
     "finish_row",
 ]
 
@@ -142,17 +141,6 @@ _ACCEPT: Final = (
     " n AS (SELECT pg_notify($10, 'turn:' || i.turn_id) FROM i WHERE $7::text IS NULL)"
     " SELECT i.turn_id, i.turn_number, (SELECT count(*) FROM n), txid_current() FROM i"
 )
-
-
-@cache
-def finish_from(to_state: TurnState, started: bool) -> tuple[str, ...]:
-    """The states from which a turn may end in *to_state* (through RUNNING when an attempt
-    start not yet written comes with the ending), as the long way's `check_move` calls say."""
-    if started:
-        if to_state not in LEGAL_MOVES.get(TurnState.RUNNING, frozenset()):
-            return ()
-        return tuple(s.value for s, moves in LEGAL_MOVES.items() if TurnState.RUNNING in moves)
-    return tuple(s.value for s, moves in LEGAL_MOVES.items() if to_state in moves)
 
 
 async def finish_row(

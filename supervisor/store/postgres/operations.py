@@ -40,10 +40,10 @@ from sandbox.policy.lifecycle import TurnState, check_move
 from supervisor.errors import (
     NotEscalatedError,
     SessionClosedError,
-    StaleClaimError,
     UnknownSessionError,
     UnknownTurnError,
 )
+from supervisor.store.fencing import fence, started_move, stored_attempt, with_start
 from supervisor.store.fleet import StaleHomeError
 from supervisor.store.postgres.one_trip import (
     ATTEMPT_UPSERT,
@@ -78,7 +78,6 @@ from supervisor.store.rows import (
     claim_of,
     dumps,
     ending_values,
-    loads,
     session_from_row,
     turn_from_row,
 )
@@ -349,25 +348,13 @@ async def release(conn: Conn, claim: Claim) -> None:
 
 
 async def _fence(conn: Conn, claim: Claim) -> tuple[TurnState, int]:
-    """The turn's state and round, if *claim* still holds it (the row stays locked until the
-    transaction ends); else `StaleClaimError`."""
+    """The turn's state and round, if *claim* still holds it (`fencing.fence`); the row stays
+    locked until the transaction ends."""
     row = await conn.fetchrow(
         "SELECT state, owner, token, round FROM turns WHERE turn_id = $1 FOR UPDATE",
         claim.turn_id,
     )
-    if row is None:
-        raise UnknownTurnError(claim.turn_id)
-    state, owner, token, round_ = row[0], row[1], row[2], row[3]
-    if owner is None or owner != claim.owner or token != claim.token:
-        raise StaleClaimError(
-            claim.turn_id, token=claim.token, current_token=int(token), owner=claim.owner
-        )
-    return TurnState(state), int(round_)
-
-
-def _stored(attempt: AttemptRecord) -> AttemptRecord:
-    """*attempt* as it reads back (``extra`` through the JSON round trip)."""
-    return replace(attempt, extra=loads(dumps(attempt.extra))) if attempt.extra else attempt
+    return fence(claim, None if row is None else (row[0], row[1], row[2], row[3]))
 
 
 _PUT_ATTEMPT: Final = (
@@ -415,7 +402,7 @@ async def attempts_after(
     turn is in its first round and *written* holds attempts 1..n, n its attempt count."""
     numbers = sorted(a.attempt for a in written)
     if int(row[20]) == 0 and numbers == list(range(1, int(row[7]) + 1)):
-        return tuple(_stored(a) for a in sorted(written, key=lambda a: a.attempt))
+        return tuple(stored_attempt(a) for a in sorted(written, key=lambda a: a.attempt))
     return await _attempts_of(conn, int(row[0]))
 
 
@@ -441,25 +428,8 @@ async def start_attempt(conn: Conn, claim: Claim, attempt: AttemptRecord) -> Cla
     assert row is not None
     await _put_attempts(conn, claim.turn_id, round_, (attempt,))
     first = state is TurnState.ACCEPTED and round_ == 0
-    attempts = (_stored(attempt),) if first else await _attempts_of(conn, claim.turn_id)
+    attempts = (stored_attempt(attempt),) if first else await _attempts_of(conn, claim.turn_id)
     return _claim_after(claim, row, attempts)
-
-
-def _started_move(state: TurnState, started: AttemptRecord | None, turn_id: int) -> TurnState:
-    """The state once an attempt start not written before (*started*) is applied."""
-    if started is None:
-        return state
-    check_move(state, TurnState.RUNNING, turn_id=turn_id)
-    return TurnState.RUNNING
-
-
-def with_start(
-    attempts: tuple[AttemptRecord, ...], started: AttemptRecord | None
-) -> tuple[AttemptRecord, ...]:
-    """*attempts* plus the row of *started* unless its outcome (same number) is among them."""
-    if started is None or any(a.attempt == started.attempt for a in attempts):
-        return attempts
-    return (started, *attempts)
 
 
 async def record_attempt(
@@ -483,7 +453,7 @@ async def record_attempt(
         return _claim_after(claim, waiting, await attempts_after(conn, waiting, written))
     # the long way: the precise error, or the write the one statement would not make
     state, round_ = await _fence(conn, claim)
-    state = _started_move(state, started, claim.turn_id)
+    state = started_move(state, started, claim.turn_id)
     check_move(state, TurnState.WAITING_RETRY, turn_id=claim.turn_id)
     await _put_attempts(conn, claim.turn_id, round_, written)
     row = await conn.fetchrow(
@@ -528,7 +498,7 @@ async def finish(
         )
     # the long way: the precise error, or the write the one statement would not make
     state, round_ = await _fence(conn, claim)
-    state = _started_move(state, started, claim.turn_id)
+    state = started_move(state, started, claim.turn_id)
     check_move(state, ending.state, turn_id=claim.turn_id)
     await _put_attempts(conn, claim.turn_id, round_, written)
     if ledger_lines:

@@ -25,8 +25,8 @@ from typing import Final
 
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
-from sandbox.policy.lifecycle import FINAL_STATES, TurnState, check_move
-from supervisor.errors import StaleClaimError, UnknownTurnError
+from sandbox.policy.lifecycle import FINAL_STATES
+from supervisor.store.fencing import FenceRow, check_finish, stored_attempt, with_start
 from supervisor.store.grouping import Accept, Finish
 from supervisor.store.protocol import Accepted, TurnRecord
 from supervisor.store.rows import accepted, attempt_from_row, ending_values, loads, turn_from_row
@@ -37,9 +37,6 @@ from supervisor.store.sqlite.operations import (
     now_us,
     put_ledger_lines,
     raise_not_open,
-    started_move,
-    stored_attempt,
-    with_start,
 )
 from supervisor.store.sqlite.schema import ATTEMPT_COLUMNS, TURN_COLUMNS
 
@@ -208,18 +205,9 @@ def _known(
 
 
 def _checked(f: Finish, fence: tuple[str, str | None, int, int, int] | None) -> int:
-    """The checks of `operations.finish` (the fence, the move); the turn's round."""
-    claim = f.claim
-    if fence is None:
-        raise UnknownTurnError(claim.turn_id)
-    state, owner, token, round_, _ = fence
-    if owner is None or owner != claim.owner or token != claim.token:
-        raise StaleClaimError(
-            claim.turn_id, token=claim.token, current_token=token, owner=claim.owner
-        )
-    moved = started_move(TurnState(state), f.started, claim.turn_id)
-    check_move(moved, f.ending.state, turn_id=claim.turn_id)
-    return round_
+    """The checks of `operations.finish` (`fencing.check_finish`); the turn's round."""
+    row: FenceRow | None = None if fence is None else fence[:4]
+    return check_finish(f.claim, row, f.ending, f.started)
 
 
 def _read_back(conn: sqlite3.Connection, items: Sequence[Finish]) -> list[TurnRecord]:

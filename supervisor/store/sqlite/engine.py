@@ -64,10 +64,11 @@ import anyio.to_thread
 import supervisor.store.sqlite.operations as ops
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
-from sandbox.policy.lifecycle import FINAL_STATES, TurnState
+from sandbox.policy.lifecycle import TurnState
 from supervisor.errors import IntakeClosedError, StaleClaimError
 from supervisor.logging import get_logger
 from supervisor.stages import stage_costs
+from supervisor.store.fencing import check_ending
 from supervisor.store.grouping import NEW_TURN, Accept, Finish, plan
 from supervisor.store.protocol import (
     Accepted,
@@ -553,9 +554,7 @@ class SqliteTurnStore:
         ledger_lines: Sequence[SealedLine] = (),
         started: AttemptRecord | None = None,
     ) -> PendingWrite[TurnRecord]:
-        if ending.state not in FINAL_STATES and ending.state is not TurnState.ESCALATED:
-            msg = f"finish needs a final state or escalated, not {ending.state.value}"
-            raise ValueError(msg)
+        check_ending(ending)
         records = tuple(attempts)
         lines = tuple(ledger_lines)
         return PendingOp(

@@ -30,10 +30,10 @@ from sandbox.policy.lifecycle import TurnState, check_move
 from supervisor.errors import (
     NotEscalatedError,
     SessionClosedError,
-    StaleClaimError,
     UnknownSessionError,
     UnknownTurnError,
 )
+from supervisor.store.fencing import fence, started_move, stored_attempt, with_start
 from supervisor.store.protocol import (
     RESOLUTION_REASONS,
     Accepted,
@@ -53,7 +53,6 @@ from supervisor.store.rows import (
     attempt_from_row,
     dumps,
     ending_values,
-    loads,
     session_from_row,
     turn_from_row,
 )
@@ -88,9 +87,6 @@ __all__ = [
     "renew",
     "resolve",
     "start_attempt",
-    "started_move",
-    "stored_attempt",
-    "with_start",
 ]
 
 #: a row as the sqlite3 module returns it (typed by the column lists in `schema`)
@@ -300,23 +296,13 @@ def release(conn: sqlite3.Connection, claim: Claim) -> None:
 
 
 def _fence(conn: sqlite3.Connection, claim: Claim) -> tuple[TurnState, int]:
-    """The turn's state and round, if *claim* still holds it; else `StaleClaimError`."""
-    row = conn.execute(
-        "SELECT state, owner, token, round FROM turns WHERE turn_id = ?", (claim.turn_id,)
-    ).fetchone()
-    if row is None:
-        raise UnknownTurnError(claim.turn_id)
-    state, owner, token, round_ = row
-    if owner is None or owner != claim.owner or token != claim.token:
-        raise StaleClaimError(
-            claim.turn_id, token=claim.token, current_token=int(token), owner=claim.owner
-        )
-    return TurnState(state), int(round_)
-
-
-def stored_attempt(attempt: AttemptRecord) -> AttemptRecord:
-    """*attempt* as it reads back (``extra`` through the JSON round trip)."""
-    return replace(attempt, extra=loads(dumps(attempt.extra))) if attempt.extra else attempt
+    """The turn's state and round, if *claim* still holds it (`fencing.fence`)."""
+    return fence(
+        claim,
+        conn.execute(
+            "SELECT state, owner, token, round FROM turns WHERE turn_id = ?", (claim.turn_id,)
+        ).fetchone(),
+    )
 
 
 PUT_ATTEMPT: Final = (
@@ -400,23 +386,6 @@ def record_attempt(
         (attempt.attempt, now_us(), next_attempt_us, claim.turn_id),
     ).fetchall()
     return _after_write(conn, claim, rows, None)
-
-
-def started_move(state: TurnState, started: AttemptRecord | None, turn_id: int) -> TurnState:
-    """The state once an attempt start not written before (*started*) is applied."""
-    if started is None:
-        return state
-    check_move(state, TurnState.RUNNING, turn_id=turn_id)
-    return TurnState.RUNNING
-
-
-def with_start(
-    attempts: tuple[AttemptRecord, ...], started: AttemptRecord | None
-) -> tuple[AttemptRecord, ...]:
-    """*attempts* plus the row of *started* unless its outcome (same number) is among them."""
-    if started is None or any(a.attempt == started.attempt for a in attempts):
-        return attempts
-    return (started, *attempts)
 
 
 def finish(
