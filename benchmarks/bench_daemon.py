@@ -27,27 +27,34 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import os
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import anyio
-import anyio.abc
-import psutil
 
 from supervisor.control.client import ControlClient
-from supervisor.demo.stack import DemoStack, prepare_root
 from supervisor.stages import ENV as STAGES_ENV
 from supervisor.stages import STAGES
 from supervisor.wire.frames import encode_frame
 
 HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))  # ``benchmarks.*`` below, run as a script
+
+from benchmarks import bench_executors  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    cpu_seconds,
+    noop,
+    percentile,
+    pipelined,
+    running_daemon,
+)
+
 LATENCY_TURNS = 400
 WARMUP_TURNS = 50
 THROUGHPUT_SECONDS = 6.0
@@ -55,16 +62,6 @@ IN_FLIGHT = 64
 CONNECTIONS = 8
 EXECUTORS = 8
 SLOTS = 8
-
-BENCH_CONFIG = """\
-drain_grace_s = 5.0
-[executors]
-queue_capacity = 100000
-heartbeat_interval_s = 5.0
-[log]
-format = "json"
-level = "warning"
-"""
 
 TURN: dict[str, Any] = {
     "kind": "instruction",
@@ -74,21 +71,6 @@ TURN: dict[str, Any] = {
     "parameters": {"attribute": "data-title", "max_items": 10},
     "declared_outputs": [],
 }
-
-
-def _load_executor_bench() -> ModuleType:
-    """bench_executors.py (the hub engineer's raw echo baseline and no-op executors)."""
-    spec = importlib.util.spec_from_file_location("bench_executors", HERE / "bench_executors.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def _frame_bytes(socket: Path, params: dict[str, Any]) -> tuple[int, int]:
@@ -104,26 +86,16 @@ async def _frame_bytes(socket: Path, params: dict[str, Any]) -> tuple[int, int]:
     return len(request), len(data)
 
 
-async def daemon_figures(
-    directory: Path, bench: ModuleType, *, compact: bool = False
-) -> dict[str, float]:
-    root = directory / "root"
-    config = prepare_root(root, fresh=True, config_text=BENCH_CONFIG)
+async def daemon_figures(directory: Path, *, compact: bool = False) -> dict[str, float]:
     # The daemon counts the CPU of each stage of a turn's path (supervisor/stages.py).
-    stack = DemoStack(root=root, config_path=config, env={STAGES_ENV: "1"})
-    executors: anyio.abc.Process | None = None
-    try:
-        daemon = await stack.start_daemon()
-        ids = [f"noop-{i}" for i in range(EXECUTORS)]
-        executors = await bench.spawn(
-            "--role", "noop", "--socket", str(stack.executor_socket),
-            "--ids", ",".join(ids), "--slots", str(SLOTS),
-        )  # fmt: skip
-        async with ControlClient(stack.control_socket) as client:
-            for executor_id in ids:
-                await client.call("executors.wait", executor_id=executor_id, timeout_s=20)
-            sid = (await client.call("session.open", package_id="demo"))["session_id"]
-
+    async with running_daemon(
+        base=directory,
+        env={STAGES_ENV: "1"},
+        executors=[[f"noop-{i}" for i in range(EXECUTORS)]],
+        spawn=noop(SLOTS),
+    ) as daemon:
+        sid = daemon.sid
+        async with ControlClient(daemon.control_socket) as client:
             samples: list[float] = []
             phases: dict[str, list[float]] = {"intake": [], "attempt": [], "finish": []}
             for i in range(WARMUP_TURNS + LATENCY_TURNS):
@@ -141,38 +113,27 @@ async def daemon_figures(
             # they were): the same turn submitted and waited for in each form.
             other = (await client.call("session.open", package_id="demo"))["session_id"]
             full = {"session_id": other, "wait_s": 30, **TURN}
-            bytes_full = await _frame_bytes(stack.control_socket, full)
-            bytes_compact = await _frame_bytes(stack.control_socket, {**full, "answer": "compact"})
+            bytes_full = await _frame_bytes(daemon.control_socket, full)
+            bytes_compact = await _frame_bytes(daemon.control_socket, {**full, "answer": "compact"})
             before = await client.call("status")
 
-        daemon_proc = psutil.Process(daemon.pid)
-        exec_proc = psutil.Process(executors.pid)
-        cpu0 = daemon_proc.cpu_times()
-        ecpu0 = exec_proc.cpu_times()
-        done, failed, elapsed = await _throughput(stack.control_socket, sid, IN_FLIGHT, compact)
-        cpu1 = daemon_proc.cpu_times()
-        ecpu1 = exec_proc.cpu_times()
-        async with ControlClient(stack.control_socket) as client:
-            middle = await client.call("status")
+        (executors,) = daemon.executors
+        cpu0, ecpu0 = daemon.cpu_s(), cpu_seconds([executors.pid])
+        done, failed, elapsed = await _throughput(daemon.control_socket, sid, IN_FLIGHT, compact)
+        cpu1, ecpu1 = daemon.cpu_s(), cpu_seconds([executors.pid])
+        middle = await daemon.call("status")
         done_256, failed_256, elapsed_256 = await _throughput(
-            stack.control_socket, sid, 256, compact
+            daemon.control_socket, sid, 256, compact
         )
-        async with ControlClient(stack.control_socket) as client:
-            after = await client.call("status")
-            verify = await client.call("ledger.verify", session_id=sid)
+        after = await daemon.call("status")
+        verify = await daemon.call("ledger.verify", session_id=sid)
         assert verify["ok"], verify
         turns = after["store"]["operations"] - before["store"]["operations"]
         batches = after["store"]["commits"] - before["store"]["commits"]
         finished = done + failed + done_256 + failed_256
-        rss = daemon_proc.memory_info().rss
-    finally:
-        if executors is not None:
-            executors.kill()
-            await executors.wait()
-            await executors.aclose()
-        await stack.aclose()
-    daemon_cpu = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
-    exec_cpu = (ecpu1.user + ecpu1.system) - (ecpu0.user + ecpu0.system)
+        rss_mb = daemon.rss_mb()
+    daemon_cpu = cpu1 - cpu0
+    exec_cpu = ecpu1 - ecpu0
     stage_us = {
         stage: (middle["stages"]["stages"][stage]["ns"] - before["stages"]["stages"][stage]["ns"])
         / 1000
@@ -181,11 +142,11 @@ async def daemon_figures(
     }
     return {
         **{f"stage_{stage}_us": us for stage, us in stage_us.items()},
-        "phase_intake_us": _pct(phases["intake"], 0.5) * 1e6,
-        "phase_attempt_us": _pct(phases["attempt"], 0.5) * 1e6,
-        "phase_finish_us": _pct(phases["finish"], 0.5) * 1e6,
-        "p50_us": _pct(samples, 0.5) * 1e6,
-        "p99_us": _pct(samples, 0.99) * 1e6,
+        "phase_intake_us": percentile(phases["intake"], 0.5) * 1e6,
+        "phase_attempt_us": percentile(phases["attempt"], 0.5) * 1e6,
+        "phase_finish_us": percentile(phases["finish"], 0.5) * 1e6,
+        "p50_us": percentile(samples, 0.5) * 1e6,
+        "p99_us": percentile(samples, 0.99) * 1e6,
         "throughput": done / elapsed,
         "throughput_256": done_256 / elapsed_256,
         "failed": failed + failed_256,
@@ -195,7 +156,7 @@ async def daemon_figures(
         "daemon_cpu_share": daemon_cpu / elapsed,
         "executor_cpu_share": exec_cpu / elapsed,
         "ledger_entries": sum(float(r["entries"]) for r in verify["ledgers"]),
-        "rss_mb": rss / 1e6,
+        "rss_mb": rss_mb,
         "request_bytes": bytes_full[0],
         "request_bytes_compact": bytes_compact[0],
         "answer_bytes": bytes_full[1],
@@ -213,28 +174,17 @@ async def _throughput(
     failed = 0
     deadline = time.perf_counter() + THROUGHPUT_SECONDS
 
-    async def connection() -> None:
+    async def lane(conn: ControlClient) -> None:
         nonlocal done, failed
-        async with ControlClient(socket) as conn:
+        while time.perf_counter() < deadline:
+            r = await conn.call("turn.submit", session_id=sid, wait_s=30, **TURN, **form)
+            if r["turn"]["state"] == "succeeded":
+                done += 1
+            else:
+                failed += 1
 
-            async def lane() -> None:
-                nonlocal done, failed
-                while time.perf_counter() < deadline:
-                    r = await conn.call("turn.submit", session_id=sid, wait_s=30, **TURN, **form)
-                    if r["turn"]["state"] == "succeeded":
-                        done += 1
-                    else:
-                        failed += 1
-
-            async with anyio.create_task_group() as tg:
-                for _ in range(in_flight // CONNECTIONS):
-                    tg.start_soon(lane)
-
-    start = time.perf_counter()
-    async with anyio.create_task_group() as tg:
-        for _ in range(CONNECTIONS):
-            tg.start_soon(connection)
-    return done, failed, time.perf_counter() - start
+    elapsed = await pipelined(socket, CONNECTIONS, in_flight // CONNECTIONS, lane)
+    return done, failed, elapsed
 
 
 def fsync_floor(directory: Path, rounds: int = 300) -> float:
@@ -250,18 +200,17 @@ def fsync_floor(directory: Path, rounds: int = 300) -> float:
             samples.append(time.perf_counter() - start)
     finally:
         os.close(fd)
-    return _pct(samples, 0.5)
+    return percentile(samples, 0.5)
 
 
 async def run_all(*, compact: bool = False) -> None:
-    bench = _load_executor_bench()
     directory = Path(tempfile.mkdtemp(prefix="hh-bench-daemon-"))
     os.chmod(directory, 0o711)  # process turns would run as another uid: keep it traversable
     try:
         started = time.perf_counter()
-        base = await bench.baseline(directory)
+        base = await bench_executors.baseline(directory)
         sync_s = fsync_floor(directory)
-        daemon = await daemon_figures(directory, bench, compact=compact)
+        daemon = await daemon_figures(directory, compact=compact)
         total = time.perf_counter() - started
     finally:
         shutil.rmtree(directory, ignore_errors=True)

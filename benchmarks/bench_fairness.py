@@ -25,11 +25,9 @@ from this run.
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,10 +39,14 @@ import anyio.abc
 import psutil
 
 from supervisor.control.client import ControlClient
-from supervisor.demo.stack import DemoStack, prepare_root
 from supervisor.sdk import Backoff, Executor, Instruction, Result, run_executor
 
 SCRIPT = Path(__file__).resolve()
+if str(SCRIPT.parents[1]) not in sys.path:
+    sys.path.insert(0, str(SCRIPT.parents[1]))  # ``benchmarks.*`` below, run as a script
+
+from benchmarks.harness import Spawn, running_daemon  # noqa: E402
+
 EXECUTORS = 4
 SLOTS = 2
 #: tenant A's sessions (its flood is spread over them; fairness is per tenant)
@@ -202,40 +204,36 @@ async def _active(client: ControlClient) -> int:
     return int(status["in_flight_total"])
 
 
-async def _spawn_workers(stack: DemoStack, work_ms: int) -> anyio.abc.Process:
-    ids = ",".join(f"w{i}" for i in range(EXECUTORS))
-    return await anyio.open_process(
-        [
-            *(sys.executable, str(SCRIPT), "--role", "worker"),
-            *("--socket", str(stack.executor_socket), "--ids", ids, "--work-ms", str(work_ms)),
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=None,
-    )
+def _spawn_workers(work_ms: int) -> Spawn:
+    """This script's worker role: the group's executors in one process, SLOTS slots each, a
+    READ taking *work_ms*."""
+
+    async def spawn(socket: Path, ids: Sequence[str]) -> anyio.abc.Process:
+        return await anyio.open_process(
+            [
+                *(sys.executable, str(SCRIPT), "--role", "worker"),
+                *("--socket", str(socket), "--ids", ",".join(ids), "--work-ms", str(work_ms)),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=None,
+        )
+
+    return spawn
 
 
 async def run_case(name: str, tenants: tuple[str, str], *, depth: int, work_ms: int) -> CaseResult:
-    directory = Path(tempfile.mkdtemp(prefix="hh-bench-fair-"))
-    root = directory / "root"
-    stack = DemoStack(root=root, config_path=prepare_root(root, fresh=True, config_text=CONFIG))
-    workers: anyio.abc.Process | None = None
-    try:
-        await stack.start_daemon()
-        workers = await _spawn_workers(stack, work_ms)
-        socket = stack.control_socket
+    async with running_daemon(
+        config=CONFIG,
+        prefix="hh-bench-fair-",
+        executors=[[f"w{i}" for i in range(EXECUTORS)]],
+        spawn=_spawn_workers(work_ms),
+        session=False,
+    ) as daemon:
+        socket = daemon.control_socket
+        a_sessions = [await daemon.open_session(tenant=tenants[0]) for _ in range(A_SESSIONS)]
+        b = await daemon.open_session(tenant=tenants[1])
         async with ControlClient(socket) as client:
-            for i in range(EXECUTORS):
-                await client.call("executors.wait", executor_id=f"w{i}", timeout_s=30)
-            a_sessions = [
-                (await client.call("session.open", package_id="demo", tenant=tenants[0]))[
-                    "session_id"
-                ]
-                for _ in range(A_SESSIONS)
-            ]
-            b = (await client.call("session.open", package_id="demo", tenant=tenants[1]))[
-                "session_id"
-            ]
             await _one_at_a_time(socket, b, WARMUP)
             quiet = await _one_at_a_time(socket, b, B_TURNS)
             flood = Flood(socket, a_sessions, depth)
@@ -251,13 +249,6 @@ async def run_case(name: str, tenants: tuple[str, str], *, depth: int, work_ms: 
                 rate = (flood.done - done0) / (time.perf_counter() - t0)
                 flood.stop.set()
         return CaseResult(name, quiet, flooded, rate, queued)
-    finally:
-        if workers is not None:
-            workers.kill()
-            await workers.wait()
-            await workers.aclose()
-        await stack.aclose()
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 async def run(depth: int, work_ms: int) -> None:

@@ -20,45 +20,41 @@ scaling model.
 
 from __future__ import annotations
 
-import importlib.util
+import argparse
+import contextlib
 import os
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import anyio
-import anyio.abc
-import anyio.to_thread
 import asyncpg
-import psutil
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))  # ``benchmarks.*`` below, run as a script
 
+from benchmarks.harness import (  # noqa: E402
+    BenchDaemon,
+    cpu_seconds,
+    fresh_database,
+    noop,
+    pg_cluster,
+    pg_server_pids,
+    pipelined,
+    running_daemon,
+)
 from supervisor.control.client import ControlClient  # noqa: E402
-from supervisor.demo.stack import DemoStack, prepare_root  # noqa: E402
-from supervisor.store.postgres import migrate_database  # noqa: E402
-from tests.supervisor.store.pg_cluster import PgCluster, start_cluster, stop_cluster  # noqa: E402
+from tests.supervisor.store.pg_cluster import PgCluster  # noqa: E402
 
 SECONDS = 5.0
 IN_FLIGHT = 64
 LATENCY_TURNS = 200
 EXECUTOR_PROCS = 4
 SLOTS = 8
-
-CONFIG = """\
-drain_grace_s = 5.0
-[executors]
-queue_capacity = 100000
-heartbeat_interval_s = 5.0
-[log]
-format = "json"
-level = "warning"
-"""
 
 TURN: dict[str, Any] = {
     "kind": "instruction",
@@ -69,63 +65,24 @@ TURN: dict[str, Any] = {
 }
 
 
-def _executor_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_executors", HERE / "bench_executors.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def fleet_daemon(
+    name: str, dsn: str | None, *, base: Path | None = None, prefix: str = "hh-bench-fleet-"
+) -> contextlib.AbstractAsyncContextManager[BenchDaemon]:
+    """One daemon of a row: root *name* (under *base*), the PostgreSQL store at *dsn* or the
+    embedded SQLite one, EXECUTOR_PROCS no-op executor processes of SLOTS slots, a session."""
+    return running_daemon(
+        dsn=dsn,
+        base=base,
+        name=name,
+        prefix=prefix,
+        executors=[[f"{name}-noop-{p}-0"] for p in range(EXECUTOR_PROCS)],
+        spawn=noop(SLOTS),
+    )
 
 
-class Daemon:
-    def __init__(self, stack: DemoStack, executors: list[anyio.abc.Process], sid: str) -> None:
-        self.stack = stack
-        self.executors = executors
-        self.sid = sid
-
-
-async def _start(base: Path, name: str, bench: ModuleType, dsn: str | None) -> Daemon:
-    store = "" if dsn is None else f'\n[store]\nengine = "postgres"\ndsn = "{dsn}"\n'
-    root = base / name
-    config = prepare_root(root, fresh=True, config_text=CONFIG + store)
-    stack = DemoStack(root=root, config_path=config)
-    await stack.start_daemon()
-    executors = []
-    ids: list[str] = []
-    for p in range(EXECUTOR_PROCS):
-        group = [f"{name}-noop-{p}-{i}" for i in range(1)]
-        ids += group
-        executors.append(
-            await bench.spawn(
-                "--role",
-                "noop",
-                "--socket",
-                str(stack.executor_socket),
-                "--ids",
-                ",".join(group),
-                "--slots",
-                str(SLOTS),
-            )
-        )
-    async with ControlClient(stack.control_socket) as client:
-        for executor_id in ids:
-            await client.call("executors.wait", executor_id=executor_id, timeout_s=20)
-        sid = str((await client.call("session.open", package_id="demo"))["session_id"])
-    return Daemon(stack, executors, sid)
-
-
-async def _stop(daemon: Daemon) -> None:
-    for proc in daemon.executors:
-        proc.kill()
-        await proc.wait()
-        await proc.aclose()
-    await daemon.stack.aclose()
-
-
-async def _latency(daemon: Daemon) -> float:
+async def _latency(daemon: BenchDaemon) -> float:
     samples = []
-    async with ControlClient(daemon.stack.control_socket) as client:
+    async with ControlClient(daemon.control_socket) as client:
         for i in range(30 + LATENCY_TURNS):
             start = time.perf_counter()
             result = await client.call("turn.submit", session_id=daemon.sid, wait_s=30, **TURN)
@@ -136,37 +93,26 @@ async def _latency(daemon: Daemon) -> float:
     return samples[len(samples) // 2]
 
 
-async def _throughput(daemons: list[Daemon]) -> tuple[int, float]:
+async def _throughput(daemons: list[BenchDaemon]) -> tuple[int, float]:
     done = 0
     deadline = time.perf_counter() + SECONDS
     lanes = IN_FLIGHT // (2 * len(daemons))
 
-    async def connection(daemon: Daemon) -> None:
-        nonlocal done
-        async with ControlClient(daemon.stack.control_socket) as conn:
+    async def connections(daemon: BenchDaemon) -> None:
+        async def lane(conn: ControlClient) -> None:
+            nonlocal done
+            while time.perf_counter() < deadline:
+                r = await conn.call("turn.submit", session_id=daemon.sid, wait_s=30, **TURN)
+                assert r["turn"]["state"] == "succeeded", r["turn"]
+                done += 1
 
-            async def lane() -> None:
-                nonlocal done
-                while time.perf_counter() < deadline:
-                    r = await conn.call("turn.submit", session_id=daemon.sid, wait_s=30, **TURN)
-                    assert r["turn"]["state"] == "succeeded", r["turn"]
-                    done += 1
-
-            async with anyio.create_task_group() as tg:
-                for _ in range(lanes):
-                    tg.start_soon(lane)
+        await pipelined(daemon.control_socket, 2, lanes, lane)
 
     start = time.perf_counter()
     async with anyio.create_task_group() as tg:
         for daemon in daemons:
-            for _ in range(2):
-                tg.start_soon(connection, daemon)
+            tg.start_soon(connections, daemon)
     return done, time.perf_counter() - start
-
-
-async def _status(daemon: Daemon) -> dict[str, Any]:
-    async with ControlClient(daemon.stack.control_socket) as client:
-        return dict(await client.call("status"))
 
 
 async def _pg_xacts(dsn: str) -> int:
@@ -185,39 +131,27 @@ def _server_cpu(cluster: PgCluster | None) -> float:
     """CPU seconds of the PostgreSQL server so far (the postmaster and every backend)."""
     if cluster is None:
         return 0.0
-    pid = int((cluster.data / "postmaster.pid").read_text().split()[0])
-    total = 0.0
-    main = psutil.Process(pid)
-    for proc in [main, *main.children()]:
-        try:
-            times = proc.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += times.user + times.system
-    return total
+    return cpu_seconds(pg_server_pids(cluster))
 
 
 async def _row(
-    base: Path, bench: ModuleType, count: int, dsn: str | None, cluster: PgCluster | None
+    base: Path, count: int, dsn: str | None, cluster: PgCluster | None
 ) -> dict[str, float]:
-    daemons = []
-    try:
-        for n in range(count):
-            daemons.append(await _start(base, f"d{count}-{n}", bench, dsn))
+    async with contextlib.AsyncExitStack() as running:
+        daemons = [
+            await running.enter_async_context(fleet_daemon(f"d{count}-{n}", dsn, base=base))
+            for n in range(count)
+        ]
         p50 = await _latency(daemons[0])
-        before = [await _status(d) for d in daemons]
-        procs = [psutil.Process(d.stack.daemon.pid) for d in daemons if d.stack.daemon]
-        cpu0 = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+        before = [await d.call("status") for d in daemons]
+        cpu0 = sum(d.cpu_s() for d in daemons)
         x0 = await _pg_xacts(dsn) if dsn else 0
         s0 = _server_cpu(cluster)
         done, elapsed = await _throughput(daemons)
         s1 = _server_cpu(cluster)
         x1 = await _pg_xacts(dsn) if dsn else 0
-        cpu1 = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
-        after = [await _status(d) for d in daemons]
-    finally:
-        for daemon in daemons:
-            await _stop(daemon)
+        cpu1 = sum(d.cpu_s() for d in daemons)
+        after = [await d.call("status") for d in daemons]
     commits = sum(
         a["store"]["commits"] - b["store"]["commits"] for a, b in zip(after, before, strict=True)
     )
@@ -242,27 +176,19 @@ async def _row(
 
 
 async def run_all() -> None:
-    bench = _executor_bench()
     base = Path(tempfile.mkdtemp(prefix="hh-bench-fleet-"))
     os.chmod(base, 0o711)
-    cluster: PgCluster = await anyio.to_thread.run_sync(start_cluster)
-    started = time.perf_counter()
     rows: dict[str, dict[str, float]] = {}
     try:
-        rows["sqlite, 1 daemon"] = await _row(base, bench, 1, None, None)
-        for count in (1, 2, 3):
-            conn = await asyncpg.connect(cluster.dsn())
-            try:
-                await conn.execute(f"CREATE DATABASE fleet{count}")
-            finally:
-                await conn.close()
-            dsn = cluster.dsn(f"fleet{count}")
-            await migrate_database(dsn)
-            rows[f"postgres, {count} daemon{'s' if count > 1 else ''}"] = await _row(
-                base, bench, count, dsn, cluster
-            )
+        async with pg_cluster() as cluster:
+            started = time.perf_counter()
+            rows["sqlite, 1 daemon"] = await _row(base, 1, None, None)
+            for count in (1, 2, 3):
+                dsn = await fresh_database(cluster, f"fleet{count}")
+                rows[f"postgres, {count} daemon{'s' if count > 1 else ''}"] = await _row(
+                    base, count, dsn, cluster
+                )
     finally:
-        await anyio.to_thread.run_sync(stop_cluster, cluster)
         shutil.rmtree(base, ignore_errors=True)
     out = sys.stdout.write
     out(f"fleet benchmark (python {sys.version.split()[0]}, {os.cpu_count()} cpus)\n")
@@ -282,6 +208,7 @@ async def run_all() -> None:
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0]).parse_args()
     from supervisor.logging import configure_logging
 
     configure_logging(fmt="json", level="error", stream=sys.stderr)

@@ -24,23 +24,23 @@ Every figure comes from this run; ratios are against the step-1 baseline.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import shutil
+import contextlib
 import sys
-import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import anyio
-import anyio.abc
 import psutil
 
 from supervisor.control.client import ControlClient
-from supervisor.demo.stack import DemoStack, prepare_root
 
 HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))  # ``benchmarks.*`` below, run as a script
+
+from benchmarks.harness import BenchDaemon, noop, pipelined, running_daemon  # noqa: E402
+
 IN_FLIGHT = 64
 CONNECTIONS = 8
 MEASURE_TURNS = 3000
@@ -74,87 +74,52 @@ QUEUED: dict[str, Any] = {
 }
 
 
-def _load_executor_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_executors", HERE / "bench_executors.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def scale_daemon(
+    prefix: str = "hh-bench-scale-",
+) -> contextlib.AbstractAsyncContextManager[BenchDaemon]:
+    """The daemon of step 1: CONFIG, EXECUTORS no-op executors of SLOTS slots (READ only) in
+    one process, a session."""
+    return running_daemon(
+        config=CONFIG,
+        prefix=prefix,
+        executors=[[f"noop-{i}" for i in range(EXECUTORS)]],
+        spawn=noop(SLOTS),
+    )
 
 
 async def _pipelined(socket: Path, params: dict[str, Any], count: int, *, wait: bool) -> float:
     """Submit *count* turns over 8 connections with 64 in flight; seconds taken."""
     left = count
 
-    async def connection() -> None:
+    async def lane(conn: ControlClient) -> None:
         nonlocal left
-        async with ControlClient(socket) as conn:
+        while left > 0:
+            left -= 1
+            if wait:
+                r = await conn.call("turn.submit", wait_s=30, **params)
+                assert r["turn"]["state"] == "succeeded", r["turn"]
+            else:
+                await conn.call("turn.submit", **params)
 
-            async def lane() -> None:
-                nonlocal left
-                while left > 0:
-                    left -= 1
-                    if wait:
-                        r = await conn.call("turn.submit", wait_s=30, **params)
-                        assert r["turn"]["state"] == "succeeded", r["turn"]
-                    else:
-                        await conn.call("turn.submit", **params)
-
-            async with anyio.create_task_group() as tg:
-                for _ in range(IN_FLIGHT // CONNECTIONS):
-                    tg.start_soon(lane)
-
-    start = time.perf_counter()
-    async with anyio.create_task_group() as tg:
-        for _ in range(CONNECTIONS):
-            tg.start_soon(connection)
-    return time.perf_counter() - start
+    return await pipelined(socket, CONNECTIONS, IN_FLIGHT // CONNECTIONS, lane)
 
 
-async def _measure(socket: Path, sid: str, daemon: psutil.Process) -> tuple[float, float]:
+async def _measure(daemon: BenchDaemon) -> tuple[float, float]:
     """READ turns at 64 in flight: (turns/s, daemon CPU ms per turn)."""
-    cpu0 = daemon.cpu_times()
-    elapsed = await _pipelined(socket, {**READ, "session_id": sid}, MEASURE_TURNS, wait=True)
-    cpu1 = daemon.cpu_times()
-    cpu = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+    cpu0 = daemon.cpu_s()
+    params = {**READ, "session_id": daemon.sid}
+    elapsed = await _pipelined(daemon.control_socket, params, MEASURE_TURNS, wait=True)
+    cpu = daemon.cpu_s() - cpu0
     return MEASURE_TURNS / elapsed, cpu * 1000 / MEASURE_TURNS
 
 
-def _rss_mb(process: psutil.Process) -> float:
-    rss: int = process.memory_info().rss
-    return rss / 1e6
-
-
 async def run(queued_max: int, extra_executors: int) -> None:
-    bench = _load_executor_bench()
-    directory = Path(tempfile.mkdtemp(prefix="hh-bench-scale-"))
-    root = directory / "root"
-    stack = DemoStack(root=root, config_path=prepare_root(root, fresh=True, config_text=CONFIG))
-    children: list[anyio.abc.Process] = []
     print(f"daemon scale benchmark (python {sys.version.split()[0]}, {psutil.cpu_count()} cpus)")
-    try:
-        daemon = psutil.Process((await stack.start_daemon()).pid)
-        ids = [f"noop-{i}" for i in range(EXECUTORS)]
-        children.append(
-            await bench.spawn(
-                "--role",
-                "noop",
-                "--socket",
-                str(stack.executor_socket),
-                "--ids",
-                ",".join(ids),
-                "--slots",
-                str(SLOTS),
-            )
-        )
-        async with ControlClient(stack.control_socket) as client:
-            for executor_id in ids:
-                await client.call("executors.wait", executor_id=executor_id, timeout_s=20)
-            sid = (await client.call("session.open", package_id="demo"))["session_id"]
-        await _measure(stack.control_socket, sid, daemon)  # warm-up
-        base_rss = _rss_mb(daemon)
-        base_rate, base_cpu = await _measure(stack.control_socket, sid, daemon)
+    async with scale_daemon() as daemon:
+        socket, sid = daemon.control_socket, daemon.sid
+        await _measure(daemon)  # warm-up
+        base_rss = daemon.rss_mb()
+        base_rate, base_cpu = await _measure(daemon)
         print("queue depth (CLICK turns accepted, no executor serves them)")
         print(f"  {'queued':>8}  {'RSS MB':>8}  {'KB/queued':>9}  {'READ turns/s':>12}"
               f"  {'CPU ms/turn':>11}  {'CPU vs 0':>8}  {'submit/s':>8}")  # fmt: skip
@@ -165,58 +130,34 @@ async def run(queued_max: int, extra_executors: int) -> None:
         while queued < queued_max:
             target = min(step, queued_max)
             took = await _pipelined(
-                stack.control_socket, {**QUEUED, "session_id": sid}, target - queued, wait=False
+                socket, {**QUEUED, "session_id": sid}, target - queued, wait=False
             )
             submit_rate = (target - queued) / took
             queued = target
-            rss = _rss_mb(daemon)
-            rate, cpu = await _measure(stack.control_socket, sid, daemon)
+            rss = daemon.rss_mb()
+            rate, cpu = await _measure(daemon)
             per_turn_kb = (rss - base_rss) * 1000 / queued
             print(f"  {queued:>8}  {rss:>8.1f}  {per_turn_kb:>9.2f}  {rate:>12.0f}  {cpu:>11.3f}"
                   f"  {cpu / base_cpu:>7.2f}x  {submit_rate:>8.0f}")  # fmt: skip
             step *= 10
-        async with ControlClient(stack.control_socket) as client:
-            status = await client.call("status")
+        status = await daemon.call("status")
         print(f"  store counts: {status.get('turns_by_state', {})}")
 
         print(f"executors: {extra_executors} more no-op connections (10 processes)")
-        before = _rss_mb(daemon)
+        before = daemon.rss_mb()
         per_process = max(1, extra_executors // 10)
-        extra_ids: list[str] = []
-        for p in range(10):
-            batch = [f"many-{p}-{i}" for i in range(per_process)]
-            extra_ids.extend(batch)
-            children.append(
-                await bench.spawn(
-                    "--role",
-                    "noop",
-                    "--socket",
-                    str(stack.executor_socket),
-                    "--ids",
-                    ",".join(batch),
-                    "--slots",
-                    "1",
-                )
-            )
-        async with ControlClient(stack.control_socket) as client:
-            for executor_id in extra_ids:
-                await client.call("executors.wait", executor_id=executor_id, timeout_s=60)
+        batches = [[f"many-{p}-{i}" for i in range(per_process)] for p in range(10)]
+        await daemon.add_executors(batches, noop(1), timeout_s=60)
+        added = sum(len(batch) for batch in batches)
         await anyio.sleep(1.0)
-        after = _rss_mb(daemon)
-        print(f"  daemon RSS {before:.1f} -> {after:.1f} MB with {len(extra_ids)} more executors:"
-              f" {(after - before) * 1000 / len(extra_ids):.1f} KB per executor")  # fmt: skip
-        rate, cpu = await _measure(stack.control_socket, sid, daemon)
+        after = daemon.rss_mb()
+        print(f"  daemon RSS {before:.1f} -> {after:.1f} MB with {added} more executors:"
+              f" {(after - before) * 1000 / added:.1f} KB per executor")  # fmt: skip
+        rate, cpu = await _measure(daemon)
         print(
             f"  READ turns/s {rate:.0f}, CPU {cpu:.3f} ms/turn ({cpu / base_cpu:.2f}x the"
             " baseline) with them connected"
         )
-    finally:
-        for child in children:
-            child.kill()
-            await child.wait()
-            await child.aclose()
-        await stack.aclose()
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def main() -> int:

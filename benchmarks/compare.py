@@ -570,13 +570,14 @@ One private PostgreSQL cluster ({pg}; `tests/supervisor/store/pg_cluster.py`: Un
 
 
 def run_postgres(s: Settings, out: Path) -> str:
+    from benchmarks.harness import pg_cluster
     from benchmarks.peers import pg_peer
 
     workers = 4
     runs: dict[str, list[list[dispatch.LevelResult]]] = {DAEMON_PG: [], PGQUEUER: []}
 
     async def all_rounds() -> str:
-        async with pg_peer.cluster() as pg:
+        async with pg_cluster() as pg:
             version = pg_peer.server_version(pg)
             for r in range(s.rounds):
                 order = [DAEMON_PG, PGQUEUER] if r % 2 == 0 else [PGQUEUER, DAEMON_PG]

@@ -14,24 +14,26 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import anyio
-import anyio.abc
-import psutil
-
 from benchmarks import bench_daemon
+from benchmarks.harness import (
+    REPO,
+    BenchDaemon,
+    cpu_seconds,
+    noop,
+    own_cpu,
+    percentile,
+    pipelined,
+    running_daemon,
+)
 from benchmarks.peers.celery_app import TASK_NAME, make_app
 from benchmarks.peers.redis_server import RedisServer, redis_server
 from supervisor.control.client import ControlClient
-from supervisor.demo.stack import DemoStack, prepare_root
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,26 +47,6 @@ class LevelResult:
     server_cpu_us: float
     client_cpu_us: float
     tasks: int
-
-
-def percentile(samples: Sequence[float], q: float) -> float:
-    """The *q* quantile (nearest rank) of *samples*."""
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def cpu_seconds(pids: Sequence[int]) -> float:
-    """User + system CPU of the processes *pids* and all their descendants."""
-    total = 0.0
-    for pid in pids:
-        try:
-            root = psutil.Process(pid)
-            for proc in [root, *root.children(recursive=True)]:
-                times = proc.cpu_times()
-                total += times.user + times.system
-        except psutil.NoSuchProcess:
-            continue
-    return total
 
 
 class Window:
@@ -104,62 +86,23 @@ class Window:
 
 
 @contextlib.asynccontextmanager
-async def daemon_stack(workers: int) -> AsyncIterator[tuple[DemoStack, str, list[int]]]:
-    """A real ``hunter serve`` (bench_daemon's configuration: durable SQLite store, session
-    ledgers) and *workers* no-op SDK executor processes, one executor with one slot each;
-    yields the stack, an open session and the server-side pids."""
-    bench = bench_daemon._load_executor_bench()
-    directory = Path(tempfile.mkdtemp(prefix="hh-compare-daemon-"))
-    os.chmod(directory, 0o711)
-    root = directory / "root"
-    stack = DemoStack(
-        root=root, config_path=prepare_root(root, fresh=True, config_text=bench_daemon.BENCH_CONFIG)
-    )
-    executors: list[anyio.abc.Process] = []
-    try:
-        daemon = await stack.start_daemon()
-        ids = [f"noop-{i}" for i in range(workers)]
-        for executor_id in ids:
-            executors.append(
-                await bench.spawn(
-                    "--role",
-                    "noop",
-                    "--socket",
-                    str(stack.executor_socket),
-                    "--ids",
-                    executor_id,
-                    "--slots",
-                    "1",
-                )
-            )
-        async with ControlClient(stack.control_socket) as client:
-            for executor_id in ids:
-                await client.call("executors.wait", executor_id=executor_id, timeout_s=30)
-            sid = (await client.call("session.open", package_id="demo"))["session_id"]
-        yield stack, sid, [daemon.pid, *(e.pid for e in executors)]
-        async with ControlClient(stack.control_socket) as client:
-            verify = await client.call("ledger.verify", session_id=sid)
+async def daemon_stack(workers: int) -> AsyncIterator[BenchDaemon]:
+    """A real ``hunter serve`` (``harness.BENCH_CONFIG``, bench_daemon's: durable SQLite store,
+    session ledgers) and *workers* no-op SDK executor processes, one executor with one slot
+    each, and an open session; the session's ledgers must verify afterwards."""
+    async with running_daemon(
+        prefix="hh-compare-daemon-",
+        executors=[[f"noop-{i}"] for i in range(workers)],
+        spawn=noop(1),
+    ) as daemon:
+        yield daemon
+        verify = await daemon.call("ledger.verify", session_id=daemon.sid)
         if not verify["ok"]:
             raise RuntimeError(f"the session's ledgers do not verify: {verify}")
-    finally:
-        for process in executors:
-            if process.returncode is None:
-                process.kill()
-            await process.wait()
-            await process.aclose()
-        await stack.aclose()
-        await anyio.to_thread.run_sync(lambda: _rmtree(directory))
-
-
-def _rmtree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
 
 
 async def daemon_level(
-    stack: DemoStack,
-    sid: str,
+    daemon: BenchDaemon,
     pids: Sequence[int],
     *,
     in_flight: int,
@@ -172,27 +115,18 @@ async def daemon_level(
     window = Window(warm_s=warm_s, seconds=seconds)
     failed: list[object] = []
 
-    async def connection() -> None:
-        async with ControlClient(stack.control_socket) as conn:
+    async def lane(conn: ControlClient) -> None:
+        while (started := time.perf_counter()) < window.end:
+            reply = await conn.call(
+                "turn.submit", session_id=daemon.sid, wait_s=30, **bench_daemon.TURN
+            )
+            window.record(started, time.perf_counter())
+            if reply["turn"]["state"] != "succeeded":
+                failed.append(reply["turn"])
 
-            async def lane() -> None:
-                while (started := time.perf_counter()) < window.end:
-                    reply = await conn.call(
-                        "turn.submit", session_id=sid, wait_s=30, **bench_daemon.TURN
-                    )
-                    window.record(started, time.perf_counter())
-                    if reply["turn"]["state"] != "succeeded":
-                        failed.append(reply["turn"])
-
-            async with anyio.create_task_group() as tg:
-                for _ in range(in_flight // connections):
-                    tg.start_soon(lane)
-
-    server0, client0 = cpu_seconds(pids), _own_cpu()
-    async with anyio.create_task_group() as tg:
-        for _ in range(connections):
-            tg.start_soon(connection)
-    server1, client1 = cpu_seconds(pids), _own_cpu()
+    server0, client0 = cpu_seconds(pids), own_cpu()
+    await pipelined(daemon.control_socket, connections, in_flight // connections, lane)
+    server1, client1 = cpu_seconds(pids), own_cpu()
     if failed:
         raise RuntimeError(f"{len(failed)} turns did not succeed, first: {failed[0]}")
     return window.result(in_flight, server1 - server0, client1 - client0)
@@ -202,16 +136,11 @@ async def daemon_round(
     *, workers: int, levels: Sequence[int], warm_s: float, seconds: float
 ) -> list[LevelResult]:
     """Start the daemon, measure every level, stop it."""
-    async with daemon_stack(workers) as (stack, sid, pids):
+    async with daemon_stack(workers) as daemon:
         return [
-            await daemon_level(stack, sid, pids, in_flight=n, warm_s=warm_s, seconds=seconds)
+            await daemon_level(daemon, daemon.pids, in_flight=n, warm_s=warm_s, seconds=seconds)
             for n in levels
         ]
-
-
-def _own_cpu() -> float:
-    times = psutil.Process().cpu_times()
-    return float(times.user + times.system)
 
 
 # --------------------------------------------------------------------------- Celery
@@ -301,12 +230,12 @@ def celery_level(
             errors.append(exc)
 
     threads = [threading.Thread(target=lane, daemon=True) for _ in range(in_flight)]
-    server0, client0 = cpu_seconds(pids), _own_cpu()
+    server0, client0 = cpu_seconds(pids), own_cpu()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    server1, client1 = cpu_seconds(pids), _own_cpu()
+    server1, client1 = cpu_seconds(pids), own_cpu()
     app.close()
     if errors:
         raise RuntimeError(f"{len(errors)} Celery client lanes failed") from errors[0]

@@ -9,49 +9,24 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
-from pathlib import Path
 
 import anyio
 import anyio.abc
-import anyio.to_thread
 import asyncpg
-import psutil
 from pgqueuer import AsyncpgDriver, AsyncpgPoolDriver, Queries
 from pgqueuer.core.completion import CompletionWatcher
 
 from benchmarks import bench_fleet
-from benchmarks.peers.dispatch import REPO, LevelResult, Window, cpu_seconds, daemon_level
+from benchmarks.harness import REPO, cpu_seconds, fresh_database, own_cpu, pg_server_pids
+from benchmarks.peers.dispatch import LevelResult, Window, daemon_level
 from benchmarks.peers.pgq_worker import ENTRYPOINT
-from supervisor.store.postgres import migrate_database
-from tests.supervisor.store.pg_cluster import PgCluster, start_cluster, stop_cluster
-
-
-@contextlib.asynccontextmanager
-async def cluster() -> AsyncIterator[PgCluster]:
-    """A private cluster, stopped and removed afterwards."""
-    started = await anyio.to_thread.run_sync(start_cluster)
-    try:
-        yield started
-    finally:
-        await anyio.to_thread.run_sync(stop_cluster, started)
-
-
-async def _create_database(pg: PgCluster, name: str) -> str:
-    conn = await asyncpg.connect(pg.dsn())
-    try:
-        await conn.execute(f"DROP DATABASE IF EXISTS {name}")
-        await conn.execute(f"CREATE DATABASE {name}")
-    finally:
-        await conn.close()
-    return pg.dsn(name)
+from tests.supervisor.store.pg_cluster import PgCluster
 
 
 def server_version(pg: PgCluster) -> str:
@@ -59,41 +34,18 @@ def server_version(pg: PgCluster) -> str:
     return " ".join(pg.psql("SHOW server_version").split()[:1]).join(["PostgreSQL ", ""])
 
 
-def server_pids(pg: PgCluster) -> list[int]:
-    """The postmaster (its backends are its children)."""
-    return [int((pg.data / "postmaster.pid").read_text().split()[0])]
-
-
-def _own_cpu() -> float:
-    times = psutil.Process().cpu_times()
-    return float(times.user + times.system)
-
-
 async def daemon_round(
     pg: PgCluster, round_no: int, *, levels: Sequence[int], warm_s: float, seconds: float
 ) -> list[LevelResult]:
     """bench_fleet's daemon (``[store] engine = "postgres"``, 4 no-op executor processes x 8
     slots) on a fresh database; every level measured like the SQLite dispatch rows."""
-    dsn = await _create_database(pg, f"hunter{round_no}")
-    await migrate_database(dsn)
-    bench = bench_fleet._executor_bench()
-    base = Path(tempfile.mkdtemp(prefix="hh-compare-pg-"))
-    os.chmod(base, 0o711)
-    try:
-        daemon = await bench_fleet._start(base, f"r{round_no}", bench, dsn)
-        try:
-            assert daemon.stack.daemon is not None
-            pids = [daemon.stack.daemon.pid, *(e.pid for e in daemon.executors), *server_pids(pg)]
-            return [
-                await daemon_level(
-                    daemon.stack, daemon.sid, pids, in_flight=n, warm_s=warm_s, seconds=seconds
-                )
-                for n in levels
-            ]
-        finally:
-            await bench_fleet._stop(daemon)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    dsn = await fresh_database(pg, f"hunter{round_no}")
+    async with bench_fleet.fleet_daemon(f"r{round_no}", dsn, prefix="hh-compare-pg-") as daemon:
+        pids = [*daemon.pids, *pg_server_pids(pg)]
+        return [
+            await daemon_level(daemon, pids, in_flight=n, warm_s=warm_s, seconds=seconds)
+            for n in levels
+        ]
 
 
 async def pgqueuer_round(
@@ -108,7 +60,7 @@ async def pgqueuer_round(
     """pgqueuer's schema on a fresh database, *workers* worker processes, and per level a client
     that enqueues a job and waits for its terminal state (``CompletionWatcher``, LISTEN/NOTIFY,
     debounce 1 ms instead of its default 50 ms, which would dominate the latency)."""
-    dsn = await _create_database(pg, f"pgq{round_no}")
+    dsn = await fresh_database(pg, f"pgq{round_no}", migrate=False)
     conn = await asyncpg.connect(dsn)
     try:
         await Queries(AsyncpgDriver(conn)).install()
@@ -138,7 +90,7 @@ async def pgqueuer_round(
         listen = await asyncpg.connect(dsn)
         queries = Queries(AsyncpgPoolDriver(pool))
         watcher_driver = AsyncpgDriver(listen)
-        pids = [*(p.pid for p in processes), *server_pids(pg)]
+        pids = [*(p.pid for p in processes), *pg_server_pids(pg)]
         results: list[LevelResult] = []
         async with CompletionWatcher(
             watcher_driver, queries=Queries(watcher_driver), debounce=timedelta(milliseconds=1)
@@ -161,11 +113,11 @@ async def pgqueuer_round(
                         await one()
                         window.record(started, time.perf_counter())
 
-                server0, client0 = cpu_seconds(pids), _own_cpu()
+                server0, client0 = cpu_seconds(pids), own_cpu()
                 async with anyio.create_task_group() as tg:
                     for _ in range(n):
                         tg.start_soon(lane)
-                server1, client1 = cpu_seconds(pids), _own_cpu()
+                server1, client1 = cpu_seconds(pids), own_cpu()
                 results.append(window.result(n, server1 - server0, client1 - client0))
         return results
     finally:
