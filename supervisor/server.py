@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 import anyio
 import anyio.abc
 import anyio.to_thread
+import msgspec
 
 from ledger import GroupSyncer
 from sandbox.policy.attempts import RetryOptions
@@ -691,12 +692,12 @@ class Daemon:
         for key in diff.reloadable:
             section, _, name = key.rpartition(".")
             if section:
-                holder = dataclasses.replace(
+                holder = msgspec.structs.replace(
                     getattr(applied, section), **{name: getattr(getattr(new, section), name)}
                 )
-                applied = dataclasses.replace(applied, **{section: holder})
+                applied = msgspec.structs.replace(applied, **{section: holder})
             else:
-                applied = dataclasses.replace(applied, **{name: getattr(new, name)})
+                applied = msgspec.structs.replace(applied, **{name: getattr(new, name)})
         self.config = applied
         if any(k.startswith("log.") for k in diff.reloadable):
             configure_logging(fmt=applied.log.format, level=applied.log.level)

@@ -10,17 +10,19 @@ Precedence, lowest first:
    `HUNTER_LOG__FORMAT`, `HUNTER_EXECUTORS__HEARTBEAT_INTERVAL_S`;
 5. explicit overrides (command-line flags such as `--root` and `--log-format`).
 
-Every key is declared once, in `supervisor.config.schema`, with its type, default, bounds,
-meaning and whether a SIGHUP reload applies it; that table drives parsing, validation,
-`Config.to_dict()` and `diff_reloadable()`, and docs/configuration.md has one row per key
-(checked by the tests).
+Every key is declared once, in `supervisor.config.schema`, as an annotated field of a frozen
+msgspec Struct with its type, default, bounds, meaning and whether a SIGHUP reload applies it;
+msgspec checks the merged sources against it, and the same table drives the messages,
+`Config.to_dict()` and `diff_reloadable()`; docs/configuration.md has one row per key (checked
+by the tests).
 `add_parser()` registers `hunter config show|check`.
 Any problem (unknown key, wrong type, out of range, unreadable or invalid TOML) raises
-`ConfigError` naming the dotted key and the problem; the CLI turns it into exit code 2 before
+`ConfigError` naming the dotted key and the problem (an unknown key with a "did you mean"
+hint); the CLI turns it into exit code 2 before
 anything starts. Relative paths are taken relative to the current directory and made absolute
 when loaded. The package does file I/O only in `load_config` (reading the one TOML file).
 
-The package's modules: `schema` (the settings dataclasses and the key table), `loader` (sources,
+The package's modules: `schema` (the settings Structs and the key table), `loader` (sources,
 parsing, validation), `diff` (what a SIGHUP reload can apply), `show` (`hunter config
 show|check`), `dsn` (PostgreSQL connection strings: refused with a password, described for
 messages). Import from `supervisor.config`: `__all__` below is the package's interface.

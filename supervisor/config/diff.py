@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from supervisor.config.schema import FIELDS, RELOADABLE_KEYS, Config
+from supervisor.config.schema import KEYS, RELOADABLE_KEYS, Config, value_of
 
 __all__ = ["ConfigDiff", "changed_keys", "diff_reloadable"]
 
@@ -24,8 +24,7 @@ class ConfigDiff:
 
 def changed_keys(old: Config, new: Config) -> tuple[str, ...]:
     """Dotted keys whose values differ, in documentation order."""
-    old_d, new_d = _flatten(old), _flatten(new)
-    return tuple(k for k in FIELDS if old_d[k] != new_d[k])
+    return tuple(k for k in KEYS if value_of(old, k) != value_of(new, k))
 
 
 def diff_reloadable(old: Config, new: Config) -> ConfigDiff:
@@ -39,12 +38,3 @@ def diff_reloadable(old: Config, new: Config) -> ConfigDiff:
         reloadable=tuple(k for k in changed if k in RELOADABLE_KEYS),
         restart_required=tuple(k for k in changed if k not in RELOADABLE_KEYS),
     )
-
-
-def _flatten(config: Config) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for key in FIELDS:
-        section, _, name = key.rpartition(".")
-        holder: object = getattr(config, section) if section else config
-        out[key] = getattr(holder, name)
-    return out

@@ -1,26 +1,31 @@
 """Loading the configuration: defaults, systemd's directories, the TOML file, `HUNTER_*`
-variables and explicit overrides, parsed and validated into one `Config`.
+variables and explicit overrides, merged and converted by msgspec into one `Config`.
 
-Any problem (unknown key, wrong type, out of range, unreadable or invalid TOML) raises
-`ConfigError` naming the dotted key and the problem. Relative paths are taken relative to the
-current directory and made absolute. The only file I/O is in `load_config` (reading the one TOML
-file).
+The sources are merged key by key (a later one wins); a value whose key parses more than msgspec
+does (an environment string, an octal mode, a uid list, a DSN, a listen address) is prepared by
+its kind first. `msgspec.convert` then checks types, bounds, choices and unknown keys against
+`supervisor.config.schema`, and its error (`... - at `$.executors.heartbeat_s``) becomes a
+`ConfigError` naming the dotted key, the problem and the source; an unknown key gets a "did you
+mean" hint. Relative paths are taken relative to the current directory and made absolute. The
+only file I/O is in `load_config` (reading the one TOML file).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
+import difflib
 import ipaddress
 import math
 import os
 import re
-import tomllib
-from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import Final, cast
+from collections.abc import Container, Mapping
+from pathlib import Path, PurePath
+from typing import Any, Final, cast
+
+import msgspec
 
 from supervisor.config.dsn import dsn_problem
-from supervisor.config.schema import ENV_PREFIX, FIELDS, SECTIONS, Config, env_var_name
+from supervisor.config.schema import ENV_PREFIX, KEYS, SECTIONS, Config, env_var_name, value_of
 from supervisor.errors import ConfigError
 
 __all__ = ["RESERVED_ENV", "load_config"]
@@ -39,7 +44,22 @@ RESERVED_ENV: Final = frozenset(
     }
 )
 
-_TOML_LINE = re.compile(r"at line (\d+)")
+_TOML_LINE: Final = re.compile(r"at line (\d+)")
+#: msgspec's error: the message, then the path (`$.retry.max_attempts`, `$.allowed_uids[1]`).
+_ERROR: Final = re.compile(r"(.*?)(?: - at `\$\.?([^`\[]*)(?:\[(\d+)\])?`)?", re.S)
+_UNKNOWN: Final = re.compile(r"Object contains unknown field `(.*)`", re.S)
+_BOUND: Final = re.compile(r"` (>=|>|<=) (\S+)$")
+#: What a key of each kind takes, for "expected ..., got ..." messages.
+_EXPECTED: Final = {
+    "int": "an integer",
+    "float": "a number",
+    "str": "a string",
+    "path": "a non-empty path string",
+    "mode": "an octal mode such as '0660' or 0o660",
+    "uids": "a list of uids",
+    "dsn": "a connection string",
+    "listen": "'HOST:PORT' or a Unix socket path",
+}
 
 
 def load_config(
@@ -54,32 +74,42 @@ def load_config(
 
     With `path=None` the file named by `$HUNTER_CONFIG` is read, if set. Raises `ConfigError`.
     """
-    values: dict[str, tuple[object, str]] = {}  # dotted key -> (raw value, source)
+    values: dict[str, tuple[object, str]] = {}  # dotted key -> (prepared value, source)
+
+    def add(data: Mapping[str, object], source: str, *, from_env: bool = False) -> None:
+        for key, raw in _flatten(data, source).items():
+            if raw is not None:
+                spec = KEYS.get(key)
+                value = _prepare(key, spec.kind, raw, source, from_env) if spec else raw
+                values[key] = (value, source)
 
     if path is None and env.get("HUNTER_CONFIG"):
         path = Path(env["HUNTER_CONFIG"])
     if path is not None:
-        for key, value in _flatten_raw(_read_toml(path), source=str(path)).items():
-            values[key] = (value, str(path))
-
+        add(_read_toml(path), str(path))
     for name, text in env.items():
-        if not name.startswith(ENV_PREFIX) or name in RESERVED_ENV:
-            continue
-        values[_env_key(name)] = (text, name)
-
+        if name.startswith(ENV_PREFIX) and name not in RESERVED_ENV:
+            add({_env_key(name): text}, name, from_env=True)
     if overrides:
-        for key, value in _flatten_raw(overrides, source="override").items():
-            if value is not None:
-                values[key] = (value, "override")
+        add(overrides, "override")
 
-    parsed: dict[str, object] = {}
-    for key, (raw, source) in values.items():
-        parsed[key] = _parse(key, FIELDS[key], raw, source)
+    merged: dict[str, Any] = {}
+    for key, (value, _) in values.items():
+        section, dot, name = key.partition(".")
+        if dot and section in SECTIONS:
+            merged.setdefault(section, {})[name] = value
+        else:
+            merged[key] = value
+    try:
+        config = msgspec.convert(merged, Config, dec_hook=_to_path)
+    except msgspec.ValidationError as exc:
+        raise _explain(str(exc), values) from None
+    config = _derive(config, values, env)
+    _check_consistency(config)
+    return config
 
-    return _build(parsed, env)
 
-
-def _read_toml(path: Path) -> dict[str, object]:
+def _read_toml(path: Path) -> dict[str, Any]:
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -87,10 +117,10 @@ def _read_toml(path: Path) -> dict[str, object]:
             "(file)", f"cannot read {path}: {exc.strerror}", source=str(path)
         ) from exc
     try:
-        return tomllib.loads(data.decode("utf-8"))
+        return msgspec.toml.decode(data, type=dict[str, Any])
     except UnicodeDecodeError as exc:
         raise ConfigError("(file)", f"{path} is not UTF-8 text", source=str(path)) from exc
-    except tomllib.TOMLDecodeError as exc:
+    except msgspec.DecodeError as exc:
         match = _TOML_LINE.search(str(exc))
         line = int(match.group(1)) if match else None
         raise ConfigError(
@@ -98,21 +128,18 @@ def _read_toml(path: Path) -> dict[str, object]:
         ) from exc
 
 
-def _flatten_raw(data: Mapping[str, object], *, source: str) -> dict[str, object]:
+def _flatten(data: Mapping[str, object], source: str) -> dict[str, object]:
+    """`{"log": {"level": x}}` and `{"log.level": x}` alike as `{"log.level": x}`."""
     out: dict[str, object] = {}
     for name, value in data.items():
-        if name in SECTIONS:
-            if not isinstance(value, Mapping):
-                raise ConfigError(name, "must be a table (section)", source=source)
-            for sub, subvalue in cast("Mapping[str, object]", value).items():
-                key = f"{name}.{sub}"
-                if key not in FIELDS:
-                    raise ConfigError(key, "unknown key", source=source)
-                out[key] = subvalue
-        elif name in FIELDS:
+        if name not in SECTIONS:
             out[name] = value
+        elif isinstance(value, Mapping):
+            out.update(
+                (f"{name}.{sub}", v) for sub, v in cast("Mapping[str, object]", value).items()
+            )
         else:
-            raise ConfigError(name, "unknown key", source=source)
+            raise ConfigError(name, "must be a table (section)", source=source)
     return out
 
 
@@ -120,127 +147,85 @@ def _env_key(name: str) -> str:
     rest = name[len(ENV_PREFIX) :].lower()
     section, sep, sub = rest.partition("__")
     key = f"{section}.{sub}" if sep else rest
-    if key in FIELDS and (sep or key not in SECTIONS):
+    if key in KEYS:
         return key
-    hint = ""
-    for candidate in FIELDS:
-        if candidate.replace(".", "_") == rest:
-            hint = f"; did you mean {env_var_name(candidate)}?"
-            break
     raise ConfigError(
         key,
-        f"unknown environment variable {name} (HUNTER_<KEY> or HUNTER_<SECTION>__<KEY>){hint}",
+        f"unknown environment variable {name} (HUNTER_<KEY> or HUNTER_<SECTION>__<KEY>)"
+        + _hint(key, env=True),
         source=name,
     )
 
 
-def _parse(key: str, f: dataclasses.Field[object], raw: object, source: str) -> object:
-    kind = f.metadata["kind"]
-    from_env = source.startswith(ENV_PREFIX)
-    parser = _PARSERS[kind]
-    value = parser(key, raw, source, from_env)
-    _check_range(key, f, value, source)
-    return value
-
-
-def _wrong(key: str, expected: str, raw: object, source: str) -> ConfigError:
-    return ConfigError(key, f"expected {expected}, got {raw!r}", source=source)
-
-
-def _parse_path(key: str, raw: object, source: str, from_env: bool) -> object:
-    if isinstance(raw, Path):
-        raw = str(raw)
-    if not isinstance(raw, str) or not raw:
-        raise _wrong(key, "a non-empty path string", raw, source)
-    if "\0" in raw:
-        raise ConfigError(key, "path contains a NUL byte", source=source)
-    return Path(raw)
-
-
-def _parse_int(key: str, raw: object, source: str, from_env: bool) -> object:
-    if from_env and isinstance(raw, str):
-        try:
-            return int(raw.strip().replace("_", ""), 10)
-        except ValueError:
-            raise _wrong(key, "an integer", raw, source) from None
-    if isinstance(raw, bool) or not isinstance(raw, int):
-        raise _wrong(key, "an integer", raw, source)
-    return raw
-
-
-def _parse_float(key: str, raw: object, source: str, from_env: bool) -> object:
-    if from_env and isinstance(raw, str):
-        try:
-            return float(raw.strip())
-        except ValueError:
-            raise _wrong(key, "a number", raw, source) from None
-    if isinstance(raw, bool) or not isinstance(raw, int | float):
-        raise _wrong(key, "a number", raw, source)
-    value = float(raw)
-    if not math.isfinite(value):
-        raise _wrong(key, "a finite number", raw, source)
-    return value
-
-
-def _parse_str(key: str, raw: object, source: str, from_env: bool) -> object:
-    if not isinstance(raw, str):
-        raise _wrong(key, "a string", raw, source)
-    return raw.strip().lower() if from_env else raw
-
-
-def _parse_dsn(key: str, raw: object, source: str, from_env: bool) -> object:
-    if not isinstance(raw, str):
-        raise _wrong(key, "a connection string", raw, source)
-    text = raw.strip()
-    if not text:
+def _hint(key: str, *, env: bool = False) -> str:
+    """The hint for an unknown key: "; did you mean 'executors.queue_wait_s'?" naming the known
+    key closest to `key` (within its section when that is known), or "" when none is close."""
+    section, dot, name = key.partition(".")
+    if dot and section in SECTIONS:
+        names = [k.partition(".")[2] for k in KEYS if k.startswith(f"{section}.")]
+        close = [f"{section}.{n}" for n in difflib.get_close_matches(name, names, n=1)]
+    else:  # a top-level key, or a misspelt section (a file's may be a whole table)
+        close = difflib.get_close_matches(key, [*KEYS, *([] if env else SECTIONS)], n=1)
+    if not close:
         return ""
-    problem = dsn_problem(text)
-    if problem is not None:  # the value is not repeated: it may hold a password
-        raise ConfigError(key, problem, source=source)
-    return text
+    return f"; did you mean {env_var_name(close[0]) if env else repr(close[0])}?"
 
 
-def _parse_mode(key: str, raw: object, source: str, from_env: bool) -> object:
-    if isinstance(raw, str):
-        text = raw.strip().lower().removeprefix("0o")
-        if not text or any(c not in "01234567" for c in text):
-            raise _wrong(key, "an octal mode such as '0660'", raw, source)
-        return int(text, 8)
-    if isinstance(raw, bool) or not isinstance(raw, int):
-        raise _wrong(key, "an octal mode such as '0660' or 0o660", raw, source)
+def _prepare(key: str, kind: str, raw: object, source: str, from_env: bool) -> object:
+    """`raw` as the schema's type takes it, for the kinds that parse more than msgspec does; a
+    value that makes no sense here is left as it is, for msgspec to refuse."""
+    if isinstance(raw, PurePath) and kind == "path":
+        raw = str(raw)
+    if not isinstance(raw, str):
+        if kind == "float" and type(raw) is int and abs(raw) <= 2**53:  # exactly a float
+            return float(raw)  # so that a message shows the value the key would hold (0.0)
+        return list(raw) if kind == "uids" and isinstance(raw, tuple | set | frozenset) else raw
+    text = raw.strip()
+    if kind == "path" and "\0" in raw:
+        raise ConfigError(key, "path contains a NUL byte", source=source)
+    if kind == "mode":
+        digits = text.lower().removeprefix("0o")
+        if not digits or digits.strip("01234567"):
+            raise ConfigError(
+                key, f"expected an octal mode such as '0660', got {raw!r}", source=source
+            )
+        return int(digits, 8)
+    if kind == "uids":
+        try:
+            return [int(part, 10) for part in raw.replace(" ", "").split(",") if part]
+        except ValueError:
+            problem = f"expected a comma-separated list of uids, got {raw!r}"
+            raise ConfigError(key, problem, source=source) from None
+    if kind == "dsn":
+        refused = dsn_problem(text) if text else None
+        if refused is not None:  # the value is not repeated: it may hold a password
+            raise ConfigError(key, refused, source=source)
+        return text
+    if kind == "listen":
+        return _listen(key, raw, source)
+    if from_env:
+        with contextlib.suppress(ValueError):
+            if kind == "int":
+                return int(text.replace("_", ""), 10)
+            if kind == "float":
+                return float(text)
+        if kind == "str" and KEYS[key].choices:  # a choice is case-insensitive; a name is not
+            return text.lower()
+        if kind == "str":
+            return text
     return raw
 
 
-def _parse_uids(key: str, raw: object, source: str, from_env: bool) -> object:
-    items: list[object]
-    if isinstance(raw, str):
-        try:
-            items = [int(part, 10) for part in raw.replace(" ", "").split(",") if part]
-        except ValueError:
-            raise _wrong(key, "a comma-separated list of uids", raw, source) from None
-    elif isinstance(raw, list | tuple | set | frozenset):
-        items = list(cast("list[object]", list(raw)))
-    else:
-        raise _wrong(key, "a list of uids", raw, source)
-    uids: set[int] = set()
-    for item in items:
-        if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item <= 4_294_967_294:
-            raise _wrong(key, "uids between 0 and 4294967294", item, source)
-        uids.add(item)
-    return frozenset(uids)
-
-
-def _parse_listen(key: str, raw: object, source: str, from_env: bool) -> object:
-    if not isinstance(raw, str):
-        raise _wrong(key, "'HOST:PORT' or a Unix socket path", raw, source)
+def _listen(key: str, raw: str, source: str) -> str:
     text = raw.strip()
-    if not text or "/" in text:
+    if not text or "/" in text:  # off, or a Unix socket path
         if "\0" in text:
             raise ConfigError(key, "path contains a NUL byte", source=source)
-        return text
+        return os.path.abspath(text) if text else ""
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise _wrong(key, "'HOST:PORT' (port 1-65535) or a Unix socket path", raw, source)
+        problem = f"expected 'HOST:PORT' (port 1-65535) or a Unix socket path, got {raw!r}"
+        raise ConfigError(key, problem, source=source)
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
         loopback = bare == "localhost" or ipaddress.ip_address(bare).is_loopback
@@ -256,40 +241,62 @@ def _parse_listen(key: str, raw: object, source: str, from_env: bool) -> object:
     return text
 
 
-_PARSERS: Final[dict[str, Callable[[str, object, str, bool], object]]] = {
-    "path": _parse_path,
-    "int": _parse_int,
-    "float": _parse_float,
-    "str": _parse_str,
-    "mode": _parse_mode,
-    "uids": _parse_uids,
-    "dsn": _parse_dsn,
-    "listen": _parse_listen,
-}
+def _to_path(kind: type, value: object) -> Path:
+    """msgspec's hook for `Path` keys: a non-empty string, made absolute."""
+    if kind is Path and isinstance(value, str) and value:
+        return Path(os.path.abspath(value))
+    raise ValueError  # explained as "expected a non-empty path string"
 
 
-def _check_range(key: str, f: dataclasses.Field[object], value: object, source: str) -> None:
-    meta = f.metadata
-    choices: tuple[str, ...] = meta["choices"]
-    if choices and value not in choices:
-        options = ", ".join(repr(c) for c in choices)
-        raise ConfigError(key, f"must be one of {options}, got {value!r}", source=source)
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return
-    low: float | None = meta["min"]
-    high: float | None = meta["max"]
-    shown = f"{value:04o}" if meta["kind"] == "mode" else repr(value)
-    if low is not None and (value <= low if meta["exclusive_min"] else value < low):
-        op = ">" if meta["exclusive_min"] else ">="
-        bound = f"{int(low):04o}" if meta["kind"] == "mode" else _num(low)
-        raise ConfigError(key, f"must be {op} {bound}, got {shown}", source=source)
-    if high is not None and value > high:
-        bound = f"{int(high):04o}" if meta["kind"] == "mode" else _num(high)
-        raise ConfigError(key, f"must be <= {bound}, got {shown}", source=source)
+def _explain(error: str, values: Mapping[str, tuple[object, str]]) -> ConfigError:
+    """msgspec's error (`Expected `int` >= 1 - at `$.retry.max_attempts``) as a `ConfigError`
+    naming the dotted key, the value and the source."""
+    match = _ERROR.fullmatch(error)
+    assert match is not None  # the pattern's every part is optional
+    message, key, index = match.group(1), match.group(2) or "", match.group(3)
+    unknown = _UNKNOWN.fullmatch(message)
+    if unknown:
+        key = f"{key}.{unknown.group(1)}" if key else unknown.group(1)
+        return ConfigError(key, "unknown key" + _hint(key), source=values[key][1])
+    value, source = values[key]
+    spec = KEYS[key]
+    bound = _BOUND.search(message)
+    if index is not None:  # an item of `allowed_uids`
+        value = cast("list[object]", value)[int(index)]
+        problem = f"expected uids between 0 and 4294967294, got {value!r}"
+    elif isinstance(value, float) and not math.isfinite(value):
+        problem = f"expected a finite number, got {value!r}"
+    elif bound and spec.kind == "mode":
+        problem = f"must be {bound.group(1)} {int(bound.group(2)):04o}, got {value:04o}"
+    elif bound:
+        limit = float(bound.group(2))
+        shown = int(limit) if limit.is_integer() else limit
+        problem = f"must be {bound.group(1)} {shown}, got {value!r}"
+    elif message.startswith("Invalid enum value"):
+        problem = f"must be one of {', '.join(map(repr, spec.choices))}, got {value!r}"
+    else:
+        problem = f"expected {_EXPECTED[spec.kind]}, got {value!r}"
+    return ConfigError(key, problem, source=source)
 
 
-def _num(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)
+def _derive(config: Config, given: Container[str], env: Mapping[str, str]) -> Config:
+    """The computed defaults of the paths no source set (see docs/configuration.md)."""
+
+    def pick(key: str, default: Path) -> Path:
+        return (
+            cast("Path", value_of(config, key)) if key in given else Path(os.path.abspath(default))
+        )
+
+    root = pick("root", _first_dir(env.get("STATE_DIRECTORY")) or Path(".hunter"))
+    runtime = pick("runtime_dir", _first_dir(env.get("RUNTIME_DIRECTORY")) or root / "run")
+    return msgspec.structs.replace(
+        config,
+        root=root,
+        runtime_dir=runtime,
+        control_socket=pick("control_socket", runtime / "control.sock"),
+        executor_socket=pick("executor_socket", runtime / "executors.sock"),
+        intake_path=pick("intake_path", root / "state" / "turns.sqlite3"),
+    )
 
 
 def _first_dir(value: str | None) -> Path | None:
@@ -298,40 +305,6 @@ def _first_dir(value: str | None) -> Path | None:
         return None
     first = value.split(":", 1)[0]
     return Path(first) if first else None
-
-
-def _build(parsed: Mapping[str, object], env: Mapping[str, str]) -> Config:
-    def absolute(p: object) -> Path:
-        return Path(os.path.abspath(cast("Path", p)))
-
-    root = absolute(parsed.get("root") or _first_dir(env.get("STATE_DIRECTORY")) or Path(".hunter"))
-    runtime = absolute(
-        parsed.get("runtime_dir") or _first_dir(env.get("RUNTIME_DIRECTORY")) or root / "run"
-    )
-    top: dict[str, object] = {
-        "root": root,
-        "runtime_dir": runtime,
-        "control_socket": absolute(parsed.get("control_socket") or runtime / "control.sock"),
-        "executor_socket": absolute(parsed.get("executor_socket") or runtime / "executors.sock"),
-        "intake_path": absolute(parsed.get("intake_path") or root / "state" / "turns.sqlite3"),
-    }
-    for key in ("socket_mode", "allowed_uids", "drain_grace_s"):
-        if key in parsed:
-            top[key] = parsed[key]
-    for section, cls in SECTIONS.items():
-        kwargs = {k.partition(".")[2]: v for k, v in parsed.items() if k.startswith(f"{section}.")}
-        if section == "store" and kwargs.get("password_file") is not None:
-            kwargs["password_file"] = absolute(kwargs["password_file"])
-        if section == "metrics":
-            if kwargs.get("textfile") is not None:
-                kwargs["textfile"] = absolute(kwargs["textfile"])
-            listen = kwargs.get("listen")
-            if isinstance(listen, str) and "/" in listen:  # a Unix socket path
-                kwargs["listen"] = str(absolute(Path(listen)))
-        top[section] = cls(**kwargs)
-    config = Config(**top)  # type: ignore[arg-type]  # keys were validated against the fields
-    _check_consistency(config)
-    return config
 
 
 def _check_consistency(config: Config) -> None:

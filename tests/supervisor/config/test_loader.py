@@ -122,7 +122,10 @@ def test_relative_paths_are_made_absolute(tmp_path: Path, monkeypatch: pytest.Mo
 @pytest.mark.parametrize(
     ("toml", "pattern"),
     [
-        ("rooot = 'x'\n", r"^config key 'rooot': unknown key \(from .*hunter\.toml\)$"),
+        (
+            "rooot = 'x'\n",
+            r"^config key 'rooot': unknown key; did you mean 'root'\? \(from .*hunter\.toml\)$",
+        ),
         ("[executors]\nheartbeat = 1\n", r"^config key 'executors\.heartbeat': unknown key"),
         ("[nope]\nx = 1\n", r"^config key 'nope': unknown key"),
         ("executors = 3\n", r"^config key 'executors': must be a table"),

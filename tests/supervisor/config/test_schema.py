@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from pathlib import Path
 
@@ -32,9 +31,9 @@ def test_to_dict_round_trips(tmp_path: Path) -> None:
 def test_config_is_frozen() -> None:
     """Config and its sections cannot be mutated."""
     config = load_config(None, env={})
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         config.drain_grace_s = 1.0  # type: ignore[misc]  # checking the runtime guard
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         config.log.level = "debug"  # type: ignore[misc]  # checking the runtime guard
 
 
@@ -56,13 +55,13 @@ def test_env_var_names() -> None:
 def test_every_key_has_a_docstring_and_a_docs_row() -> None:
     """Each key has a meaning in code and a row (key, env var) in docs/configuration.md."""
     text = _DOCS.read_text(encoding="utf-8")
-    for key, f in iter_keys():
-        assert f.metadata["doc"], key
+    for key, spec in iter_keys():
+        assert spec.doc, key
         row = re.search(rf"^\| `{re.escape(key)}` \|.*`{env_var_name(key)}`", text, re.M)
         assert row, f"docs/configuration.md has no row for {key}"
 
 
 def test_config_type_has_no_extra_fields() -> None:
     """Config's top-level fields are the documented keys and the four sections."""
-    names = {f.name for f in dataclasses.fields(Config)}
+    names = set(Config.__struct_fields__)
     assert names == {k.partition(".")[0] for k, _ in iter_keys()}
