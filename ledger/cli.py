@@ -71,7 +71,9 @@ def add_parser(subparsers: Any) -> None:
         help="print a ledger's entries readably",
         description="Print a ledger's entries (a file, or both ledgers of a session directory).",
     )
-    show.add_argument("path", type=Path, metavar="PATH")
+    show.add_argument(
+        "path", type=Path, metavar="PATH", help="a ledger file, or a session directory"
+    )
     show.add_argument("--json", action="store_true", help="print the raw JSON lines")
     show.set_defaults(handler=_show_command)
     for registrar in _EXTENSIONS:

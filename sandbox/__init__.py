@@ -2,7 +2,7 @@
 #
 # Layering: `sandbox` may import `ledger`, never `supervisor`. This __init__ re-exports only the
 # PURE policy core (Phase-21 decisions, Phase-20 executor safety, the seed-003 retry protocol and
-# the attempt mapping of DESIGN.md), which imports no I/O module (os, subprocess, socket, io,
+# the attempt mapping of docs/policy.md), which imports no I/O module (os, subprocess, socket, io,
 # pathlib, threading, browsers, ...; tests/sandbox/policy/test_purity.py enforces it). The
 # sandbox edge modules that do I/O (packages, capabilities, runtime, errors, cli) are imported
 # explicitly by their users, so `import sandbox` stays I/O-free.

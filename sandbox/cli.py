@@ -8,7 +8,8 @@ malformed declaration), 3 timeout, 4 violation or rejected by capabilities, 5 ex
 ``hunter package install DIR|manifest.json``: 0 installed, replaced or already there with the same
 content; 1 invalid manifest, different package already installed (without ``--replace``) or a
 copy that failed. ``hunter package list``: 0 (a broken package is listed with its error).
-Both take ``--root`` (default ``$HUNTER_ROOT``, else ``./.hunter``).
+Both take ``--root`` (default ``$HUNTER_ROOT``, else ``./.hunter``; the daemon's CLI, through
+`extend`, adds ``--config`` and the root of the daemon's configuration).
 Heavy imports happen inside the handlers so ``hunter --help`` stays fast.
 """
 
@@ -17,13 +18,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, TypeAlias
 
 if TYPE_CHECKING:
+    from sandbox.capabilities import CompiledCapabilities, Pattern
     from sandbox.packages import Capabilities
 
-__all__ = ["EXIT_CODES", "add_parser", "exit_code_for"]
+__all__ = ["EXIT_CODES", "add_parser", "exit_code_for", "extend"]
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -41,6 +44,17 @@ EXIT_CODES: Final = {
     "escalated": 6,
     "terminated": 7,
 }
+
+
+#: Registrars from packages above this one (the daemon's CLI adds ``--config`` and finds the
+#: root as its client commands do): each gets the parsers of ``package install`` and ``list``.
+_ROOT_EXTENSIONS: list[Callable[[Sequence[argparse.ArgumentParser]], None]] = []
+
+
+def extend(registrar: Callable[[Sequence[argparse.ArgumentParser]], None]) -> None:
+    """Let *registrar* add options (and a handler around theirs) to the commands taking a root."""
+    if registrar not in _ROOT_EXTENSIONS:
+        _ROOT_EXTENSIONS.append(registrar)
 
 
 def exit_code_for(status: str, reason_code: str = "") -> int:
@@ -155,6 +169,53 @@ def _cmd_turn_run(args: argparse.Namespace) -> int:
         return 7
 
 
+def _listed(entries: list[tuple[object, str, str, bool]]) -> list[str]:
+    """The lines of one capability list of ``package check``: ``(key, declared, resolved,
+    plain)`` per declared pattern, where *key* says what it grants once resolved and *plain*
+    whether *declared* is already spelled as *resolved*. Patterns that resolve alike (``/bin/*``
+    and ``/usr/bin/*`` where ``/bin`` links to ``/usr/bin``) are one line, in declaration order,
+    with every spelling declared: ``/bin/*, /usr/bin/* (= /usr/bin/*)``."""
+    groups: dict[object, tuple[str, list[str], list[bool]]] = {}
+    for key, declared, resolved, plain in entries:
+        _, spellings, plains = groups.setdefault(key, (resolved, [], []))
+        if declared not in spellings:
+            spellings.append(declared)
+            plains.append(plain)
+    return [
+        spellings[0] if all(plains) else f"{', '.join(spellings)} (= {resolved})"
+        for resolved, spellings, plains in groups.values()
+    ]
+
+
+def _effective_lines(compiled: CompiledCapabilities) -> dict[str, list[str]]:
+    """What ``package check`` lists per capability (see `_listed`)."""
+    from sandbox.capabilities import parse_execute_entry
+
+    def spelled(source: str) -> str:  # anchored, lexically tidied, symlinks untouched
+        text = source if source.startswith("/") else f"{compiled.workspace}/{source}"
+        return "/" + "/".join(s for s in text.split("/") if s not in ("", "."))
+
+    def paths(patterns: tuple[Pattern, ...]) -> list[str]:
+        entries = [(p.absolute, spelled(p.source), p.absolute) for p in patterns]
+        return _listed([(key, declared, real, declared == real) for key, declared, real in entries])
+
+    lines = {
+        "read": paths(compiled.read),
+        "write": paths(compiled.write),
+        "forbidden": paths(compiled.forbidden),
+    }
+    rules: list[tuple[object, str, str, bool]] = []
+    for rule in compiled.execute_rules:
+        program, _ = parse_execute_entry(rule.source)
+        absolute = rule.program.absolute
+        relative = "/" in program and not program.startswith("/")  # anchored at the workspace
+        declared = f"{compiled.workspace}/{rule.source.strip()}" if relative else rule.source
+        plain = "/" in program and spelled(program) == absolute  # not a bare command name
+        rules.append(((absolute, rule.args), declared.strip(), absolute, plain))
+    lines["execute"] = _listed(rules)
+    return lines
+
+
 def _cmd_package_check(args: argparse.Namespace) -> int:
     import orjson
 
@@ -189,23 +250,23 @@ def _cmd_package_check(args: argparse.Namespace) -> int:
         workspace=workspace,
     )
     data = manifest.to_dict()
+    # Each resolved pattern once: /bin/* and /usr/bin/* are one where /bin links to /usr/bin.
     data["effective"] = {
         "workspace": "relative patterns are anchored at the session workspace (/WORKSPACE)",
-        "read": [p.absolute for p in compiled.read],
-        "write": [p.absolute for p in compiled.write],
-        "execute": [p.absolute for p in compiled.execute],
-        "forbidden": [p.absolute for p in compiled.forbidden],
+        "read": list(dict.fromkeys(p.absolute for p in compiled.read)),
+        "write": list(dict.fromkeys(p.absolute for p in compiled.write)),
+        "execute": list(dict.fromkeys(p.absolute for p in compiled.execute)),
+        "forbidden": list(dict.fromkeys(p.absolute for p in compiled.forbidden)),
         "network": caps.network,
     }
     if args.json:
         _write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
         return EXIT_OK
-    eff = data["effective"]
-    assert isinstance(eff, dict)
+    listed = _effective_lines(compiled)
     lines = [f"{manifest_path}: valid (package {manifest.package_id or target.name})"]
     for key in ("read", "write", "execute", "forbidden"):
         lines.append(f"  {key}:")
-        lines += [f"    {p}" for p in eff[key]] or ["    (none)"]
+        lines += [f"    {p}" for p in listed[key]] or ["    (none)"]
     lines.append(f"  network: {'granted' if caps.network else 'denied'}")
     lim = {
         k: v
@@ -325,14 +386,26 @@ def add_parser(subparsers: Subparsers) -> None:
     )
     run.add_argument("--root", type=Path, default=Path(".hunter"), help="root directory")
     run.add_argument("--package", help="installed package id (new session)")
-    run.add_argument("--tier", default="default")
+    run.add_argument("--tier", default="default", help="the session's tier (default: default)")
     run.add_argument("--session", help="run in this existing session instead of a new one")
     run.add_argument("--workspace", type=Path, help="where outputs are promoted")
     run.add_argument("--work-order", help="work order id recorded in evidence")
-    run.add_argument("--phase", choices=["RED", "GREEN", "VERIFY", "REFACTOR"])
-    run.add_argument("--timeout", type=float, metavar="SECONDS")
-    run.add_argument("--max-attempts", type=int, default=3)
-    run.add_argument("--enforcement", choices=["strict", "best-effort"], default="strict")
+    run.add_argument(
+        "--phase",
+        choices=["RED", "GREEN", "VERIFY", "REFACTOR"],
+        help="the agent's phase: automatic retries only in GREEN and VERIFY",
+    )
+    run.add_argument("--timeout", type=float, metavar="SECONDS", help="deadline of each attempt")
+    run.add_argument(
+        "--max-attempts", type=int, default=3, help="attempts, counting the first (default 3)"
+    )
+    run.add_argument(
+        "--enforcement",
+        choices=["strict", "best-effort"],
+        default="strict",
+        help="strict: refuse to run without every confinement mechanism; best-effort: run"
+        " with those available (default strict)",
+    )
     run.add_argument(
         "--declare-output",
         action="append",
@@ -350,8 +423,12 @@ def add_parser(subparsers: Subparsers) -> None:
     check = pkg_actions.add_parser(
         "check", help="validate a package dir (or manifest) and print its capabilities"
     )
-    check.add_argument("directory", type=Path, metavar="DIR")
-    check.add_argument("--json", action="store_true")
+    check.add_argument(
+        "directory", type=Path, metavar="DIR", help="the package directory, or its manifest"
+    )
+    check.add_argument(
+        "--json", action="store_true", help="print the manifest and what it grants as JSON"
+    )
     check.set_defaults(handler=_cmd_package_check)
     root_help = "the root (default $HUNTER_ROOT, else ./.hunter)"
     install = pkg_actions.add_parser(
@@ -362,16 +439,23 @@ def add_parser(subparsers: Subparsers) -> None:
         "the manifest's id, else the directory's name. The same content already installed is a "
         "no-op; different content is refused unless --replace. Exit codes: 0 done, 1 refused.",
     )
-    install.add_argument("source", type=Path, metavar="DIR|manifest.json")
+    install.add_argument(
+        "source",
+        type=Path,
+        metavar="DIR|manifest.json",
+        help="the package directory, or its manifest",
+    )
     install.add_argument("--root", type=Path, metavar="DIR", help=root_help)
     install.add_argument(
         "--replace", action="store_true", help="replace an installed package of that id"
     )
-    install.add_argument("--json", action="store_true")
+    install.add_argument("--json", action="store_true", help="print the result as JSON")
     install.set_defaults(handler=_cmd_package_install)
     listing = pkg_actions.add_parser(
         "list", help="list installed packages (id, version, capabilities)"
     )
     listing.add_argument("--root", type=Path, metavar="DIR", help=root_help)
-    listing.add_argument("--json", action="store_true")
+    listing.add_argument("--json", action="store_true", help="print the list as JSON")
     listing.set_defaults(handler=_cmd_package_list)
+    for registrar in _ROOT_EXTENSIONS:
+        registrar((install, listing))

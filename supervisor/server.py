@@ -22,10 +22,12 @@ Lifecycle
 5. Signals are handled here and only here: SIGTERM/SIGINT (or a ``drain`` request) start the
    drain; SIGHUP reloads the reloadable configuration keys. A second SIGTERM/SIGINT forces exit.
 6. Drain: ``STOPPING=1``; no new sessions or turns are accepted (``draining`` errors), no new
-   attempts start, and running attempts get up to ``drain_grace_s`` to finish. Then everything
-   is cancelled: an attempt still running keeps its turn ``running`` in the store, and the next
-   daemon on this root treats it as an interrupted attempt (a CRASH fault, then the policy).
-   Turns waiting for a retry or not yet started simply resume after the restart.
+   attempts start, and running attempts get up to ``drain_grace_s`` to finish. Then the turn
+   core is cancelled: an attempt still running keeps its turn ``running`` in the store, and the
+   next daemon on this root treats it as an interrupted attempt (a CRASH fault, then the
+   policy). Turns waiting for a retry or not yet started simply resume after the restart. The
+   hub then closes every executor connection (``executor_disconnected``, ``HUB_CLOSED``), the
+   daemon logs ``daemon_stopped``, and the rest is cancelled.
 
 Exit codes: 0 after a drain (clean or with parked attempts), 1 when a second signal forced the
 exit or the daemon failed (the message and the ``daemon_failed`` log event say why), 2 for a
@@ -49,7 +51,7 @@ import signal
 import socket
 import stat
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -69,6 +71,7 @@ from supervisor.config.dsn import describe, to_uri, with_password
 from supervisor.control.server import ControlServer
 from supervisor.errors import DaemonAlreadyRunning, SchemaVersionError
 from supervisor.executors.hub import ExecutorHub, HubSettings
+from supervisor.feed import Feed
 from supervisor.logging import configure_logging, get_logger
 from supervisor.metrics import (
     DaemonMetrics,
@@ -459,6 +462,27 @@ async def _open_listeners(config: Config, activated: Mapping[str, socket.socket]
     return _Listeners(listeners["control"], listeners["executors"], tuple(created), metrics)
 
 
+class _Stoppable:
+    """A task of the daemon's task group that can be stopped alone (`stop` returns once it
+    has ended): the turn core, stopped before the executors are disconnected."""
+
+    def __init__(self, run: Callable[..., Awaitable[None]]) -> None:
+        self._run = run
+        self._scope = anyio.CancelScope()
+        self._ended = anyio.Event()
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        try:
+            with self._scope:
+                await self._run(task_status=task_status)
+        finally:
+            self._ended.set()
+
+    async def stop(self) -> None:
+        self._scope.cancel()
+        await self._ended.wait()
+
+
 class Daemon:
     """The daemon for one root. `run` returns the exit code."""
 
@@ -524,8 +548,11 @@ class Daemon:
                         forbidden_sockets=(config.control_socket, config.executor_socket),
                     )
                 )
+                feed = Feed()
                 hub = ExecutorHub(
-                    settings=hub_settings(config), log=get_logger("supervisor.executors.hub")
+                    settings=hub_settings(config),
+                    log=get_logger("supervisor.executors.hub"),
+                    feed=feed,
                 )
                 core = TurnCore(
                     store=store,
@@ -543,6 +570,7 @@ class Daemon:
                     traced=self._traces is not None,
                     fleet=fleet_of(store),
                     fleet_poll_s=config.store.poll_ms / 1000,
+                    feed=feed,
                 )
                 self.turn_core, self.hub = core, hub
                 metrics.watch(
@@ -598,11 +626,13 @@ class Daemon:
             on_drain=self.request_drain,
             info={"root": str(config.root), "control_socket": str(config.control_socket)},
             sandbox=sandbox,
+            feed=core.feed,
         )
         async with anyio.create_task_group() as tg:
             if self._handle_signals:  # first, so that a signal during start-up drains cleanly
                 await tg.start(self._signals, tg.cancel_scope)
-            await tg.start(core.run)
+            turns = _Stoppable(core.run)
+            await tg.start(turns.run)
             if self._span_export is not None:
                 tg.start_soon(self._span_export.run, name="span-export")
             async with listeners.executors, listeners.control:
@@ -636,6 +666,11 @@ class Daemon:
                 # Attempts still running after the grace period are cancelled with everything
                 # else; their turns stay `running` in the store (a CRASH after restart).
                 clean = await core.drain(self.config.drain_grace_s)
+                # Then, in order: the turn core stops (what still runs stays `running` in the
+                # store), the executors are disconnected (each `executor_disconnected`
+                # logged, reason HUB_CLOSED), and only then is the daemon stopped.
+                await turns.stop()
+                await hub.aclose()
                 self._log.info("daemon_stopped", clean=clean)
                 tg.cancel_scope.cancel()
         return EXIT_FORCED if self._forced else EXIT_OK

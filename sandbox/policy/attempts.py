@@ -1,4 +1,4 @@
-"""THE attempt mapping of DESIGN.md "How the seeds fit together" (seeds 000, 002, 003).
+"""THE attempt mapping of docs/policy.md "How the seeds combine" (seeds 000, 002, 003).
 
 One pure function, ``decide_attempt``, turns (outcome of an attempt, agent phase, attempt number,
 retry options) into a verdict with a stable reason code. The retry protocol, the process-turn
@@ -219,7 +219,7 @@ class AttemptOutcome:
         resource_exhausted: bool = False,
         security_violation: bool = False,
     ) -> AttemptOutcome:
-        """Map a finished process to an outcome (DESIGN.md "Process turn outcomes").
+        """Map a finished process to an outcome (docs/policy.md, "How the seeds combine", item 3).
 
         Precedence, most severe first: breach -> SECURITY_VIOLATION; limit hit ->
         RESOURCE_EXHAUSTED; deadline or exit 124 -> TIMEOUT; signal, no exit code, a negative
@@ -474,7 +474,8 @@ def decide_attempt(
 
 
 def outcome_from_response(result: ExecutionSafetyResult) -> AttemptOutcome:
-    """Map a validated executor response to an outcome (DESIGN.md "Executor responses").
+    """Map a validated executor response to an outcome (docs/policy.md, "How the seeds
+    combine", item 4).
 
     Denied: an authority claim -> SECURITY_VIOLATION, anything else -> INVALID_RESPONSE.
     Allowed: SUCCESS -> success (PARTIAL fault when ``partial``), FAILURE -> failure without an

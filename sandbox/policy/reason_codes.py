@@ -1,7 +1,7 @@
 """Stable reason codes of the pure policy core.
 
 Every decision the core makes (Phase-21 fault decisions, Phase-20 response checks, the attempt
-mapping of DESIGN.md) carries one of these UPPER_SNAKE strings. They are written to ledgers and
+mapping of docs/policy.md) carries one of these UPPER_SNAKE strings. They are written to ledgers and
 logs and matched by tests and operators, so a code never changes meaning once released; new
 situations get new codes. ``docs/policy.md`` says when each one is produced.
 """
@@ -34,7 +34,7 @@ DENY_EXECUTION_ID_MISMATCH: Final = "DENY_EXECUTION_ID_MISMATCH"  # fault belong
 DENY_ATTEMPT_NUMBER_MISMATCH: Final = "DENY_ATTEMPT_NUMBER_MISMATCH"  # fault names another attempt
 DENY_ATTEMPT_LIMIT_EXCEEDED: Final = "DENY_ATTEMPT_LIMIT_EXCEEDED"  # attempt > max_retries
 
-# --- Attempt mapping (DESIGN.md "How the seeds fit together", attempt_policy.py) -------------
+# --- Attempt mapping (docs/policy.md "How the seeds combine", attempts.py) ---------------------
 ATTEMPT_SUCCEEDED: Final = "ATTEMPT_SUCCEEDED"  # exit 0 / accepted SUCCESS response: SUCCEED
 PERSISTENT_FAILURE_RETRY: Final = "PERSISTENT_FAILURE_RETRY"  # failure in GREEN/VERIFY, budget left
 RETRY_BUDGET_EXHAUSTED: Final = "RETRY_BUDGET_EXHAUSTED"  # failure on the last attempt: EXHAUSTED

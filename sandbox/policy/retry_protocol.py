@@ -2,7 +2,7 @@
 
 ``SandboxRetryProtocol.execute_with_retry`` runs a tool call through an injected
 ``SandboxExecutor`` inside THE attempt loop (``sandbox.policy.attempt_loop.run_attempts``), which
-asks ``decide_attempt`` (sandbox/policy/attempts.py, the one mapping of DESIGN.md) what to do
+asks ``decide_attempt`` (sandbox/policy/attempts.py, the one mapping, docs/policy.md) what to do
 after every attempt; this module has neither retry rules nor a loop of its own. Backoff waits
 go through the injected ``delay`` (required: the caller passes its event loop's sleep, such as
 ``anyio.sleep``; a zero backoff does not wait) so tests can record them. Every
@@ -99,7 +99,7 @@ class ToolResult:
     duration_ms: int = 0
 
     def outcome(self) -> AttemptOutcome:
-        """This result as an attempt outcome (DESIGN.md "Process turn outcomes")."""
+        """This result as an attempt outcome (docs/policy.md, "How the seeds combine", item 3)."""
         return AttemptOutcome.from_exit_code(
             self.exit_code,
             killed_by_signal=self.killed_by_signal,

@@ -1,6 +1,6 @@
 """One confined run of a process turn: spawn, wait with a deadline, kill the tree, capture,
-enumerate the writes, and map how it ended to an `AttemptOutcome` (DESIGN.md "Process turn
-outcomes"). What the policy then decides is not this module's business.
+enumerate the writes, and map how it ended to an `AttemptOutcome` (docs/policy.md,
+"How the seeds combine", item 3). What the policy then decides is not this module's business.
 """
 
 from __future__ import annotations

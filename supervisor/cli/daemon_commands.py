@@ -129,7 +129,8 @@ def format_daemons(daemons: Sequence[dict[str, Any]]) -> str:
             d["owner"],
             d["host"],
             d["pid"],
-            f"{max(0, now_us - int(d['heartbeat_us'])) / 1e6:.1f}s ago",
+            f"{max(0, now_us - int(d['heartbeat_us'])) / 1e6:.1f}s ago"
+            + ("" if d.get("alive", True) else "  GONE (past its lease)"),
             d["turns_held"],
             d["sessions_homed"],
         )
@@ -213,7 +214,13 @@ def add_serve_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("serve", help="run the supervisor daemon in the foreground")
     p.add_argument("--root", metavar="DIR", help="the root directory (default ./.hunter)")
     p.add_argument("--config", metavar="FILE", help="TOML config file (default $HUNTER_CONFIG)")
-    p.add_argument("--log-format", choices=("auto", "json", "console"), default=None)
+    p.add_argument(
+        "--log-format",
+        choices=("auto", "json", "console"),
+        default=None,
+        help="json lines (for journald), console (readable) or auto: console on a tty, else"
+        " json (default: the log.format key)",
+    )
     p.set_defaults(handler=_cmd_serve)
 
 
@@ -250,14 +257,20 @@ def add_sandbox_helper_parser(subparsers: Any) -> None:
         help="the daemon's user (name or uid); repeat for more. Nobody else may connect",
     )
     p.add_argument("--config", metavar="FILE", help="TOML config file (default $HUNTER_CONFIG)")
-    p.add_argument("--log-format", choices=("auto", "json", "console"), default=None)
+    p.add_argument(
+        "--log-format",
+        choices=("auto", "json", "console"),
+        default=None,
+        help="json lines (for journald), console (readable) or auto: console on a tty, else"
+        " json (default: the log.format key)",
+    )
     p.set_defaults(handler=_cmd_sandbox_helper)
 
 
 def add_status_parser(subparsers: Any) -> None:
     """Register `hunter status`."""
     p = subparsers.add_parser("status", help="queues, executors, in-flight turns, counts")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the status as JSON")
     client_options(p)
     p.set_defaults(handler=_cmd_status)
 
@@ -265,7 +278,7 @@ def add_status_parser(subparsers: Any) -> None:
 def add_executors_parser(subparsers: Any) -> None:
     """Register `hunter executors`."""
     p = subparsers.add_parser("executors", help="list connected executors")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the list as JSON")
     client_options(p)
     p.set_defaults(handler=_cmd_executors)
 
@@ -273,8 +286,8 @@ def add_executors_parser(subparsers: Any) -> None:
 def add_check_ledgers_parser(subparsers: Any) -> None:
     """Register `hunter check-ledgers`."""
     p = subparsers.add_parser("check-ledgers", help="ask the daemon to verify session ledgers")
-    p.add_argument("--session", metavar="SID")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--session", metavar="SID", help="only this session's ledgers")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
     client_options(p)
     p.set_defaults(handler=_cmd_ledger_check)
 

@@ -76,8 +76,12 @@ def add_session_parser(subparsers: Any) -> None:
     sp = p.add_subparsers(dest="session_command", metavar="ACTION", required=True)
     o = sp.add_parser("open", help="open a session of an installed package; prints its id")
     o.add_argument("package", help="package id (installed under <root>/installed/)")
-    o.add_argument("--tier", default="default")
-    o.add_argument("--work-order", metavar="ID")
+    o.add_argument(
+        "--tier",
+        default="default",
+        help="the session's tier: its plane under <root>/planes/ (default: default)",
+    )
+    o.add_argument("--work-order", metavar="ID", help="work order id recorded in the evidence")
     o.add_argument("--workspace", metavar="DIR", help="where promoted outputs go")
     o.add_argument(
         "--tenant",
@@ -91,15 +95,15 @@ def add_session_parser(subparsers: Any) -> None:
         metavar="1-10",
         help="the tenant's weight in that order: this many turns start per round (default 1)",
     )
-    o.add_argument("--json", action="store_true")
+    o.add_argument("--json", action="store_true", help="print the session as JSON")
     client_options(o)
     o.set_defaults(handler=_cmd_session_open)
     c = sp.add_parser("close", help="close a session (no unfinished turns)")
-    c.add_argument("session_id")
-    c.add_argument("--json", action="store_true")
+    c.add_argument("session_id", help="the session's id (as `session open` printed it)")
+    c.add_argument("--json", action="store_true", help="print the session as JSON")
     client_options(c)
     c.set_defaults(handler=_cmd_session_close)
     ls = sp.add_parser("list", help="list sessions")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--json", action="store_true", help="print the list as JSON")
     client_options(ls)
     ls.set_defaults(handler=_cmd_session_list)

@@ -7,7 +7,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from supervisor.cli.client import client_options, run_client
-from supervisor.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE, STATE_EXIT_CODES
+from supervisor.cli.exit_codes import (
+    EXIT_FAILED,
+    EXIT_NOT_SETTLED,
+    EXIT_OK,
+    EXIT_USAGE,
+    STATE_EXIT_CODES,
+)
 from supervisor.cli.output import err, out, to_json
 from supervisor.cli.turn_record import describe_turn
 
@@ -29,6 +35,15 @@ __all__ = [
 _COMPACT_HELP = (
     "ask for the compact turn (answer=compact: ids, state, verdict, reason_code, attempt,"
     " evidence_hash) and print it as JSON"
+)
+
+
+#: `hunter turn wait --help`: what it waits for and its exit codes.
+_WAIT_DESCRIPTION = (
+    "Wait until the turn is final or escalated, printing each new state on stderr, then print"
+    " it. Exit codes: 0 succeeded, 1 failed, 3 timed out, 4 violation or rejected, 5 exhausted,"
+    f" 6 escalated, 7 terminated or cancelled, {EXIT_NOT_SETTLED} not settled within --timeout"
+    " (the turn goes on), 10 no daemon."
 )
 
 
@@ -85,6 +100,13 @@ def submit_params(args: argparse.Namespace) -> dict[str, object]:
     return params
 
 
+def _settled_states() -> frozenset[str]:
+    """The states a wait ends at: the final ones, and escalated (parked for an operator)."""
+    from sandbox.policy.lifecycle import FINAL_STATES, TurnState
+
+    return frozenset({s.value for s in FINAL_STATES} | {TurnState.ESCALATED.value})
+
+
 async def wait_with_progress(
     client: ControlClient,
     turn_id: int,
@@ -93,31 +115,54 @@ async def wait_with_progress(
     limit_s: float | None = None,
     compact: bool = False,
 ) -> dict[str, Any]:
-    """Long-poll `turn.wait`, reporting each new state/attempt; returns the final turn (with
-    *compact*, the compact turn object: its outcome only)."""
+    """Follow the turn's events (``events.subscribe``, no polling), reporting each new
+    state/attempt, until it settles (final or escalated); returns the turn as it is then (with
+    *compact*, the compact turn object: its outcome only), or as it is when *limit_s* passes.
+
+    The subscription begins before the turn is read, so no change falls between the two; a
+    subscription the daemon cuts off is taken up again from its last cursor."""
     import anyio
 
-    from sandbox.policy.lifecycle import FINAL_STATES, TurnState
+    from supervisor.errors import ControlClientError
 
-    every = {s.value for s in TurnState}
-    settled = {s.value for s in FINAL_STATES} | {TurnState.ESCALATED.value}
+    settled = _settled_states()
     form: dict[str, Any] = {"answer": "compact"} if compact else {}
     last: tuple[object, object] | None = None
-    current = ""
+
+    def report(state: object, attempt: object) -> None:
+        nonlocal last
+        if (state, attempt) != last:
+            last = (state, attempt)
+            show(f"turn {turn_id}: {state} (attempt {attempt})")
+
+    after: str | None = None
     with anyio.move_on_after(limit_s if limit_s is not None else float("inf")):
         while True:
-            until = sorted(every - {current})
-            result = await client.call(
-                "turn.wait", turn_id=turn_id, timeout_s=30, until=until, **form
-            )
-            turn: dict[str, Any] = result["turn"]
-            current = turn["state"]
-            key = (turn["state"], turn["attempt"])
-            if key != last:
-                last = key
-                show(f"turn {turn_id}: {turn['state']} (attempt {turn['attempt']})")
-            if current in settled:
-                return turn
+            resume = {"after": after} if after else {}
+            try:
+                async with client.subscribe(turns=[turn_id], **resume) as events:
+                    now = (await client.call("turn.wait", turn_id=turn_id, timeout_s=0, **form))[
+                        "turn"
+                    ]
+                    report(now["state"], now["attempt"])
+                    if now["state"] in settled:
+                        return dict(now)
+                    async for event in events:
+                        after = events.last
+                        state = event.get("state")
+                        if state is not None:
+                            report(state, event.get("attempt", now["attempt"]))
+                        if event["kind"] in {"turn.ended", "escalation.raised"}:
+                            break
+                    else:  # pragma: no cover - the iterator ends by raising, never by itself
+                        continue
+            except ControlClientError as exc:
+                if exc.code != "subscriber_too_slow":
+                    raise
+                continue  # taken up again from the last cursor
+            result = await client.call("turn.wait", turn_id=turn_id, timeout_s=0, **form)
+            if result["turn"]["state"] in settled:
+                return dict(result["turn"])
     if compact:  # the turn as it is now, in the same form
         result = await client.call("turn.wait", turn_id=turn_id, timeout_s=0, **form)
     else:
@@ -179,9 +224,22 @@ def _cmd_turn_wait(args: argparse.Namespace) -> int:
             client, args.turn_id, show=err, limit_s=args.timeout, compact=args.compact
         )
         _show_turn(args, turn)
+        if turn["state"] not in _settled_states():
+            err(_not_settled(args.turn_id, args.timeout, turn))
+            return EXIT_NOT_SETTLED
         return STATE_EXIT_CODES.get(turn["state"], EXIT_FAILED)
 
     return run_client(args, body)
+
+
+def _not_settled(turn_id: int, timeout_s: float, turn: dict[str, Any]) -> str:
+    """What `hunter turn wait` says on stderr when its --timeout passed first."""
+    return (
+        f"hunter turn wait: turn {turn_id} did not settle within the --timeout of {timeout_s:g}s:"
+        f" it is {turn['state']} now (attempt {turn['attempt']}) and goes on. Wait again with"
+        f" `hunter turn wait {turn_id}` (a longer --timeout, or none), or look at it with"
+        f" `hunter turn show {turn_id}`. Exit code {EXIT_NOT_SETTLED}: not settled yet."
+    )
 
 
 def _cmd_turn_cancel(args: argparse.Namespace) -> int:
@@ -202,26 +260,57 @@ def add_submit_parser(subparsers: Subparsers) -> None:
         "turn run in the sandbox (-- CMD ARGS). declared outputs are required for process turns "
         "that write files (--declare-output PATH[:ROLE], repeatable).",
     )
-    p.add_argument("--session", required=True, metavar="SID")
+    p.add_argument("--session", required=True, metavar="SID", help="the open session it runs in")
     p.add_argument(
         "--command",
         dest="command_type",
         metavar="TYPE",
         help="NAVIGATE, CLICK, READ, SCROLL, SCREENSHOT, EXTRACT",
     )
-    p.add_argument("--url", metavar="URL")
-    p.add_argument("--selector", metavar="SEL")
-    p.add_argument("--param", type=_parse_param, action="append", metavar="KEY=VALUE")
-    p.add_argument("--timeout-ms", type=int, metavar="MS")
+    p.add_argument("--url", metavar="URL", help="with --command: the page it acts on")
+    p.add_argument(
+        "--selector", metavar="SEL", help="with --command: the CSS selector of the element"
+    )
+    p.add_argument(
+        "--param",
+        type=_parse_param,
+        action="append",
+        metavar="KEY=VALUE",
+        help="with --command: a parameter of the instruction (repeatable; true/false and"
+        " integers are typed, the rest are strings)",
+    )
+    p.add_argument(
+        "--timeout-ms",
+        type=int,
+        metavar="MS",
+        help="deadline of each attempt (default: the daemon's sandbox.default_timeout_ms)",
+    )
     p.add_argument(
         "--phase",
         choices=("RED", "GREEN", "VERIFY", "REFACTOR", "red", "green", "verify", "refactor"),
+        help="the agent's phase: automatic retries only in GREEN and VERIFY (docs/policy.md)",
     )
-    p.add_argument("--declare-output", action="append", metavar="PATH[:ROLE]")
-    p.add_argument("--declare-input", action="append", metavar="PATH")
-    p.add_argument("--idempotency-key", metavar="KEY")
+    p.add_argument(
+        "--declare-output",
+        action="append",
+        metavar="PATH[:ROLE]",
+        help="a file the process turn writes, to be promoted (repeatable)",
+    )
+    p.add_argument(
+        "--declare-input",
+        action="append",
+        metavar="PATH",
+        help="a file the process turn reads (repeatable)",
+    )
+    p.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help="submitting the same request again with the same key in the session gives the"
+        " first turn back, not a second one (another request under a used key is refused:"
+        " idempotency_conflict)",
+    )
     p.add_argument("--wait", action="store_true", help="show progress and the result")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the answer as JSON")
     p.add_argument("--compact", action="store_true", help=_COMPACT_HELP)
     p.add_argument("argv", nargs=argparse.REMAINDER, help="-- CMD ARGS for a process turn")
     client_options(p)
@@ -237,11 +326,19 @@ def add_turn_parser(subparsers: Subparsers) -> None:
         ("wait", _cmd_turn_wait, "wait until the turn ends (or is escalated)"),
         ("cancel", _cmd_turn_cancel, "cancel a turn"),
     ):
-        t = sp.add_parser(name, help=help_text)
-        t.add_argument("turn_id", type=parse_turn_id)
-        t.add_argument("--json", action="store_true")
+        t = sp.add_parser(
+            name, help=help_text, description=_WAIT_DESCRIPTION if name == "wait" else None
+        )
+        t.add_argument("turn_id", type=parse_turn_id, help="the turn's id (as submit printed it)")
+        t.add_argument("--json", action="store_true", help="print the turn as JSON")
         if name == "wait":
-            t.add_argument("--timeout", type=float, metavar="S")
+            t.add_argument(
+                "--timeout",
+                type=float,
+                metavar="S",
+                help=f"wait at most S seconds; if the turn has not settled by then, say so on"
+                f" stderr and exit {EXIT_NOT_SETTLED} (default: wait until it settles)",
+            )
             t.add_argument("--compact", action="store_true", help=_COMPACT_HELP)
         client_options(t)
         t.set_defaults(handler=handler)

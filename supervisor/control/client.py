@@ -1,7 +1,9 @@
 """Client of the control API (``control.sock``), used by the `hunter` command, the demo and tests.
 
 `ControlClient` is an async context manager holding one connection; `call` may be used by many
-tasks at once (requests are pipelined and matched by id). `socket_for_root` says where the
+tasks at once (requests are pipelined and matched by id), and `subscribe` follows the daemon's
+change feed on the same connection (``events.subscribe``: pushed frames, see
+docs/control-protocol.md). `socket_for_root` says where the
 daemon for a root listens; `DaemonNotRunning` says clearly which socket was tried and how to
 start a daemon.
 """
@@ -11,12 +13,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import anyio.abc
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from supervisor.errors import ConnectionLost, ControlClientError, DaemonNotRunning
 from supervisor.wire.frames import (
@@ -31,8 +36,47 @@ __all__ = [
     "ControlClient",
     "ControlClientError",
     "DaemonNotRunning",
+    "Subscription",
     "socket_for_root",
 ]
+
+#: events a subscription holds for its reader before it gives up on it (the reader is too slow)
+_SUBSCRIPTION_BUFFER: Final = 65_536
+
+
+class Subscription:
+    """The events of one ``events.subscribe``, as an async iterator of event dicts.
+
+    ``ack`` is the daemon's answer (``cursor``, ``gap``, ``replayed``); ``last`` the cursor of
+    the newest event read, from which a new subscription resumes (``after=``) without losing
+    or repeating an event. Iteration ends with `ControlClientError` when the daemon cut the
+    subscription off (``subscriber_too_slow``) and `ConnectionLost` when the connection ends.
+    """
+
+    def __init__(self, ack: dict[str, Any], receive: MemoryObjectReceiveStream[dict[str, Any]]):
+        self.ack = ack
+        self.last: str = str(ack.get("cursor", ""))
+        self._receive = receive
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        try:
+            frame = await self._receive.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise ConnectionLost(
+                "the subscription ended (the connection closed, or this reader fell"
+                f" {_SUBSCRIPTION_BUFFER} events behind); subscribe again with after={self.last!r}"
+            ) from None
+        event = frame.get("event")
+        if isinstance(event, dict):
+            self.last = str(event.get("cursor", self.last))
+            return event
+        error = frame.get("error")
+        raise ControlClientError(
+            "events.subscribe", error if isinstance(error, dict) else {"code": "unknown"}
+        )
 
 
 def socket_for_root(root: Path) -> Path:
@@ -50,6 +94,8 @@ class ControlClient:
         self._tg: anyio.abc.TaskGroup | None = None
         self._ids = itertools.count(1)
         self._waiting: dict[int, tuple[anyio.Event, list[dict[str, Any]]]] = {}
+        #: subscriptions by the id of their request: where their pushed frames go
+        self._feeds: dict[int, MemoryObjectSendStream[dict[str, Any]]] = {}
         self._writer: FrameWriter | None = None
         self._closed = False
 
@@ -99,6 +145,13 @@ class ControlClient:
             while True:
                 frame = await reader.read()
                 req_id = frame.get("id")
+                if (
+                    isinstance(req_id, int)
+                    and req_id in self._feeds
+                    and req_id not in self._waiting
+                ):
+                    self._push(req_id, frame)
+                    continue
                 slot = self._waiting.pop(req_id, None) if isinstance(req_id, int) else None
                 if slot is not None:
                     slot[1].append(frame)
@@ -115,6 +168,69 @@ class ControlClient:
             for event, _ in self._waiting.values():
                 event.set()
             self._waiting.clear()
+            for feed in self._feeds.values():
+                feed.close()
+            self._feeds.clear()
+
+    def _push(self, req_id: int, frame: dict[str, Any]) -> None:
+        """A pushed frame of a subscription: an event, or the error that ends it."""
+        feed = self._feeds[req_id]
+        final = "event" not in frame
+        try:
+            feed.send_nowait(frame)
+        except anyio.WouldBlock:  # the subscription's reader fell this far behind: end it
+            final = True
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            final = True
+        if final:
+            self._feeds.pop(req_id, None)
+            feed.close()
+
+    @asynccontextmanager
+    async def subscribe(self, **params: Any) -> AsyncIterator[Subscription]:
+        """Follow the daemon's change feed (``events.subscribe`` with *params*: ``sessions``,
+        ``turns``, ``kinds``, ``after``) until the block ends::
+
+            async with client.subscribe(turns=[12]) as events:
+                async for event in events:
+                    ...
+        """
+        if self._writer is None or self._closed:
+            raise ConnectionLost(f"the connection to {self.socket_path} is closed")
+        req_id = next(self._ids)
+        send, receive = anyio.create_memory_object_stream[dict[str, Any]](_SUBSCRIPTION_BUFFER)
+        event = anyio.Event()
+        box: list[dict[str, Any]] = []
+        self._feeds[req_id] = send
+        self._waiting[req_id] = (event, box)
+        try:
+            await self._writer.send(
+                encode_frame({"id": req_id, "op": "events.subscribe", "params": params})
+            )
+            await event.wait()
+            if not box:
+                raise ConnectionLost(f"the daemon at {self.socket_path} closed the connection")
+            answer = box[0]
+            if answer.get("ok") is not True:
+                error = answer.get("error")
+                raise ControlClientError(
+                    "events.subscribe", error if isinstance(error, dict) else {"code": "unknown"}
+                )
+            result = answer.get("result")
+            yield Subscription(result if isinstance(result, dict) else {}, receive)
+        finally:
+            self._waiting.pop(req_id, None)
+            receive.close()
+            live = self._feeds.pop(req_id, None)
+            if live is not None:
+                live.close()
+                if not self._closed:  # the daemon ends it too when the connection closes
+                    with (
+                        anyio.CancelScope(shield=True),
+                        anyio.move_on_after(1.0),
+                        contextlib.suppress(ControlClientError, ConnectionLost),
+                    ):
+                        await self.call("events.unsubscribe", subscription=req_id)
 
     async def call(self, op: str, **params: Any) -> dict[str, Any]:
         """Send one request; return its ``result`` or raise `ControlClientError`."""

@@ -25,11 +25,12 @@ Operations (params -> result):
 * ``turn.submit`` {session_id, kind: "instruction"|"process", declared_outputs (required; []
   for instructions), declared_inputs?, phase?, idempotency_key?, timeout_ms?, wait_s?,
   answer?: "full"|"compact"} plus {command_type, target_url?, target_selector?, parameters?} or
-  {argv} -> {turn, created} (``created`` false: the idempotency key was seen before, this is
-  that turn; ``wait_s``: answer only once the turn is final or parked, at most that long;
-  ``answer`` "compact": ``turn`` is only its outcome, `compact_turn`; ``warnings``, when
-  present: what the client should know at once, e.g. no connected executor serves the command
-  type)
+  {argv} -> {turn, created} (``created`` false: the idempotency key was seen before with the
+  same payload, this is that turn; with another payload the answer is
+  ``idempotency_conflict``; ``wait_s``: answer only once the turn is final or parked, at most
+  that long; ``answer`` "compact": ``turn`` is only its outcome, `compact_turn`;
+  ``warnings``, when present: what the client should know at once, e.g. no connected executor
+  serves the command type)
 * ``turn.get`` {turn_id} -> {turn, ledger} (``ledger``: the turn's exec and evidence entries,
   their hashes); ``turn.wait`` {turn_id, timeout_s?, until?: [states], answer?} ->
   {turn} once final, escalated, or in one of ``until``; ``turn.cancel`` {turn_id} -> {turn};
@@ -46,6 +47,9 @@ Operations (params -> result):
   "retry"|"terminate"} -> {turn}
 * ``ledger.verify`` {session_id?} -> {ok, ledgers, failures}
 * ``drain`` -> {draining: true} (the drain starts once the answer is written)
+* ``events.subscribe`` {sessions?, turns?, kinds?, after?} -> {subscribed, cursor, gap,
+  replayed}, then pushed ``{id, event}`` frames (`supervisor.control.subscriptions`);
+  ``events.unsubscribe`` {subscription} -> {unsubscribed}
 
 `ControlServer` is a little over 400 lines: the connection handling (framing, the error
 boundary, busy refusals) and one short handler per operation of the protocol, which read and
@@ -56,12 +60,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict
 from typing import Any, Final
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import anyio.to_thread
 
 from ledger import session_dir_for
@@ -74,9 +80,11 @@ from supervisor.control.answers import (
 )
 from supervisor.control.replies import Replies
 from supervisor.control.submits import QuickSubmits, submit_warnings
+from supervisor.control.subscriptions import Subscriptions
 from supervisor.errors import RequestError, StoreIntegrityError
 from supervisor.executors.hub import ExecutorHub
 from supervisor.executors.peercred import stream_peer_credentials
+from supervisor.feed import Feed
 from supervisor.logging import describe_error, get_logger
 from supervisor.stages import stage_costs
 from supervisor.store.protocol import TurnRecord
@@ -85,6 +93,8 @@ from supervisor.turns.requests import turn_request
 from supervisor.wire.control import (
     ControlRequest,
     EscalationResolveParams,
+    EventsSubscribe,
+    EventsUnsubscribe,
     ExecutorsListParams,
     ExecutorsWaitParams,
     NoParams,
@@ -132,6 +142,7 @@ ERROR_CODES: Final[Mapping[str, str]] = {
     "sandbox_unavailable": "strict enforcement is on and a confinement mechanism is missing",
     "turn_rejected": "the sandbox runtime refused the turn",
     "queue_full": "backpressure: retry after `retry_after_ms`",
+    "idempotency_conflict": "the idempotency key names a turn submitted with another payload",
     "draining": "the daemon is shutting down and accepts no new work",
     "not_cancellable": "the turn is not active",
     "not_escalated": "the turn is not parked for an operator",
@@ -139,6 +150,8 @@ ERROR_CODES: Final[Mapping[str, str]] = {
     "timeout": "the awaited condition did not happen in time",
     "reply_too_large": "the answer is over the frame limit; ask for less (a session, a limit)",
     "busy": "this connection has too many requests in progress: retry after `retry_after_ms`",
+    "subscriber_too_slow": "the client stopped reading its events: subscribe again `after` the"
+    " cursor in `resume_after`",
     "internal": "a bug in the daemon (the log has the traceback)",
 }
 
@@ -175,8 +188,11 @@ class ControlServer:
         on_drain: Callable[[], None] | None = None,
         info: Mapping[str, object] | None = None,
         sandbox: Callable[[], Mapping[str, object]] | None = None,
+        feed: Feed | None = None,
     ) -> None:
         self._turn_core = turn_core
+        #: the change feed ``events.subscribe`` follows (the turn core's, or one of its own)
+        self._feed = feed if feed is not None else (turn_core.feed or Feed())
         self._sandbox = sandbox  # the sandbox's enforcement now, for `status`
         self._hub = hub
         self._quick = QuickSubmits(turn_core, hub, self._failure)
@@ -208,7 +224,7 @@ class ControlServer:
 
     @property
     def operations(self) -> list[str]:
-        return sorted(self._ops)
+        return sorted([*self._ops, "events.subscribe", "events.unsubscribe"])
 
     async def serve(
         self,
@@ -251,9 +267,16 @@ class ControlServer:
             tg.start_soon(writer.run)
             replies = Replies(writer, tg, max_frame_bytes=self._max_frame_bytes)
             tg.start_soon(replies.timers.run)
+            # Let the writer start before the first request is read: a request already in the
+            # socket is read without a wait, and its answer may be handed over without one.
+            await anyio.lowlevel.checkpoint()
+            subscriptions = Subscriptions(self._feed, writer)
             try:
-                await self._read_requests(reader, writer, tg, replies, in_progress)
+                await self._read_requests(
+                    reader, writer, tg, replies, in_progress, subscriptions=subscriptions
+                )
             finally:
+                subscriptions.close()
                 replies.close()
             # The client went away: nobody will read the answers. Waits and reads in progress
             # are cancelled; requests that change state run to the end (they are shielded).
@@ -266,6 +289,8 @@ class ControlServer:
         tg: anyio.abc.TaskGroup,
         replies: Replies,
         in_progress: list[int],
+        *,
+        subscriptions: Subscriptions,
     ) -> None:
         while True:
             try:
@@ -299,6 +324,10 @@ class ControlServer:
                 break
             if in_progress[0] + replies.owed >= self._max_requests:
                 await self._refuse_busy(writer, request)
+                continue
+            if isinstance(request, EventsSubscribe | EventsUnsubscribe):
+                self._requests += 1
+                subscriptions.handle(request)  # answered at once; events follow by callback
                 continue
             if isinstance(request, TurnSubmit) and self._quick.take(replies, request):
                 self._requests += 1
@@ -534,9 +563,17 @@ class ControlServer:
             fleet = await self._turn_core.daemons()
         turns = stats.to_dict()
         turns["turns_escalated"] = counts.get(TurnState.ESCALATED.value, 0)
+        # a daemon whose heartbeat is older than the lease is gone (its work is taken over)
+        now_us = time.time_ns() // 1000
+        lease_us = self._turn_core.settings.lease_ms * 1000
         return {
             # several daemons on one PostgreSQL: each with its last heartbeat (None: alone)
-            "daemons": None if fleet is None else [d.to_dict() for d in fleet[:_EXECUTORS_SHOWN]],
+            "daemons": None
+            if fleet is None
+            else [
+                {**d.to_dict(), "alive": now_us - d.heartbeat_us <= lease_us}
+                for d in fleet[:_EXECUTORS_SHOWN]
+            ],
             "daemon": {"pid": os.getpid(), "draining": stats.draining, **self._info},
             "turn_core": turns,
             "scheduler": turns,  # the former key of turn_core, kept for one more release
@@ -552,6 +589,13 @@ class ControlServer:
             "sandbox": None if self._sandbox is None else dict(self._sandbox()),
             # CPU per stage of a turn's path (`supervisor.stages`; on with HUNTER_STAGE_COSTS=1)
             "stages": _COSTS.snapshot(),
+            # the change feed (`events.subscribe`): its newest cursor, who follows it
+            "events": {
+                "cursor": self._feed.cursor,
+                "published": self._feed.published,
+                "subscribers": self._feed.subscribers,
+                "cut_off": self._feed.cut_off,
+            },
         }
 
     async def _executors_list(self, params: ExecutorsListParams) -> object:

@@ -5,7 +5,7 @@ External executor processes connect to ``executors.sock`` and speak the protocol
 it waits (bounded) in the per-command queue until a READY executor that supports the command has
 a free slot, sends the instruction, waits for the response until ``envelope.timeout_ms`` after
 sending, judges the response with the Phase-20 safety rules and maps it to an ``AttemptOutcome``
-(DESIGN.md "Executor responses"). Retrying is the turn core's job.
+(docs/policy.md, "How the seeds combine", item 4). Retrying is the turn core's job.
 
 ``ExecutorHub`` is the front; the work is done by the package's small modules:
 
@@ -67,6 +67,7 @@ from supervisor.executors.reception import Reception, open_executor_listener
 from supervisor.executors.reports import AttemptReport, ExecutorInfo, HubReason, HubStatistics
 from supervisor.executors.roster import Roster
 from supervisor.executors.settings import HubSettings
+from supervisor.feed import Feed
 from supervisor.logging import describe_error
 from supervisor.wire.executor import Reject, RejectReason
 from supervisor.wire.frames import FrameError
@@ -96,6 +97,7 @@ class _Host:
         "_log",
         "_quarantine",
         "changed",
+        "feed",
         "frame_errors",
         "late_responses",
         "recount",
@@ -112,9 +114,11 @@ class _Host:
         dispatcher: Dispatcher,
         quarantine: Quarantine,
         log: EventLog,
+        feed: Feed | None = None,
     ) -> None:
         self.settings = settings
         self.trace = False
+        self.feed = feed
         self._quarantine = quarantine
         self._log = log
         self.frame_errors = 0
@@ -148,6 +152,12 @@ class _Host:
 
     def quarantine(self, executor_id: str, creds: PeerCredentials | None) -> None:
         self._quarantine.impose(executor_id, creds, self.settings.quarantine_s)
+        if self.feed is not None:
+            self.feed.publish(
+                "executor.quarantined",
+                executor_id=executor_id,
+                detail=f"refused for {self.settings.quarantine_s:g} s",
+            )
 
 
 class _Dispatched:
@@ -180,7 +190,9 @@ class _Dispatched:
 class ExecutorHub:
     """Registry of connected executors plus per-command queues; see the module docstring."""
 
-    def __init__(self, *, settings: HubSettings, log: EventLog | None = None) -> None:
+    def __init__(
+        self, *, settings: HubSettings, log: EventLog | None = None, feed: Feed | None = None
+    ) -> None:
         self._log: EventLog = (
             log if log is not None else structlog.get_logger("supervisor.executors.hub")
         )
@@ -193,6 +205,7 @@ class ExecutorHub:
             dispatcher=self._dispatcher,
             quarantine=self._quarantine,
             log=self._log,
+            feed=feed,
         )
         self._reception = Reception(host=self._host, log=self._log)
         self._circuits = Circuits(limits=lambda: self.settings.breaker, log=self._log)
@@ -200,6 +213,8 @@ class ExecutorHub:
         self._idle = anyio.Event()
         self._closing = False
         self._serve_scope: anyio.CancelScope | None = None
+        #: set once `serve` has returned (every connection's task ended), while it runs
+        self._served: anyio.Event | None = None
         self._avg_attempt_s: dict[ExecutorCommandType, float] = {}  # moving average per command
         # counters
         self._attempts_started = 0
@@ -233,10 +248,14 @@ class ExecutorHub:
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Accept executor connections until ``aclose()`` (or cancellation); one task each."""
-        async with anyio.create_task_group() as tg:
-            self._serve_scope = tg.cancel_scope
-            task_status.started()
-            await listener.serve(self._handle_connection, task_group=tg)
+        self._served = served = anyio.Event()
+        try:
+            async with anyio.create_task_group() as tg:
+                self._serve_scope = tg.cancel_scope
+                task_status.started()
+                await listener.serve(self._handle_connection, task_group=tg)
+        finally:
+            served.set()
 
     def admit(self, command_type: ExecutorCommandType, *, waiting: int = 0) -> None:
         """Raise ``QueueFullError`` if ``command_type``'s queue is at capacity (backpressure),
@@ -451,14 +470,20 @@ class ExecutorHub:
             await self._idle.wait()
 
     async def aclose(self) -> None:
-        """Close every connection (in-flight attempts end CRASH) and stop serving."""
+        """Close every connection (in-flight attempts end CRASH) and stop serving. When `serve`
+        runs, returns once it has: every connection's task has ended, each disconnect logged
+        (``executor_disconnected``, reason ``HUB_CLOSED``). Call it from outside `serve`'s
+        task group."""
         self._closing = True
         for conn in self._roster.connected():
             conn.disconnect(HubReason.HUB_CLOSED, "the hub is shutting down")
         self._dispatcher.close()
         if self._serve_scope is not None:
             self._serve_scope.cancel()
-        await anyio.lowlevel.checkpoint()
+        if self._served is not None:
+            await self._served.wait()
+        else:
+            await anyio.lowlevel.checkpoint()
 
     # ------------------------------------------------------------------ attempts
     async def _queued_attempt(
@@ -647,6 +672,12 @@ class ExecutorHub:
         )
         self._roster.notify()
         self._dispatcher.slot_freed(conn)
+        if (feed := self._host.feed) is not None:
+            feed.publish(
+                "executor.connected",
+                executor_id=conn.executor_id,
+                command_types=tuple(c.value for c in conn.commands),
+            )
 
     def _unregister(self, conn: Connection) -> None:
         reason, detail = conn.close_reason, conn.close_detail
@@ -660,6 +691,14 @@ class ExecutorHub:
             connected_ms=(now_us() - conn.connected_at_us) // 1000,
         )
         self._roster.notify()
+        if (feed := self._host.feed) is not None:
+            feed.publish(
+                "executor.gone",
+                executor_id=conn.executor_id,
+                command_types=tuple(c.value for c in conn.commands),
+                reason_code=reason,
+                detail=detail or None,
+            )
 
     def _info(self, conn: Connection, *, detail: str = "") -> ExecutorInfo:
         return conn.info(

@@ -2,10 +2,10 @@
 
 Pure: no socket I/O, no logging, no state. ``judge_response`` applies the Phase-20 safety rules
 (``validate_executor_response``) to the executor's answer and maps the result to an
-``AttemptOutcome`` (DESIGN.md "Executor responses"); the other functions build the verdicts of
-the cases the hub decides itself, each with its ``HubReason`` code: the deadline passed, the
-executor went away, a bad frame or a protocol breach came instead of a response, a response
-could not be attributed, no executor was free in time, the hub closed.
+``AttemptOutcome`` (docs/policy.md, "How the seeds combine", item 4); the other functions
+build the verdicts of the cases the hub decides itself, each with its ``HubReason`` code: the
+deadline passed, the executor went away, a bad frame or a protocol breach came instead of a
+response, a response could not be attributed, no executor was free in time, the hub closed.
 
 Evidence bytes (``docs/protocol.md`` 3.5): a response may carry the evidence itself, base64 in
 the message's ``evidence`` field. When the safety rules accept the response, those bytes must be

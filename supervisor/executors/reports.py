@@ -35,7 +35,8 @@ class HubReason:
 
 @dataclass(frozen=True, slots=True)
 class AttemptReport:
-    """What one attempt came to. ``outcome`` follows DESIGN.md "Executor responses".
+    """What one attempt came to. ``outcome`` follows docs/policy.md ("How the seeds
+    combine", item 4).
 
     ``executor_id`` is the executor the instruction was sent to (``None`` if it never left the
     queue); ``response`` the accepted response envelope (``None`` when denied or absent);

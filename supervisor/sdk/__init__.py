@@ -6,6 +6,7 @@
 from supervisor.sdk.backoff import Backoff as Backoff
 from supervisor.sdk.client import Connection as Connection
 from supervisor.sdk.client import ExecutorRejected as ExecutorRejected
+from supervisor.sdk.client import WrongSocket as WrongSocket
 from supervisor.sdk.client import run_executor as run_executor
 from supervisor.sdk.executor import Executor as Executor
 from supervisor.sdk.executor import Instruction as Instruction
@@ -21,6 +22,7 @@ __all__ = [
     "Instruction",
     "NotSupported",
     "Result",
+    "WrongSocket",
     "run_executor",
     "sha256_hex",
 ]

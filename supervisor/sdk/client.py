@@ -1,9 +1,15 @@
 """The SDK's connection to the daemon: hello, heartbeats, handlers, cancellation, reconnection.
 
 ``run_executor(executor, socket_path=...)`` runs until the executor handles SHUTDOWN, the daemon
-rejects it for good (``ExecutorRejected``), ``reconnect=False`` and the connection ends, or the
-caller cancels it. Each connection runs one task group: a reader, a heartbeat/watchdog task and
-one task per running instruction (each in its own cancel scope, cancelled by ``cancel``).
+rejects it for good (``ExecutorRejected``; ``WrongSocket`` when ``socket_path`` is the daemon's
+``control.sock``), ``reconnect=False`` and the connection ends, or the caller cancels it. Each
+connection runs one task group: a reader, a heartbeat/watchdog task and one task per running
+instruction (each in its own cancel scope, cancelled by ``cancel``).
+
+While the socket cannot be reached (no file, nobody listening: the daemon is not running yet,
+or the path is wrong) the SDK keeps retrying and says so at warning (``daemon_unreachable``,
+with the path and the retry interval) once when the outage starts and again every
+``_UNREACHABLE_REPEAT_S`` while it lasts; each single retry is ``connect_failed`` at debug.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from supervisor.wire.executor import (
 )
 from supervisor.wire.frames import HEADER_SIZE, FrameError, FrameReader, FrameWriter, encode_frame
 
-__all__ = ["Connection", "ExecutorRejected", "run_executor"]
+__all__ = ["Connection", "ExecutorRejected", "WrongSocket", "run_executor"]
 
 _log = structlog.get_logger("supervisor.sdk")
 _Work = tuple[Instruction, anyio.CancelScope]
@@ -53,16 +59,59 @@ _RETRYABLE_REJECTS: Final = frozenset(
         RejectReason.HELLO_TIMEOUT,
     }
 )
+#: While the socket stays unreachable, ``daemon_unreachable`` is repeated this often (seconds).
+_UNREACHABLE_REPEAT_S: Final = 60.0
+
+
+class WrongSocket(ExecutorRejected):
+    """Raised by ``run_executor`` when ``socket_path`` is the daemon's control socket
+    (``control.sock``, the API of ``hunter`` commands and clients) rather than its executor
+    socket (``executors.sock``): the control API answered the ``hello`` with an error of its
+    own. Never retried: no reconnect can fix the path. ``socket_path`` is the socket tried."""
+
+    def __init__(self, socket_path: str, answer: Mapping[str, Any]) -> None:
+        self.socket_path = socket_path
+        error = answer.get("error")
+        code = error.get("code") if isinstance(error, dict) else None
+        beside = os.path.join(os.path.dirname(socket_path), "executors.sock")
+        where = (
+            f"{beside}, beside it"
+            if socket_path and os.path.exists(beside)
+            else "<root>/run/executors.sock by default; the daemon's daemon_ready line names it"
+        )
+        super().__init__(
+            "wrong_socket",
+            f"{socket_path or 'the socket'} is the hunter daemon's control socket (control.sock),"
+            f" not its executor socket (executors.sock): it answered hello with a control-API"
+            f" error ({code or 'no code'}). Point the executor at executors.sock ({where}).",
+        )
+
+
+def _is_control_answer(frame: Mapping[str, Any]) -> bool:
+    """Whether *frame* is an answer of the control API (``{"id", "ok", ...}``, no ``type``)."""
+    return "type" not in frame and isinstance(frame.get("ok"), bool)
+
+
+def _describe(exc: OSError) -> str:
+    """``FileNotFoundError: No such file or directory`` (the path is logged beside it)."""
+    return f"{type(exc).__name__}: {exc.strerror or exc}"
 
 
 class Connection:
     """One live connection to the daemon (``executor.connection`` while connected)."""
 
     def __init__(
-        self, executor: Executor, stream: anyio.abc.SocketStream, *, max_frame_bytes: int
+        self,
+        executor: Executor,
+        stream: anyio.abc.SocketStream,
+        *,
+        max_frame_bytes: int,
+        socket_path: str = "",
     ) -> None:
         self.executor = executor
         self.stream = stream
+        #: the path connected to, as given (for messages; the peer's address otherwise)
+        self.socket_path = socket_path
         self.reader = FrameReader(stream, max_bytes=max_frame_bytes)
         self.welcome: Welcome | None = None
         self._writer = FrameWriter(stream)
@@ -92,7 +141,8 @@ class Connection:
         return frozenset(self._scopes)
 
     async def handshake(self) -> Welcome:
-        """Send hello, wait for welcome; raises ``ExecutorRejected`` on a reject."""
+        """Send hello, wait for welcome; raises ``ExecutorRejected`` on a reject and
+        ``WrongSocket`` when the control API answered."""
         executor = self.executor
         hello = Hello(
             executor_id=executor.executor_id,
@@ -107,6 +157,11 @@ class Connection:
         if frame.get("type") == MessageType.REJECT:
             reject = parse_reject(frame)
             raise ExecutorRejected(reject.reason_code, reject.reason, reject.retry_after_ms)
+        if _is_control_answer(frame):
+            path = self.socket_path or self.stream.extra(
+                anyio.abc.SocketAttribute.remote_address, ""
+            )
+            raise WrongSocket(path if isinstance(path, str) else "", frame)
         welcome = parse_welcome(frame)
         self.reader.max_bytes = max(self.reader.max_bytes, welcome.max_frame_bytes)
         self.welcome = welcome
@@ -273,11 +328,14 @@ async def run_executor(
 
     Reconnects with ``backoff`` after a lost connection, a failed connect or a retryable reject
     (quarantine: waits at least the daemon's ``retry_after_ms``). Raises ``ExecutorRejected`` for
-    a permanent reject, and ``OSError`` when the first connect fails and ``reconnect`` is off.
+    a permanent reject (``WrongSocket``, at once, for the daemon's control socket), and
+    ``OSError`` when the first connect fails and ``reconnect`` is off.
     """
     policy = backoff if backoff is not None else Backoff()
     path = os.fspath(socket_path)
     failures = 0
+    unreachable_since: float | None = None  # when the current outage began (monotonic)
+    warned_at = 0.0
     log = _log.bind(executor_id=executor.executor_id)
     executor.stop_requested = False
     while True:
@@ -287,12 +345,33 @@ async def run_executor(
         except OSError as exc:
             if not reconnect:
                 raise
+            now = time.monotonic()
+            if unreachable_since is None or now - warned_at >= _UNREACHABLE_REPEAT_S:
+                # Once per outage (and then every _UNREACHABLE_REPEAT_S), not per retry.
+                unreachable_since = unreachable_since if unreachable_since is not None else now
+                warned_at = now
+                log.warning(
+                    "daemon_unreachable",
+                    socket=path,
+                    error=_describe(exc),
+                    retry_in_s=round(delay, 3),
+                    retry_max_s=policy.max_s,
+                    unreachable_s=round(now - unreachable_since, 1),
+                    hint="still retrying: is the daemon running, and is this its executors.sock?",
+                )
             log.debug("connect_failed", socket=path, error=repr(exc), retry_in_s=round(delay, 3))
             failures += 1
             await anyio.sleep(delay)
             continue
+        if unreachable_since is not None:
+            log.info(
+                "daemon_reachable",
+                socket=path,
+                unreachable_s=round(time.monotonic() - unreachable_since, 1),
+            )
+            unreachable_since = None
         async with stream:
-            conn = Connection(executor, stream, max_frame_bytes=max_frame_bytes)
+            conn = Connection(executor, stream, max_frame_bytes=max_frame_bytes, socket_path=path)
             try:
                 welcome = await conn.handshake()
             except ExecutorRejected as exc:

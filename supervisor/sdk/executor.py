@@ -11,10 +11,11 @@ exactly the overridden ones in ``hello``::
 A handler that raises ends the instruction with an ERROR response (a CRASH fault for the
 daemon); raising ``NotSupported`` gives REFUSED. A ``cancel`` from the daemon cancels the
 handler's cancel scope, and the SDK answers TIMEOUT. Evidence is hashed for you:
-``Result.success(evidence_bytes)`` sends ``sha256(evidence_bytes)`` as ``evidence_hash`` and
-the bytes themselves beside the response (at most ``MAX_EVIDENCE_BYTES``; the daemon checks
-them against the hash and keeps them with the session); ``attach_evidence=False`` sends only
-the hash.
+``Result.success(evidence_bytes)`` sends only ``sha256(evidence_bytes)`` as ``evidence_hash``
+(the turn records the hash; the daemon keeps no bytes). ``attach_evidence=True`` also sends the
+bytes themselves beside the response (at most ``MAX_EVIDENCE_BYTES``); the daemon checks them
+against the hash and keeps them with the session, at the cost of a durable file write per turn
+(docs/protocol.md, "Evidence bytes").
 """
 
 from __future__ import annotations

@@ -175,7 +175,7 @@ class LoopHooks:
         (``overlap_start``): only noted (`starts.DeferredStarts`); it is written if the attempt
         outlives a short delay, else it rides with the outcome (`take_unwritten_start`)."""
         # Counted from here: a drain waits for an attempt whose envelope may be on its way.
-        self._deps.tracker.attempt_started(process=self._process)
+        self._deps.tracker.attempt_started(self._active, attempt.attempt, process=self._process)
         self.counting = True
         if self._overlap_start:
             self._unwritten = attempt
@@ -241,7 +241,7 @@ class LoopHooks:
             started=self.take_unwritten_start(),
         )
         self._active.move(TurnState.WAITING_RETRY)
-        self._deps.tracker.retried(attempt)
+        self._deps.tracker.retried(self._active.session_id, self._active.turn_id, attempt)
         self.stop_counting()
         log.info(
             "retry_scheduled",

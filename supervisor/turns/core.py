@@ -48,6 +48,7 @@ from supervisor.errors import (
     UnknownSessionError,
     UnknownTurnError,
 )
+from supervisor.feed import Feed
 from supervisor.logging import get_logger, info_enabled
 from supervisor.stages import stage_costs
 from supervisor.store.fleet import DaemonRecord, FleetStore
@@ -70,7 +71,7 @@ from supervisor.turns.fleet import Fleet, FleetHooks
 from supervisor.turns.instruction import HubLike, monotonic_ms
 from supervisor.turns.intake import Answer, Intake, SessionGate
 from supervisor.turns.recovery import catch_up_ledgers, roll_forward
-from supervisor.turns.requests import TurnRequest
+from supervisor.turns.requests import TurnRequest, idempotency_conflict
 from supervisor.turns.runner import TurnRunner, error_code
 from supervisor.turns.sessions import DaemonSessions, RuntimeLike, SessionLike, verify_ledgers
 from supervisor.turns.tracker import Tracker, TrackerStatistics, TurnEvents
@@ -121,13 +122,14 @@ class TurnCore:
         fleet: FleetStore | None = None,
         fleet_poll_s: float = 0.5,
         traced: bool = False,
+        feed: Feed | None = None,
     ) -> None:
         settings = settings or CoreSettings()
         owner = owner or _owner_id()
         self._hub = hub
         self._deps = TurnDeps(
             store=store,
-            tracker=Tracker(events=events),
+            tracker=Tracker(events=events, feed=feed),
             sessions=DaemonSessions(runtime),
             live=LiveSettings(settings),
             owner=owner,
@@ -169,6 +171,11 @@ class TurnCore:
     @settings.setter
     def settings(self, settings: CoreSettings) -> None:
         self._deps.live.current = settings
+
+    @property
+    def feed(self) -> Feed | None:
+        """The change feed the turn core publishes to (`supervisor.feed`)."""
+        return self._deps.tracker.feed
 
     @property
     def draining(self) -> bool:
@@ -404,7 +411,22 @@ class TurnCore:
     # -- turns ------------------------------------------------------------------------------
 
     async def submit(self, request: TurnRequest) -> tuple[TurnRecord, bool]:
-        """Validate, admit and durably accept a turn; returns ``(turn, created)``."""
+        """Validate, admit and durably accept a turn; returns ``(turn, created)``.
+
+        ``created`` is False when the request's idempotency key already names a turn of the
+        session: that first turn comes back if the request asks for the same turn, else
+        ``idempotency_conflict`` is raised (`requests.idempotency_conflict`). This holds
+        whichever way the first turn is found: by the look-up below, or by the store's accept
+        when a submission with the same key was accepted meanwhile (the unique key), here or
+        by another daemon of a fleet."""
+        turn, created = await self._submit(request)
+        if not created:
+            conflict = idempotency_conflict(request, turn)
+            if conflict is not None:
+                raise conflict
+        return turn, created
+
+    async def _submit(self, request: TurnRequest) -> tuple[TurnRecord, bool]:
         if self._deps.draining:
             raise RequestError(
                 "draining", "the daemon is draining and accepts no new turns; retry after restart"
@@ -457,13 +479,13 @@ class TurnCore:
                 raise RequestError(
                     "session_closed", f"session {sid} is closed; open a new one", session_id=sid
                 ) from None
+            if accepted.created:
+                self._deps.tracker.accepted(accepted.turn)  # before its first attempt starts
             if accepted.created and accepted.claim is not None:
                 self._runner.start(accepted.turn, accepted.claim, recovered=False)
         finally:
             self._gate.leave(sid)
         turn = accepted.turn
-        if accepted.created:
-            self._deps.tracker.accepted()
         if accepted.created and info_enabled():
             self._log.info(
                 "turn_accepted",

@@ -97,6 +97,7 @@ class Escalations:
         if lines:  # committed: the files may have them now
             deps.sessions.flush(turn.session_id, lines)
         self._log.info("escalation_resolved", turn_id=turn.turn_id, action=resolution.value)
+        deps.tracker.escalation_resolved(resolved, resolution.value)
         if resolved.final:
             deps.tracker.remember(resolved)
             deps.tracker.ended(resolved, ledger_lines=lines)

@@ -105,6 +105,8 @@ class Fleet:
         self._started_us = _now_us()
         self._host = socket.gethostname()
         self._log = get_logger("supervisor.turns.fleet")
+        #: the other daemons seen alive at the last look (None: not looked yet)
+        self._peers: set[str] | None = None
 
     # -- views ------------------------------------------------------------------------------
 
@@ -150,6 +152,7 @@ class Fleet:
             try:
                 await self._renew()
                 await self._heartbeat()
+                await self._watch_peers()
             except Exception as exc:  # the store is down: the next round tries again
                 self._log.error("fleet_heartbeat_failed", error=str(exc))
 
@@ -161,6 +164,32 @@ class Fleet:
             started_us=self._started_us,
             info=self._hooks.info(),
         )
+
+    async def _watch_peers(self) -> None:
+        """Tell the change feed which daemons of the fleet began or stopped heartbeating since
+        the last look (the first look only learns who is there)."""
+        feed = self._deps.tracker.feed
+        if feed is None:
+            return
+        now = _now_us()
+        lease_us = self._deps.settings.lease_ms * 1000
+        seen = {d.owner: d for d in await self._store.daemons() if d.owner != self._deps.owner}
+        alive = {owner for owner, d in seen.items() if now - d.heartbeat_us <= lease_us}
+        known, self._peers = self._peers, alive
+        if known is None:
+            return
+        for owner in sorted(alive - known):
+            d = seen[owner]
+            feed.publish("daemon.joined", daemon=owner, detail=f"{d.host} pid {d.pid}")
+        for owner in sorted(known - alive):
+            d_or_none = seen.get(owner)
+            detail = (
+                "left (a clean stop)"
+                if d_or_none is None
+                else f"no heartbeat for {(now - d_or_none.heartbeat_us) / 1e6:.1f} s"
+                f" (its lease is {lease_us / 1e6:g} s): its turns and sessions are taken over"
+            )
+            feed.publish("daemon.lost", daemon=owner, detail=detail)
 
     async def _renew(self) -> None:
         held = list(self._homes.values())
@@ -311,7 +340,7 @@ class Fleet:
             )
         )
         if accepted.created:
-            self._deps.tracker.accepted()
+            self._deps.tracker.accepted(accepted.turn)
             self._log.info(
                 "turn_accepted",
                 session_id=request.session_id,

@@ -173,7 +173,7 @@ class InstructionFlights:
         flight.handle = handle
         if number == 1:
             BudgetGate(deps).first_attempt()
-        deps.tracker.attempt_started()
+        deps.tracker.attempt_started(active, number)
         deps.starts.note(tid, lambda: self._write_start(flight))
         active.stop = lambda: self._stop(flight)
         if info_enabled():
@@ -357,7 +357,7 @@ class InstructionFlights:
             active.claim = claim
         active.attempt = decided.attempt
         active.move(TurnState.WAITING_RETRY)
-        deps.tracker.retried(decided)
+        deps.tracker.retried(active.session_id, active.turn_id, decided)
         if info_enabled():
             self._log.info(
                 "retry_scheduled",

@@ -129,9 +129,9 @@ class Intake:
         else:
             outcome = accepted.turn
             if accepted.created and accepted.claim is not None:
+                self._deps.tracker.accepted(accepted.turn)  # before its first attempt starts
                 if self._running:  # else the core stopped: a restart takes the turn back
                     self._start(accepted.turn, accepted.claim)
-                self._deps.tracker.accepted()
                 if info_enabled():
                     self._log.info(
                         "turn_accepted",

@@ -5,6 +5,10 @@ msgspec has already checked every type and bound when the control frame was deco
 (the declaration rules of FR-RT-013, the Phase-20 envelope rules, which fields each kind needs)
 and builds the spec the store keeps (`supervisor.wire.turn_spec`). Every refusal is a
 `RequestError` naming the field and what to do.
+
+`idempotency_conflict` is the rule of a reused idempotency key: a resubmission with the same
+key gets the first turn back only if it asks for the same turn (the same spec, its trace
+context aside); else it is refused, naming the key, that turn and the fields that differ.
 """
 
 from __future__ import annotations
@@ -13,14 +17,17 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Final
 
+import msgspec
+
 from sandbox.policy.declarations import DeclarationProblem, DeclaredOutput, parse_declared_outputs
 from sandbox.policy.errors import InstructionError
 from sandbox.policy.lifecycle import TurnKind
 from sandbox.policy.safety import build_executor_instruction
 from supervisor.errors import RequestError
+from supervisor.store.protocol import TurnRecord
 from supervisor.traces import parse_traceparent
 from supervisor.wire.control import TurnSubmitParams
-from supervisor.wire.turn_spec import InstructionSpec, ProcessSpec, TurnSpec
+from supervisor.wire.turn_spec import InstructionSpec, ProcessSpec, TurnSpec, spec_to_dict
 
 __all__ = [
     "DeclaredOutput",
@@ -28,7 +35,9 @@ __all__ = [
     "ProcessSpec",
     "TurnRequest",
     "TurnSpec",
+    "idempotency_conflict",
     "iso_now",
+    "spec_differences",
     "turn_request",
 ]
 
@@ -153,6 +162,61 @@ def _instruction(
             reason_code=exc.reason_code,
         ) from None
     return spec
+
+
+_CANONICAL: Final = msgspec.json.Encoder(order="sorted")
+
+#: Spec fields a resubmission may change: the client's trace context (a retry of the same
+#: request is often a new span of the client's trace); it says nothing of what the turn does.
+_NOT_COMPARED: Final = frozenset({"traceparent"})
+
+
+def spec_differences(first: TurnSpec, again: TurnSpec) -> list[str]:
+    """The fields in which *again* asks for another turn than *first*, in the spec's order:
+    top-level field names (``kind``, ``command_type``, ``timeout_ms``, ...), and
+    ``parameters.<name>`` for each instruction parameter that differs. Of two kinds of turn,
+    ``kind`` and the differing fields every kind has. Empty: the same turn."""
+    old, new = spec_to_dict(first), spec_to_dict(again)
+    fields: list[str] = []
+    for name in old:
+        if name not in new or name in _NOT_COMPARED or _same(old[name], new[name]):
+            continue
+        before, after = old[name], new[name]
+        if name == "parameters" and isinstance(before, dict) and isinstance(after, dict):
+            keys = [*before, *(k for k in after if k not in before)]
+            fields.extend(
+                f"parameters.{k}"
+                for k in keys
+                if k not in before or k not in after or not _same(before[k], after[k])
+            )
+        else:
+            fields.append(name)
+    return fields
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal as JSON: ``1`` is not ``true``, and the order of an object's keys does not count."""
+    return a == b and _CANONICAL.encode(a) == _CANONICAL.encode(b)
+
+
+def idempotency_conflict(request: TurnRequest, first: TurnRecord) -> RequestError | None:
+    """None when *request* asks for the same turn as *first*, the turn its idempotency key
+    already names; else the ``idempotency_conflict`` error to answer (nothing is accepted)."""
+    fields = spec_differences(first.spec, request.spec)
+    if not fields:
+        return None
+    key = request.idempotency_key
+    return RequestError(
+        "idempotency_conflict",
+        f"idempotency key {key!r} already names turn {first.turn_id} of session"
+        f" {first.session_id}, and this request differs from it in {', '.join(fields)}: use a"
+        f" new key to submit another turn, or resubmit the same payload to get turn"
+        f" {first.turn_id} back",
+        idempotency_key=key,
+        turn_id=first.turn_id,
+        session_id=first.session_id,
+        fields=fields,
+    )
 
 
 def iso_now() -> str:

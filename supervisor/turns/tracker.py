@@ -23,6 +23,7 @@ import anyio
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import TurnKind, TurnState
+from supervisor.feed import Feed
 from supervisor.logging import get_logger
 from supervisor.store.protocol import Claim, TurnRecord
 
@@ -176,8 +177,10 @@ class TrackerStatistics:
 class Tracker:
     """The active turns of this daemon, the recently finished ones, and the counters."""
 
-    def __init__(self, *, events: TurnEvents | None = None) -> None:
+    def __init__(self, *, events: TurnEvents | None = None, feed: Feed | None = None) -> None:
         self._events = events
+        #: the change feed that subscribers follow (`supervisor.feed`); None: nobody can
+        self.feed = feed
         self._active: dict[int, ActiveTurn] = {}
         self._recent: collections.OrderedDict[int, TurnRecord] = collections.OrderedDict()
         self._attempts_running = 0
@@ -238,8 +241,12 @@ class Tracker:
         return self._recent.get(turn_id)
 
     # -- counters
-    def accepted(self) -> None:
+    def accepted(self, turn: TurnRecord) -> None:
         self._accepted_total += 1
+        if self.feed is not None:
+            self.feed.publish(
+                "turn.accepted", session_id=turn.session_id, turn_id=turn.turn_id, state="accepted"
+            )
 
     def finished(self, state: TurnState) -> None:
         self._finished_total += 1
@@ -255,6 +262,20 @@ class Tracker:
         reported before through `retried`) and committing *ledger_lines* with its ending."""
         if turn.final:
             self.finished(turn.state)
+        feed = self.feed
+        if feed is not None:
+            for attempt in attempts:
+                if attempt.decision is not None:
+                    _attempt_ended(feed, turn.session_id, turn.turn_id, attempt)
+            feed.publish(
+                "turn.ended" if turn.final else "escalation.raised",
+                session_id=turn.session_id,
+                turn_id=turn.turn_id,
+                state=turn.state.value,
+                attempt=turn.attempt,
+                decision=turn.verdict,
+                reason_code=turn.reason_code,
+            )
         if self._events is None:
             return
         for attempt in attempts:
@@ -262,10 +283,23 @@ class Tracker:
                 self._events.attempt_decided(attempt)
         self._events.turn_ended(turn, ledger_lines)
 
-    def retried(self, attempt: AttemptRecord) -> None:
+    def retried(self, session_id: str, turn_id: int, attempt: AttemptRecord) -> None:
         """*attempt* was decided RETRY (its record is final; the turn goes on)."""
+        if self.feed is not None:
+            _attempt_ended(self.feed, session_id, turn_id, attempt)
         if self._events is not None:
             self._events.attempt_decided(attempt)
+
+    def escalation_resolved(self, turn: TurnRecord, action: str) -> None:
+        """An operator resolved escalated *turn* with *action* (retry or terminate)."""
+        if self.feed is not None:
+            self.feed.publish(
+                "escalation.resolved",
+                session_id=turn.session_id,
+                turn_id=turn.turn_id,
+                state=turn.state.value,
+                decision=action,
+            )
 
     def intake_refused(self, capability: str) -> None:
         if self._events is not None:
@@ -275,7 +309,18 @@ class Tracker:
         if self._events is not None:
             self._events.ledgers_verified(ledgers=ledgers, failures=failures)
 
-    def attempt_started(self, *, process: bool = False) -> None:
+    def attempt_started(
+        self, active: ActiveTurn | None = None, attempt: int = 0, *, process: bool = False
+    ) -> None:
+        """An attempt of *active*'s turn (number *attempt*) began."""
+        if active is not None and self.feed is not None:
+            self.feed.publish(
+                "attempt.started",
+                session_id=active.session_id,
+                turn_id=active.turn_id,
+                state="running",
+                attempt=attempt,
+            )
         self._attempts_running += 1
         if process:
             self._process_running += 1
@@ -329,3 +374,16 @@ class Tracker:
             }
             for a in active
         ]
+
+
+def _attempt_ended(feed: Feed, session_id: str, turn_id: int, attempt: AttemptRecord) -> None:
+    feed.publish(
+        "attempt.ended",
+        session_id=session_id,
+        turn_id=turn_id,
+        attempt=attempt.attempt,
+        decision=attempt.decision,
+        reason_code=attempt.reason_code,
+        executor_id=attempt.executor_id,
+        detail=attempt.outcome,
+    )

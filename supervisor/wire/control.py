@@ -38,6 +38,10 @@ __all__ = [
     "EscalationResolveParams",
     "EscalationsList",
     "EscalationsResolve",
+    "EventsSubscribe",
+    "EventsSubscribeParams",
+    "EventsUnsubscribe",
+    "EventsUnsubscribeParams",
     "ExecutorsList",
     "ExecutorsListParams",
     "ExecutorsWait",
@@ -334,6 +338,38 @@ class Drain(_Request, frozen=True, tag="drain"):
     params: NoParams = NoParams()
 
 
+_SessionIds: TypeAlias = Annotated[
+    frozenset[Annotated[str, Meta(max_length=256)]], Meta(max_length=1000)
+]
+_TurnIds: TypeAlias = Annotated[frozenset[Annotated[int, Meta(ge=1)]], Meta(max_length=10_000)]
+
+
+class EventsSubscribeParams(Struct, frozen=True):
+    """Which changes to push (`supervisor.feed`): of these sessions, turns, kinds (absent: any),
+    after this cursor (an event's ``cursor``: every later event still kept comes first)."""
+
+    sessions: (
+        Annotated[frozenset[Annotated[str, Meta(max_length=256)]], Meta(max_length=1000)] | None
+    ) = None
+    turns: Annotated[frozenset[Annotated[int, Meta(ge=1)]], Meta(max_length=10_000)] | None = None
+    kinds: frozenset[str] | None = None
+    after: Annotated[str, Meta(max_length=64)] | None = None
+
+
+class EventsSubscribe(_Request, frozen=True, tag="events.subscribe"):
+    params: EventsSubscribeParams = EventsSubscribeParams()
+
+
+class EventsUnsubscribeParams(Struct, frozen=True):
+    """The subscription to end: the ``id`` of the ``events.subscribe`` request that began it."""
+
+    subscription: RequestId
+
+
+class EventsUnsubscribe(_Request, frozen=True, tag="events.unsubscribe"):
+    params: EventsUnsubscribeParams
+
+
 ControlRequest: TypeAlias = (
     Ping
     | SessionOpen
@@ -351,6 +387,8 @@ ControlRequest: TypeAlias = (
     | EscalationsResolve
     | LedgerVerify
     | Drain
+    | EventsSubscribe
+    | EventsUnsubscribe
 )
 
 _REQUEST_TYPES: Final[tuple[type[_Request], ...]] = (
@@ -370,6 +408,8 @@ _REQUEST_TYPES: Final[tuple[type[_Request], ...]] = (
     EscalationsResolve,
     LedgerVerify,
     Drain,
+    EventsSubscribe,
+    EventsUnsubscribe,
 )
 _OP_OF: Final[dict[type[_Request], str]] = {t: str(t.__struct_config__.tag) for t in _REQUEST_TYPES}
 #: Every operation name, sorted.

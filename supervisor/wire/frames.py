@@ -34,6 +34,7 @@ __all__ = [
     "FrameWriter",
     "decode_body",
     "encode_frame",
+    "frame_of",
     "read_frame",
     "undecodable",
     "write_frame",
@@ -138,6 +139,11 @@ def encode_frame(obj: object, *, max_bytes: int | None = None) -> bytes:
     if max_bytes is not None and size > max_bytes:
         raise FrameTooLarge(size=size, max_bytes=max_bytes)
     return _HEADER.pack(size) + body
+
+
+def frame_of(*parts: bytes) -> bytes:
+    """The frame whose body is the concatenation of *parts* (already encoded JSON pieces)."""
+    return _HEADER.pack(sum(map(len, parts))) + b"".join(parts)
 
 
 def decode_body(body: bytes | bytearray | memoryview) -> dict[str, Any]:
@@ -342,13 +348,16 @@ class FrameWriter:
             if self._error is not None:
                 raise self._error
 
-    def send_nowait(self, data: bytes, *, cork: bool) -> bool:
+    def send_nowait(self, data: bytes, *, cork: bool, last: bool = False) -> bool:
         """`send` without waiting (corked mode only), for callers that are not tasks: written
         at once when nothing is queued and ``cork`` is false (what the kernel does not take
         is queued), else queued for the writer's next batch. False, with nothing sent, when
         the writer is not running, has failed, or holds more than ``high_water`` bytes: the
-        caller sends with `send` from a task instead."""
-        if self._error is not None or not self._running or self._queued > self._high_water:
+        caller sends with `send` from a task instead. ``last``: queue it even past
+        ``high_water`` (one small closing frame, e.g. why a stream was cut off)."""
+        if self._error is not None or not self._running:
+            return False
+        if self._queued > self._high_water and not last:
             return False
         sock = self._sock
         direct = not cork and sock is not None and not self._chunks and not self._busy

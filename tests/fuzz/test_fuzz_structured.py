@@ -149,6 +149,12 @@ CONTROL: Final[dict[str, dict[str, Any]]] = {
     },
     "ledger.verify": {"id": 16, "op": "ledger.verify", "params": {"session_id": SID}},
     "drain": {"id": None, "op": "drain", "params": {}},
+    "events.subscribe": {
+        "id": 17,
+        "op": "events.subscribe",
+        "params": {"sessions": [SID], "kinds": ["turn.ended"], "after": "a1b2c3d4:0"},
+    },
+    "events.unsubscribe": {"id": 18, "op": "events.unsubscribe", "params": {"subscription": 17}},
 }
 
 #: One valid message of each kind an executor sends (docs/protocol.md section 3).
@@ -454,8 +460,9 @@ def test_helper_messages(
 
 # --- over real sockets -------------------------------------------------------------------------
 
-#: Operations that wait (a valid one waits its timeout_s) or stop the daemon: never sent.
-_NOT_SENT: Final = frozenset({"drain", "turn.wait", "executors.wait"})
+#: Operations that wait (a valid one waits its timeout_s), stop the daemon, or push frames
+#: after their answer (a subscription): never sent.
+_NOT_SENT: Final = frozenset({"drain", "turn.wait", "executors.wait", "events.subscribe"})
 #: The frames of issue 19 (the request body is 17 bytes: header 00 00 00 11).
 _ISSUE_19_REQUEST: Final = b'{"id":1,"op":"\xc0"}'
 _ISSUE_19_HELLO: Final = b'{"type":"\xc0"}'

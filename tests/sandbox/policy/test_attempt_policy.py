@@ -1,4 +1,5 @@
-"""decide_attempt: DESIGN.md's mapping of outcome x phase x attempt to a verdict."""
+"""decide_attempt: the mapping of outcome x phase x attempt to a verdict (docs/policy.md,
+"How the seeds combine")."""
 
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ def _decide(outcome: object, phase: object, attempt: object = 1, **kw: object) -
 def test_from_exit_code(
     kwargs: dict[str, object], kind: OutcomeKind, fault: ExecutionFaultType | None
 ) -> None:
-    """Process endings map as DESIGN.md says; breach > limit > deadline > signal > code."""
+    """Process endings map as docs/policy.md says (item 3): breach > limit > deadline > signal
+    > code."""
     outcome = AttemptOutcome.from_exit_code(**kwargs)  # type: ignore[arg-type]
     assert (outcome.kind, outcome.fault_type) == (kind, fault)
 
@@ -395,7 +397,7 @@ def _safe(kind: ExecutorResponseType, *, partial: bool = False) -> ExecutionSafe
 def test_outcome_from_response(
     result: ExecutionSafetyResult, kind: OutcomeKind, fault: ExecutionFaultType | None
 ) -> None:
-    """Executor responses map to outcomes as DESIGN.md 'Executor responses' says."""
+    """Executor responses map to outcomes as docs/policy.md says (item 4)."""
     outcome = outcome_from_response(result)
     assert (outcome.kind, outcome.fault_type) == (kind, fault)
 

@@ -10,6 +10,7 @@ import anyio
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import TurnKind, TurnState
+from supervisor.feed import Feed
 from supervisor.store.protocol import Claim, TurnRecord
 from supervisor.turns import tracker as tracker_module
 from supervisor.turns.tracker import ActiveTurn, Tracker, TurnEvents
@@ -85,7 +86,7 @@ async def test_a_turn_through_a_retry_to_success_is_counted_as_the_runner_report
     """Track, start, retry, start again, end, remove: each step shows in the statistics."""
     tracker = Tracker()
     turn = _turn(accepted_us=1_234)
-    tracker.accepted()
+    tracker.accepted(turn)
     active = tracker.add(turn, _claim(turn))
     stats = tracker.statistics()
     assert (stats.turns_active, stats.turns_queued, stats.oldest_queued_us) == (1, 1, 1_234)
@@ -97,7 +98,7 @@ async def test_a_turn_through_a_retry_to_success_is_counted_as_the_runner_report
     assert (stats.attempts_running, stats.turns_queued, stats.oldest_queued_us) == (1, 0, None)
     assert stats.process_turns_running == 0
 
-    tracker.retried(_attempt(1))
+    tracker.retried(turn.session_id, turn.turn_id, _attempt(1))
     active.move(TurnState.WAITING_RETRY)
     tracker.attempt_ended()
     stats = tracker.statistics()
@@ -439,7 +440,7 @@ async def test_retries_refusals_and_verifications_are_forwarded_to_the_sink() ->
     events = RecordingEvents()
     tracker = Tracker(events=events)
     retry = _attempt(1, "RETRY")
-    tracker.retried(retry)
+    tracker.retried("S1", 1, retry)
     tracker.intake_refused("write")
     tracker.ledgers_verified(ledgers=3, failures=1)
     assert events.calls == [
@@ -452,7 +453,7 @@ async def test_retries_refusals_and_verifications_are_forwarded_to_the_sink() ->
 async def test_without_a_sink_the_tracker_still_counts() -> None:
     """No sink: every report is dropped, and `ended` still counts the finish."""
     tracker = Tracker()
-    tracker.retried(_attempt(1))
+    tracker.retried("S1", 1, _attempt(1))
     tracker.intake_refused("execute")
     tracker.ledgers_verified(ledgers=1, failures=0)
     tracker.ended(_turn(state=TurnState.FAILED), [_attempt(1, "FAIL")], [_line(1)])
@@ -464,3 +465,31 @@ async def test_an_active_turn_is_a_plain_object_not_compared_by_value() -> None:
     first = ActiveTurn(1, "s-1", 1, TurnKind.INSTRUCTION, TurnState.ACCEPTED, None)
     second = ActiveTurn(1, "s-1", 1, TurnKind.INSTRUCTION, TurnState.ACCEPTED, None)
     assert first != second
+
+
+async def test_what_happens_to_a_turn_goes_to_the_feed_in_order() -> None:
+    """With a feed (`supervisor.feed`), the tracker publishes a turn's acceptance, its
+    attempts' starts and decisions, and its ending, in the order they happened."""
+    feed = Feed(epoch="e1")
+    tracker = Tracker(feed=feed)
+    turn = _turn(accepted_us=1_234)
+    tracker.accepted(turn)
+    active = tracker.add(turn, _claim(turn))
+    tracker.attempt_started(active, 1)
+    tracker.retried(turn.session_id, turn.turn_id, _attempt(1, "RETRY"))
+    tracker.attempt_started(active, 2)
+    ended = replace(_turn(state=TurnState.SUCCEEDED), attempt=2)
+    tracker.ended(ended, [_attempt(2, "SUCCEED")])
+    events = list(feed.recent())
+    assert [(e.kind, e.attempt) for e in events] == [
+        ("turn.accepted", None),
+        ("attempt.started", 1),
+        ("attempt.ended", 1),
+        ("attempt.started", 2),
+        ("attempt.ended", 2),
+        ("turn.ended", 2),
+    ]
+    assert {e.turn_id for e in events} == {turn.turn_id}
+    assert events[2].decision == "RETRY"
+    assert events[-1].state == "succeeded"
+    assert [e.cursor for e in events] == [f"e1:{n}" for n in range(1, 7)]

@@ -15,6 +15,7 @@ from supervisor.turns.requests import turn_request
 from supervisor.wire.control import (
     OPERATIONS,
     EscalationsResolve,
+    EventsSubscribe,
     ExecutorsWait,
     Ping,
     RequestDecodeError,
@@ -45,7 +46,15 @@ def test_every_operation_decodes() -> None:
     """Each operation decodes to its own Struct; params default when optional."""
     assert op_of(decode_request(_body(op="ping"))) == "ping"
     assert isinstance(decode_request(_body(id=7, op="ping", params={})), Ping)
-    assert len(OPERATIONS) == 16
+    assert len(OPERATIONS) == 18
+    subscribe = decode_request(
+        _body(id=3, op="events.subscribe", params={"turns": [4, 5], "kinds": ["turn.ended"]})
+    )
+    assert isinstance(subscribe, EventsSubscribe)
+    assert subscribe.params.turns == frozenset({4, 5})
+    assert subscribe.params.sessions is None
+    assert op_of(decode_request(_body(op="events.subscribe"))) == "events.subscribe"
+    assert _error(_body(op="events.unsubscribe")).code == "bad_request"  # names no subscription
     for op in ("session.list", "status", "executors.list", "escalations.list", "drain"):
         assert op_of(decode_request(_body(op=op))) == op
     for op in ("turns.list", "ledger.verify"):
