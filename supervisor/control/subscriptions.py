@@ -3,10 +3,11 @@
 A subscription is answered at once (``{"id", "ok": true, "result": {"cursor", "gap",
 "replayed"}}``), then pushed one frame per event, ``{"id": <the subscribe request's id>,
 "event": {...}}``, until the client ends it (``events.unsubscribe``, or closing the
-connection) or it is cut off: a client that stops reading while its connection's writer holds
-its limit gets one last frame, ``{"id", "ok": false, "error": {"code": "subscriber_too_slow",
-"message", "resume_after"}}``, and nothing more (`supervisor.feed`). No task runs per
-subscription: the feed's publish hands each event to the connection's writer without waiting.
+connection) or it is cut off: a client that stops reading while its connection holds 1 MiB of
+unread frames (`MAX_UNREAD_BYTES`, the most the daemon keeps for it) gets one last frame,
+``{"id", "ok": false, "error": {"code": "subscriber_too_slow", "message", "resume_after"}}``,
+and nothing more (`supervisor.feed`). No task runs per subscription: the feed's publish hands
+each event to the connection's writer without waiting.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ __all__ = ["MAX_SUBSCRIPTIONS", "Subscriptions"]
 
 #: subscriptions one connection may hold at once
 MAX_SUBSCRIPTIONS: Final = 64
+#: unread bytes a connection may hold for its subscriptions before they are cut off (the
+#: writer's own limit, 4 MiB, is for answers): 100 stalled subscribers cost at most 100 MiB
+MAX_UNREAD_BYTES: Final = 1024 * 1024
 
 _EVENT: Final = b',"event":'
 _log = get_logger("supervisor.control.subscriptions")
@@ -85,6 +89,8 @@ class Subscriptions:
         writer = self._writer
 
         def deliver(_event: Event, body: bytes) -> bool:
+            if writer.queued > MAX_UNREAD_BYTES:
+                return False
             return writer.send_nowait(frame_of(head, _EVENT, body, b"}"), cork=True)
 
         sub = Subscriber(event_filter, deliver, lambda reason: self._cut(rid, reason))

@@ -374,6 +374,11 @@ class FrameWriter:
         self._wakeup.set()
         return True
 
+    @property
+    def queued(self) -> int:
+        """Bytes handed to the writer and not yet to the kernel (corked mode)."""
+        return self._queued
+
     async def send_frame(self, obj: object, *, max_bytes: int | None = None) -> None:
         """Encode ``obj`` as a frame and send it."""
         await self.send(encode_frame(obj, max_bytes=max_bytes))
