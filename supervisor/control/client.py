@@ -139,6 +139,11 @@ class ControlClient:
                 await self._stream.aclose()
         return None
 
+    @property
+    def closed(self) -> bool:
+        """The connection ended (the daemon closed it, or this client did)."""
+        return self._closed
+
     async def _reader(self, stream: anyio.abc.SocketStream) -> None:
         reader = FrameReader(stream, max_bytes=self._max_frame_bytes)
         try:
