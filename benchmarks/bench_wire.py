@@ -149,7 +149,7 @@ CONTROL: Final[dict[str, bytes]] = {
         "escalations.resolve": {
             "id": 6,
             "op": "escalations.resolve",
-            "params": {"turn_id": 9, "action": "retry"},
+            "params": {"turn_id": 9, "action": "retry", "reason": "disk freed"},
         },
     }.items()
 }

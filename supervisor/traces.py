@@ -5,8 +5,9 @@ Design notes
 ------------
 * **Spans are written when a turn ends**, from its durable record: the turn span runs from
   acceptance to the ending, each attempt span from the attempt's start to its outcome, with the
-  decision, reason code, fault type and executor as attributes. Nothing is traced on the hot
-  path while a turn runs, and a daemon restart loses no span of a turn that ends afterwards.
+  decision, reason code, fault type, executor and queue wait (``hunter.queue_wait_ms``) as
+  attributes. Nothing is traced on the hot path while a turn runs, and a daemon restart loses
+  no span of a turn that ends afterwards.
 * **The ids are known in advance.** A turn's trace id and span ids are derived from the turn
   (its id and acceptance time) and the attempt's instruction id, so the W3C ``traceparent`` of an
   attempt can be put into the instruction envelope when it is sent, long before its span is
@@ -146,6 +147,9 @@ class TurnTraces:
     def attempt_decided(self, attempt: AttemptRecord) -> None:
         """Attempt spans are written with their turn's."""
 
+    def attempt_queued(self, command_type: str, seconds: float) -> None:
+        """On the attempt's span, from its record (``hunter.queue_wait_ms``)."""
+
     def intake_refused(self, capability: str) -> None:
         """Not traced."""
 
@@ -205,6 +209,10 @@ class TurnTraces:
                             "hunter.decision": attempt.decision or "",
                             "hunter.reason_code": attempt.reason_code or "",
                             "hunter.delay_ms": attempt.delay_ms or 0,
+                            # how long it waited for a slot (the attribute absent: unknown)
+                            "hunter.queue_wait_ms": (
+                                "" if attempt.queued_ms is None else attempt.queued_ms
+                            ),
                         }
                     ),
                 )
@@ -221,6 +229,10 @@ class FanOut:
     def attempt_decided(self, attempt: AttemptRecord) -> None:
         for sink in self._sinks:
             sink.attempt_decided(attempt)
+
+    def attempt_queued(self, command_type: str, seconds: float) -> None:
+        for sink in self._sinks:
+            sink.attempt_queued(command_type, seconds)
 
     def turn_ended(self, turn: TurnRecord, ledger_lines: Sequence[SealedLine]) -> None:
         for sink in self._sinks:

@@ -2,7 +2,11 @@
 
 Stores keep it, ledgers and `hunter turn show` print it, the attempt loop produces it. Fields a
 kind does not have stay ``None``; what only one kind knows (a process's signal, stdout excerpt,
-realized writes; an executor's safety reason code) goes in ``extra``, a JSON-ready mapping.
+realized writes; an executor's safety reason code) goes in ``extra``, a JSON-ready mapping. So
+does the attempt's queue wait (``extra["queued_ms"]``, `AttemptRecord.queued_ms`): it cannot be
+derived from the times, since an attempt may wait inside its own ``started_us``..``finished_us``
+(the executor hub's queue) and a turn taken over after a restart did not wait for a slot while
+no daemon ran.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ from types import MappingProxyType
 
 from sandbox.policy.attempts import AttemptDecision, AttemptOutcome
 
-__all__ = ["AttemptRecord"]
+__all__ = ["QUEUED_MS", "AttemptRecord"]
 
 _EMPTY: Mapping[str, object] = MappingProxyType({})
+#: The ``extra`` key of the attempt's queue wait, in whole milliseconds.
+QUEUED_MS = "queued_ms"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,6 +53,20 @@ class AttemptRecord:
     def finished(self) -> bool:
         """True once the attempt has an outcome and a decision."""
         return self.decision is not None
+
+    @property
+    def queued_ms(self) -> int | None:
+        """How long the attempt waited before it ran, in milliseconds: for an executor slot (an
+        instruction: parked in the turn core, then in the executor hub's queue), for its
+        session's lock and a process slot (a process). None when it was not recorded: an
+        attempt still waiting in the hub's queue, one restored from a ledger, or one recorded
+        before queue waits were."""
+        value = self.extra.get(QUEUED_MS)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def with_queued_ms(self, queued_ms: int) -> AttemptRecord:
+        """This record with its queue wait recorded (``extra["queued_ms"]``)."""
+        return replace(self, extra=MappingProxyType({**self.extra, QUEUED_MS: max(0, queued_ms)}))
 
     def decided(
         self,

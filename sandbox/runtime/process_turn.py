@@ -294,8 +294,10 @@ class ProcessTurn:
         options: RetryOptions,
         delay: Callable[[float], Awaitable[None]],
         entropy_detector: EntropyDetector | None,
+        first_attempt: int = 1,
     ) -> TurnResult:
-        """Run the turn (see `Session.run_process_turn`); a turn cut short is still recorded."""
+        """Run the turn (see `Session.run_process_turn`); a turn cut short is still recorded.
+        *first_attempt*: the turn's number for the first attempt run here."""
         start_ns = time.monotonic_ns()
         progress = self.progress
         try:
@@ -310,6 +312,7 @@ class ProcessTurn:
                 options=options,
                 delay=delay,
                 entropy_detector=entropy_detector,
+                first_attempt=first_attempt,
             )
         except BaseException as exc:
             # A caller that commits the entries also writes them for a turn cut short (it
@@ -530,6 +533,7 @@ class ProcessTurn:
         options: RetryOptions,
         delay: Callable[[float], Awaitable[None]],
         entropy_detector: EntropyDetector | None,
+        first_attempt: int = 1,
     ) -> TurnResult:
         start_ns = time.monotonic_ns()
         request: dict[str, object] = {
@@ -636,6 +640,8 @@ class ProcessTurn:
             clock=_now_us,
             sleep=delay,
             hooks=hooks,
+            # numbered as the turn numbers them (the daemon's records, log and ledger agree)
+            first_attempt=max(1, first_attempt),
             execution_id=self.session.session_id,
             instruction_id=lambda _n: name,
         )

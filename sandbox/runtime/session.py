@@ -177,8 +177,14 @@ class Session:
         delay: Callable[[float], Awaitable[None]] = anyio.sleep,
         entropy_detector: EntropyDetector | None = None,
         ledger_commit: Literal["sync", "caller"] = "sync",
+        first_attempt: int = 1,
     ) -> TurnResult:
         """Run one process turn (all attempts); both ledgers get their entries in every case.
+
+        ``first_attempt``: the number of its first attempt here, when the turn already had
+        attempts (the daemon runs it again after a restart or a takeover): the attempts, their
+        log events and ledger entries and the policy's count (``options.max_attempts`` is the
+        turn's whole budget) go on from it.
 
         ``ledger_commit="caller"``: the normal ending's two entries are sealed and queued but
         not synced; they are in ``TurnResult.sealed_lines`` for the caller's store to commit with
@@ -205,6 +211,7 @@ class Session:
                 options=options or RetryOptions(),
                 delay=delay,
                 entropy_detector=entropy_detector,
+                first_attempt=first_attempt,
             )
 
     async def record_instruction_turn(

@@ -153,6 +153,28 @@ def client_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def decision_options(parser: argparse.ArgumentParser, *, reason_required: bool) -> None:
+    """``--reason`` and ``--operator`` of a decision (`escalations resolve`, `turn cancel`,
+    `drain`): recorded with it, with the caller's uid the daemon reads from the socket."""
+    parser.add_argument(
+        "--reason",
+        metavar="TEXT",
+        required=reason_required,
+        help="why, in words: recorded with the decision, who took it and when"
+        + (" (required)" if reason_required else ""),
+    )
+    parser.add_argument(
+        "--operator",
+        metavar="NAME",
+        help="who decides (default: your user name; the daemon records your uid either way)",
+    )
+
+
+def decision_params(args: argparse.Namespace) -> dict[str, str]:
+    """The ``reason`` and ``operator`` params of a decision's request, those given."""
+    return {k: getattr(args, k) for k in ("reason", "operator") if getattr(args, k) is not None}
+
+
 def run_client(args: argparse.Namespace, body: Callable[[ControlClient], Awaitable[int]]) -> int:
     """Find the socket (`locate`), connect, run *body(client)*, map errors to exit codes: 2 a
     configuration that cannot be read, 10 no daemon there, 1 a refusal."""

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from supervisor.cli.client import client_options, run_client
+from supervisor.cli.client import client_options, decision_options, decision_params, run_client
 from supervisor.cli.exit_codes import EXIT_FAILED, EXIT_OK
 from supervisor.cli.output import out, table, to_json
 
@@ -193,8 +193,13 @@ def _cmd_ledger_check(args: argparse.Namespace) -> int:
         else:
             for r in result["ledgers"]:
                 out(f"ok  {r['ledger_id']}  {r['entries']} entries")
+            # in a fleet: sessions this daemon does not home (their files are on their home)
+            for e in result.get("elsewhere", ()):
+                out(f"--  {e['session_id']}  {e['detail']}")
             for f in result["failures"]:
                 out(f"BAD {f['session_id']}: {f['error']}")
+            if not (result["ledgers"] or result["failures"] or result.get("elsewhere")):
+                out("no sessions")
         return EXIT_OK if result["ok"] else EXIT_FAILED
 
     return run_client(args, body)
@@ -202,7 +207,7 @@ def _cmd_ledger_check(args: argparse.Namespace) -> int:
 
 def _cmd_drain(args: argparse.Namespace) -> int:
     async def body(client: ControlClient) -> int:
-        await client.call("drain")
+        await client.call("drain", **decision_params(args))
         out("drain started")
         return EXIT_OK
 
@@ -285,7 +290,14 @@ def add_executors_parser(subparsers: Any) -> None:
 
 def add_check_ledgers_parser(subparsers: Any) -> None:
     """Register `hunter check-ledgers`."""
-    p = subparsers.add_parser("check-ledgers", help="ask the daemon to verify session ledgers")
+    p = subparsers.add_parser(
+        "check-ledgers",
+        help="ask the daemon to verify session ledgers (in a fleet: of the sessions it homes)",
+        description="Ask the daemon to verify the exec and evidence ledgers of every session "
+        "(or one) on its root. In a fleet, a session another daemon homes is listed as "
+        "'homed by <daemon>, checked there' and is not a failure. Exit 0 when every ledger "
+        "checked is intact, 1 otherwise.",
+    )
     p.add_argument("--session", metavar="SID", help="only this session's ledgers")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     client_options(p)
@@ -295,5 +307,6 @@ def add_check_ledgers_parser(subparsers: Any) -> None:
 def add_drain_parser(subparsers: Any) -> None:
     """Register `hunter drain`."""
     p = subparsers.add_parser("drain", help="ask the daemon to drain and stop (like SIGTERM)")
+    decision_options(p, reason_required=False)
     client_options(p)
     p.set_defaults(handler=_cmd_drain)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from supervisor.cli.client import client_options, run_client
+from supervisor.cli.client import client_options, decision_options, decision_params, run_client
 from supervisor.cli.exit_codes import EXIT_OK
 from supervisor.cli.output import out, table, to_json
 from supervisor.cli.turn_commands import parse_turn_id
@@ -45,9 +45,10 @@ def _cmd_escalations_resolve(args: argparse.Namespace) -> int:
     action = "retry" if args.retry else "terminate"
 
     async def body(client: ControlClient) -> int:
-        turn = (await client.call("escalations.resolve", turn_id=args.turn_id, action=action))[
-            "turn"
-        ]
+        params = decision_params(args)
+        turn = (
+            await client.call("escalations.resolve", turn_id=args.turn_id, action=action, **params)
+        )["turn"]
         out(to_json(turn) if args.json else f"turn {turn['turn_id']}: {turn['state']}")
         return EXIT_OK
 
@@ -62,11 +63,14 @@ def add_escalations_parser(subparsers: Any) -> None:
     ls.add_argument("--json", action="store_true", help="print the list as JSON")
     client_options(ls)
     ls.set_defaults(handler=_cmd_escalations_list)
-    r = sp.add_parser("resolve", help="decide an escalated turn: --retry or --terminate")
+    r = sp.add_parser(
+        "resolve", help="decide an escalated turn: --retry or --terminate, and --reason why"
+    )
     r.add_argument("turn_id", type=parse_turn_id, help="the escalated turn's id")
     how = r.add_mutually_exclusive_group(required=True)
     how.add_argument("--retry", action="store_true", help="give the turn another attempt")
     how.add_argument("--terminate", action="store_true", help="end the turn as terminated")
+    decision_options(r, reason_required=True)
     r.add_argument("--json", action="store_true", help="print the turn as JSON")
     client_options(r)
     r.set_defaults(handler=_cmd_escalations_resolve)

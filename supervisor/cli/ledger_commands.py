@@ -6,7 +6,11 @@ every session and each ledger's head. `export` writes seed 004's layout
 (``<DIR>/planes/<tier>/sessions/<sid>/ledger/{exec,evidence}.jsonl``) from it, every line checked
 to continue its chain as it is written. `verify --store` first checks the files as `verify`
 always does (every hash and link), then compares them with the store line by line and with the
-anchored heads: an entry dropped or altered in either place is reported.
+anchored heads: an entry dropped or altered in either place is reported. Only the sessions whose
+files are under the root are compared; the others are listed with why (on a daemon's root, a
+session another daemon homes is checked there). When the root holds none, the store's lines are
+checked on their own (written out to a scratch directory as `export` writes them, then
+compared), and the command says how to compare files.
 
 The store is named by ``--dsn``, or by the ``[store]`` section of ``--config`` (as for `hunter
 serve`; the password only from ``store.password_file`` or libpq's own mechanisms).
@@ -17,10 +21,12 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import socket
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -28,7 +34,10 @@ from ledger import cli as ledger_cli
 from ledger.entries import SealedLine
 from supervisor.cli.exit_codes import EXIT_OK, EXIT_USAGE
 
-__all__ = ["export_ledgers", "register", "verify_against_store"]
+if TYPE_CHECKING:
+    from supervisor.store.fleet import DaemonRecord
+
+__all__ = ["check_store", "export_ledgers", "register", "verify_against_store"]
 
 EXIT_INTEGRITY = 1
 
@@ -38,6 +47,8 @@ class Report:
     sessions: int = 0
     lines: int = 0
     problems: list[str] = field(default_factory=list)
+    #: sessions of the store not compared with files under the root, each with why
+    skipped: list[str] = field(default_factory=list)
 
 
 def register(actions: Any, verify: argparse.ArgumentParser) -> None:
@@ -100,26 +111,57 @@ def _export_command(args: argparse.Namespace) -> int:
 
 
 def _verify_command(args: argparse.Namespace, plain: Any) -> int:
-    code = int(plain(args))
+    from ledger.verify import session_dirs
+
     if not args.store:
-        return code
-    if args.root is None:
+        return int(plain(args))
+    root: Path | None = args.root
+    if root is None:
         sys.stderr.write("hunter ledger verify: --store needs --root DIR\n")
         return EXIT_USAGE
+    if not args.paths and root.is_dir() and not session_dirs(root):
+        # nothing for the file checks: say so (the store is checked below all the same)
+        sys.stdout.write(f"{root} holds no session ledger files\n")
+        code = EXIT_OK
+    else:
+        code = int(plain(args))
+        if code == EXIT_USAGE:
+            return code
     try:
         dsn = _dsn(args)
     except Exception as exc:
         sys.stderr.write(f"hunter ledger verify: {exc}\n")
         return EXIT_USAGE
-    report = anyio.run(verify_against_store, dsn, args.root, args.session)
+    report = anyio.run(verify_against_store, dsn, root, args.session)
+    for note in report.skipped:
+        sys.stdout.write(f"--  {note}\n")
     for problem in report.problems:
         sys.stdout.write(f"MISMATCH {problem}\n")
-    if not report.problems:
+    if report.problems:
+        return EXIT_INTEGRITY
+    if report.sessions:
+        others = f"; {len(report.skipped)} not compared here (above)" if report.skipped else ""
+        sessions = f"{report.sessions} session{'' if report.sessions == 1 else 's'}"
         sys.stdout.write(
-            f"store: {report.lines} lines of {report.sessions} sessions match the files and"
-            " the anchored heads\n"
+            f"store: {report.lines} lines of {sessions} match the files and the anchored"
+            f" heads{others}\n"
         )
-    return max(code, EXIT_INTEGRITY if report.problems else EXIT_OK)
+        return code
+    # No file here to compare with the store: check what the store holds on its own.
+    own = anyio.run(check_store, dsn, args.session)
+    for problem in own.problems:
+        sys.stdout.write(f"MISMATCH {problem}\n")
+    if own.problems:
+        return EXIT_INTEGRITY
+    sessions = f"{own.sessions} session{'' if own.sessions == 1 else 's'}"
+    sys.stdout.write(
+        f"store: {own.lines} lines of {sessions} form whole chains that end at their anchored"
+        f" heads (checked on their own: no file under {root} was compared with them)\n"
+        "to compare a session's files with the store, run this on the root of the daemon that"
+        " homes it, or `hunter ledger export --root DIR`, then `hunter ledger verify --root DIR"
+        " --store`\n"
+    )
+    return code
 
 
 async def export_ledgers(dsn: str, out: Path, session_id: str | None) -> Report:
@@ -155,8 +197,27 @@ async def export_ledgers(dsn: str, out: Path, session_id: str | None) -> Report:
     return report
 
 
+def _daemon_of(daemons: list[DaemonRecord], root: Path) -> str | None:
+    """The daemon whose root *root* is (on this host, as its last heartbeat says), if any."""
+    try:
+        wanted = root.resolve()
+    except OSError:
+        return None
+    host = socket.gethostname()
+    for daemon in daemons:  # newest heartbeat first
+        said = daemon.info.get("root")
+        if daemon.host == host and isinstance(said, str) and Path(said) == wanted:
+            return daemon.owner
+    return None
+
+
 async def verify_against_store(dsn: str, root: Path, session_id: str | None) -> Report:
-    """Compare the files under *root* with the store's lines and heads, ledger by ledger."""
+    """Compare the files under *root* with the store's lines and heads, ledger by ledger.
+
+    Only the sessions whose files are there: a session without files under *root* is noted
+    in `Report.skipped`, not a mismatch (unless *root* is the root of the daemon homing it,
+    which must have them). On the root of a daemon of the fleet, a session another daemon homes
+    is noted as checked there: the files here hold what this daemon wrote while it homed it."""
     from ledger import session_dir_for
     from ledger.tail import read_sealed_lines
     from supervisor.store.postgres import open_postgres_store
@@ -168,10 +229,32 @@ async def verify_against_store(dsn: str, root: Path, session_id: str | None) -> 
         else:
             records = await store.list_sessions()
         heads = {h.ledger_id: h for h in await store.ledger_heads()}
+        homes = await store.session_homes(None if session_id is None else [session_id])
+        here = _daemon_of(await store.daemons(), root)
         for record in records:
             sid = record.session_id
-            report.sessions += 1
             ledger_dir = session_dir_for(root, record.tier, sid) / "ledger"
+            home = homes.get(sid)
+            if here is not None and home is not None and home != here:
+                report.skipped.append(
+                    f"{sid}: homed by {home}, checked there ({root} is the root of {here})"
+                )
+                continue
+            if not any((ledger_dir / f"{role}.jsonl").exists() for role in ("exec", "evidence")):
+                if here is not None and home == here:
+                    report.problems.append(
+                        f"{sid}: homed by {here}, the daemon of this root, but {ledger_dir}"
+                        " holds no ledger files"
+                    )
+                else:
+                    where = (
+                        f"homed by {home}: its files are on that daemon's root"
+                        if home
+                        else f"{record.state.value}, homed by no daemon now"
+                    )
+                    report.skipped.append(f"{sid}: no ledger files under {root} ({where})")
+                continue
+            report.sessions += 1
             for role in ("exec", "evidence"):
                 ledger_id = f"{sid}/{role}"
                 stored = await store.ledger_lines([ledger_id])
@@ -208,6 +291,17 @@ async def verify_against_store(dsn: str, root: Path, session_id: str | None) -> 
                         f" seq {head.seq}"
                     )
     return report
+
+
+async def check_store(dsn: str, session_id: str | None) -> Report:
+    """What the store holds, on its own: every session's lines written out (each checked to
+    continue its chain, as `export_ledgers` does) to a scratch directory, then compared with
+    the store's lines and anchored heads there; the directory is removed."""
+    with tempfile.TemporaryDirectory(prefix="hunter-ledger-") as scratch:
+        exported = await export_ledgers(dsn, Path(scratch), session_id)
+        if exported.problems:
+            return exported
+        return await verify_against_store(dsn, Path(scratch), session_id)
 
 
 def _compare(ledger_id: str, found: list[SealedLine], stored: list[SealedLine]) -> list[str]:

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from supervisor.cli.client import client_options, run_client
+from supervisor.cli.client import client_options, decision_options, decision_params, run_client
 from supervisor.cli.exit_codes import (
     EXIT_FAILED,
     EXIT_NOT_SETTLED,
@@ -244,7 +244,8 @@ def _not_settled(turn_id: int, timeout_s: float, turn: dict[str, Any]) -> str:
 
 def _cmd_turn_cancel(args: argparse.Namespace) -> int:
     async def body(client: ControlClient) -> int:
-        turn = (await client.call("turn.cancel", turn_id=args.turn_id))["turn"]
+        params = decision_params(args)
+        turn = (await client.call("turn.cancel", turn_id=args.turn_id, **params))["turn"]
         out(to_json(turn) if args.json else f"turn {turn['turn_id']}: {turn['state']}")
         return EXIT_OK
 
@@ -340,5 +341,7 @@ def add_turn_parser(subparsers: Subparsers) -> None:
                 f" stderr and exit {EXIT_NOT_SETTLED} (default: wait until it settles)",
             )
             t.add_argument("--compact", action="store_true", help=_COMPACT_HELP)
+        if name == "cancel":
+            decision_options(t, reason_required=False)
         client_options(t)
         t.set_defaults(handler=handler)

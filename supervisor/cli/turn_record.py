@@ -1,7 +1,8 @@
 """A turn's decision record, readable (``hunter turn show``; Temporal's ``workflow show`` is the
-model): what was asked, how it ended and why, every attempt with its times, fault, decision and
-the backoff before the next one, a process turn's outputs, violations and stdout/stderr tails, an
-instruction turn's executor answer, and the hashes of the turn's ledger entries.
+model): what was asked, how it ended and why, every attempt with its times, its wait for a slot
+(``QUEUED_MS``; ``MS`` is how long it ran), fault, decision and the backoff before the next one,
+a process turn's outputs, violations and stdout/stderr tails, an instruction turn's executor
+answer, and the hashes of the turn's ledger entries.
 
 The input is the JSON of the control API (``turn.get``: ``turn`` and ``ledger``); nothing here
 talks to the daemon.
@@ -24,6 +25,7 @@ _ATTEMPT_COLUMNS: Final = (
     "EXECUTOR",
     "STARTED",
     "ENDED",
+    "QUEUED_MS",
     "MS",
     "OUTCOME",
     "FAULT",
@@ -56,6 +58,27 @@ def _what(turn: Mapping[str, Any]) -> str:
     return " ".join(str(a) for a in spec.get("argv", []))
 
 
+def _waited(turn: Mapping[str, Any]) -> str | None:
+    """The "waited:" line: how long the attempts waited before they ran (their ``queued_ms``),
+    for what; None when no attempt says."""
+    known = [
+        (a["attempt"], a["queued_ms"])
+        for a in turn.get("attempts") or []
+        if isinstance(a.get("queued_ms"), int)
+    ]
+    if not known:
+        return None
+    what = (
+        "the session's lock and a process slot" if turn["kind"] == "process" else "an executor slot"
+    )
+    waits = [(n, q) for n, q in known if q]
+    if len(waits) == 1:
+        return f"{waits[0][1]} ms for {what} before attempt {waits[0][0]} ran"
+    total = sum(q for _, q in waits)
+    each = ", ".join(f"attempt {n}: {q} ms" for n, q in waits)
+    return f"{total} ms for {what}" + (f" ({each})" if each else "")
+
+
 def _header(turn: Mapping[str, Any]) -> list[str]:
     spec = turn["spec"]
     decided = f"  ({turn['verdict']} {turn['reason_code']})" if turn.get("verdict") else ""
@@ -68,6 +91,16 @@ def _header(turn: Mapping[str, Any]) -> list[str]:
         lines.append(_line("reason", turn["reason"]))
     if turn.get("fault_type"):
         lines.append(_line("fault", turn["fault_type"]))
+    by = (turn.get("result") or {}).get("decided_by")
+    if isinstance(by, Mapping):  # a person's decision: who, from which uid, when, why
+        why = f": {by['reason']}" if by.get("reason") else " (no reason given)"
+        lines.append(
+            _line(
+                "decided",
+                f"{by.get('action')} by {by.get('operator')} (uid {by.get('uid')})"
+                f" at {_when(by.get('at_us'))}{why}",
+            )
+        )
     asked = [f"timeout {spec['timeout_ms']} ms"] if spec.get("timeout_ms") else []
     if spec.get("phase"):
         asked.append(f"phase {spec['phase']}")
@@ -76,6 +109,9 @@ def _header(turn: Mapping[str, Any]) -> list[str]:
     if asked:
         lines.append(_line("asked", ", ".join(asked)))
     lines.append(_line("accepted", _when(turn.get("accepted_us"))))
+    waited = _waited(turn)
+    if waited is not None:
+        lines.append(_line("waited", waited))
     finished, accepted = turn.get("finished_us"), turn.get("accepted_us")
     if isinstance(finished, int) and isinstance(accepted, int):
         took = (finished - accepted) / 1000
@@ -99,6 +135,7 @@ def _attempts(turn: Mapping[str, Any]) -> list[str]:
                 a.get("executor_id") or ("sandbox" if turn["kind"] == "process" else "-"),
                 _when(a.get("started_us"), date=False),
                 _when(a.get("finished_us"), date=False) if a.get("finished_us") else "running",
+                a.get("queued_ms") if a.get("queued_ms") is not None else "-",
                 a.get("duration_ms") if a.get("duration_ms") is not None else "-",
                 a.get("outcome") or "-",
                 a.get("fault_type") or "-",

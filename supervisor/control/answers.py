@@ -27,8 +27,16 @@ __all__ = [
 
 def turn_answer(turn: TurnRecord, answer: TurnAnswer = "full") -> dict[str, object]:
     """The turn object of an answer: the whole record, or with ``answer="compact"`` only its
-    outcome (`compact_turn`)."""
-    return turn.to_dict() if answer == "full" else compact_turn(turn)
+    outcome (`compact_turn`). Each attempt of the whole record also says how long it waited
+    for a slot before it ran (``queued_ms``: `AttemptRecord.queued_ms`, null when unknown)."""
+    if answer != "full":
+        return compact_turn(turn)
+    data = turn.to_dict()
+    shown = data["attempts"]
+    assert isinstance(shown, list)
+    for entry, attempt in zip(shown, turn.attempts, strict=True):
+        entry["queued_ms"] = attempt.queued_ms
+    return data
 
 
 def compact_turn(turn: TurnRecord) -> dict[str, object]:
@@ -65,6 +73,7 @@ _LEDGER_FIELDS: Final = (
     "query_hash",
     "result_hash",
     "status",
+    "decided_by",  # an evidence entry's: who decided a cancel or an operator's terminate
 )
 
 

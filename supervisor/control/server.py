@@ -33,7 +33,8 @@ Operations (params -> result):
   serves the command type)
 * ``turn.get`` {turn_id} -> {turn, ledger} (``ledger``: the turn's exec and evidence entries,
   their hashes); ``turn.wait`` {turn_id, timeout_s?, until?: [states], answer?} ->
-  {turn} once final, escalated, or in one of ``until``; ``turn.cancel`` {turn_id} -> {turn};
+  {turn} once final, escalated, or in one of ``until``; ``turn.cancel`` {turn_id, reason?,
+  operator?} -> {turn};
   ``turns.list`` {session_id?, after_turn_id?, limit? (1..500)} -> {turns, next_after} (a page,
   oldest first; pass ``next_after`` as ``after_turn_id`` for the next one, null at the end)
 * ``status`` -> {daemon, turn_core (also under its former key scheduler, for one release),
@@ -44,9 +45,14 @@ Operations (params -> result):
 * ``executors.list`` {after_executor_id?, limit? (1..1000)} -> {executors, next_after} (a page
   by id); ``executors.wait`` {executor_id, status?, timeout_s?}
 * ``escalations.list`` -> {escalations}; ``escalations.resolve`` {turn_id, action:
-  "retry"|"terminate"} -> {turn}
-* ``ledger.verify`` {session_id?} -> {ok, ledgers, failures}
-* ``drain`` -> {draining: true} (the drain starts once the answer is written)
+  "retry"|"terminate", reason, operator?} -> {turn}
+* ``ledger.verify`` {session_id?} -> {ok, ledgers, failures, elsewhere} (``elsewhere``, in a
+  fleet: the sessions homed by another daemon, checked there)
+* ``drain`` {reason?, operator?} -> {draining: true, decided_by} (the drain starts once the
+  answer is written)
+* The three decisions (``escalations.resolve``, ``turn.cancel``, ``drain``) are attributed:
+  the caller's uid and pid from the socket's peer credentials, an operator name and a reason
+  (`supervisor.turns.decisions`)
 * ``events.subscribe`` {sessions?, turns?, kinds?, after?} -> {subscribed, cursor, gap,
   replayed}, then pushed ``{id, event}`` frames (`supervisor.control.subscriptions`);
   ``events.unsubscribe`` {subscription} -> {unsubscribed}
@@ -83,15 +89,17 @@ from supervisor.control.submits import QuickSubmits, submit_warnings
 from supervisor.control.subscriptions import Subscriptions
 from supervisor.errors import RequestError, StoreIntegrityError
 from supervisor.executors.hub import ExecutorHub
-from supervisor.executors.peercred import stream_peer_credentials
+from supervisor.executors.peercred import PeerCredentials, stream_peer_credentials
 from supervisor.feed import Feed
 from supervisor.logging import describe_error, get_logger
 from supervisor.stages import stage_costs
 from supervisor.store.protocol import TurnRecord
 from supervisor.turns.core import TurnCore
+from supervisor.turns.decisions import Decision, operator_name
 from supervisor.turns.requests import turn_request
 from supervisor.wire.control import (
     ControlRequest,
+    DrainParams,
     EscalationResolveParams,
     EventsSubscribe,
     EventsUnsubscribe,
@@ -103,6 +111,7 @@ from supervisor.wire.control import (
     SessionFilter,
     SessionOpenParams,
     SessionRef,
+    TurnCancelParams,
     TurnRef,
     TurnsListParams,
     TurnSubmit,
@@ -157,6 +166,8 @@ ERROR_CODES: Final[Mapping[str, str]] = {
 
 #: A handler takes its operation's decoded params (see ``supervisor.wire.control``).
 Handler = Callable[[Any], Awaitable[object]]
+#: ... and one of a decision also the caller's peer credentials (None: not known).
+DecisionHandler = Callable[[Any, PeerCredentials | None], Awaitable[object]]
 
 #: Operations that change state: they finish even if the client disconnects meanwhile
 #: (``turn.submit`` shields its own accept-and-schedule step, not its optional wait).
@@ -211,20 +222,23 @@ class ControlServer:
             "turn.submit": self._turn_submit,
             "turn.get": self._turn_get,
             "turn.wait": self._turn_wait,
-            "turn.cancel": self._turn_cancel,
             "turns.list": self._turns_list,
             "status": self._status,
             "executors.list": self._executors_list,
             "executors.wait": self._executors_wait,
             "escalations.list": self._escalations_list,
-            "escalations.resolve": self._escalations_resolve,
             "ledger.verify": self._ledger_verify,
+        }
+        #: decisions: attributed to the caller (`supervisor.turns.decisions`)
+        self._decisions: dict[str, DecisionHandler] = {
+            "turn.cancel": self._turn_cancel,
+            "escalations.resolve": self._escalations_resolve,
             "drain": self._drain,
         }
 
     @property
     def operations(self) -> list[str]:
-        return sorted([*self._ops, "events.subscribe", "events.unsubscribe"])
+        return sorted([*self._ops, *self._decisions, "events.subscribe", "events.unsubscribe"])
 
     async def serve(
         self,
@@ -244,7 +258,7 @@ class ControlServer:
         self._connections += 1
         creds = stream_peer_credentials(stream)
         try:
-            await self._serve_connection(stream)
+            await self._serve_connection(stream, creds)
         except Exception as exc:
             self._log.exception(
                 "control_connection_failed",
@@ -257,7 +271,9 @@ class ControlServer:
         finally:
             self._connections -= 1
 
-    async def _serve_connection(self, stream: anyio.abc.SocketStream) -> None:
+    async def _serve_connection(
+        self, stream: anyio.abc.SocketStream, peer: PeerCredentials | None
+    ) -> None:
         reader = FrameReader(stream, max_bytes=self._max_frame_bytes)
         # Corked writer: answers completed in the same event-loop pass (a group commit ends
         # many turns at once) leave in one send; a lone answer is written at once.
@@ -273,7 +289,7 @@ class ControlServer:
             subscriptions = Subscriptions(self._feed, writer)
             try:
                 await self._read_requests(
-                    reader, writer, tg, replies, in_progress, subscriptions=subscriptions
+                    reader, writer, tg, replies, in_progress, subscriptions=subscriptions, peer=peer
                 )
             finally:
                 subscriptions.close()
@@ -291,6 +307,7 @@ class ControlServer:
         in_progress: list[int],
         *,
         subscriptions: Subscriptions,
+        peer: PeerCredentials | None,
     ) -> None:
         while True:
             try:
@@ -333,16 +350,17 @@ class ControlServer:
                 self._requests += 1
                 continue  # taken without a task: its answer comes from a callback
             in_progress[0] += 1
-            tg.start_soon(self._serve_counted, writer, request, in_progress)
+            tg.start_soon(self._serve_counted, writer, request, in_progress, peer)
 
     async def _serve_counted(
         self,
         writer: FrameWriter,
         request: ControlRequest | RequestDecodeError,
         in_progress: list[int],
+        peer: PeerCredentials | None,
     ) -> None:
         try:
-            await self._serve_request(writer, request)
+            await self._serve_request(writer, request, peer)
         finally:
             in_progress[0] -= 1
 
@@ -370,14 +388,17 @@ class ControlServer:
             )
 
     async def _serve_request(
-        self, writer: FrameWriter, request: ControlRequest | RequestDecodeError
+        self,
+        writer: FrameWriter,
+        request: ControlRequest | RequestDecodeError,
+        peer: PeerCredentials | None = None,
     ) -> None:
         op = None if isinstance(request, RequestDecodeError) else op_of(request)
         if op in _STATE_CHANGING:
             with anyio.CancelScope(shield=True):
-                response = await self.handle(request)
+                response = await self.handle(request, peer=peer)
         else:
-            response = await self.handle(request)
+            response = await self.handle(request, peer=peer)
         draining = op == "drain" and response["ok"] and self._on_drain is not None
         started = _COSTS.clock()
         try:
@@ -407,10 +428,15 @@ class ControlServer:
             self._on_drain()  # after the answer is on its way: the drain may close this stream
 
     async def handle(
-        self, request: ControlRequest | RequestDecodeError | Mapping[str, object]
+        self,
+        request: ControlRequest | RequestDecodeError | Mapping[str, object],
+        *,
+        peer: PeerCredentials | None = None,
     ) -> dict[str, object]:
         """Answer one request (never raises for bad input): a decoded request, the error its
-        body decoded to, or a frame already decoded to a dict (checked here the same way)."""
+        body decoded to, or a frame already decoded to a dict (checked here the same way).
+        *peer*: who sent it (the socket's peer credentials), to whom decisions are attributed;
+        None for a request that came through no socket."""
         self._requests += 1
         if isinstance(request, Mapping):
             try:
@@ -421,7 +447,7 @@ class ControlServer:
             return {"id": request.request_id, "ok": False, "error": request.to_wire()}
         op = op_of(request)
         try:
-            result = await self._dispatch(op, request.params)
+            result = await self._dispatch(op, request.params, peer)
         except Exception as exc:
             return self._failure(request.id, op, exc)
         return {"id": request.id, "ok": True, "result": result}
@@ -448,7 +474,12 @@ class ControlServer:
             },
         }
 
-    async def _dispatch(self, op: str, params: object) -> object:
+    async def _dispatch(
+        self, op: str, params: object, peer: PeerCredentials | None = None
+    ) -> object:
+        decide = self._decisions.get(op)
+        if decide is not None:
+            return await decide(params, peer)
         handler = self._ops.get(op)
         if handler is None:  # decoded requests name known operations; kept for subclasses
             raise RequestError(
@@ -497,7 +528,7 @@ class ControlServer:
         wait = params.wait_s
         with anyio.CancelScope(shield=True):  # accepted means scheduled, client or not
             turn, created = await self._turn_core.submit(request)
-        warnings = submit_warnings(self._hub, request)
+        warnings = submit_warnings(self._hub, request, self._turn_core.served_by_peers())
         if wait is not None:
             # submit-and-wait in one round trip: answers once the turn is final or parked
             turn = await self._turn_core.wait_turn(turn.turn_id, timeout_s=float(wait))
@@ -533,8 +564,9 @@ class ControlServer:
         )
         return {"turn": turn_answer(turn, params.answer)}
 
-    async def _turn_cancel(self, params: TurnRef) -> object:
-        return {"turn": turn_answer(await self._turn_core.cancel_turn(params.id))}
+    async def _turn_cancel(self, params: TurnCancelParams, peer: PeerCredentials | None) -> object:
+        decision = await _decision("cancel", peer, params.operator, params.reason)
+        return {"turn": turn_answer(await self._turn_core.cancel_turn(params.id, decision))}
 
     async def _turns_list(self, params: TurnsListParams) -> object:
         turns = await self._turn_core.list_turns(
@@ -628,16 +660,46 @@ class ControlServer:
     async def _escalations_list(self, params: NoParams) -> object:
         return {"escalations": [turn_answer(t) for t in await self._turn_core.list_escalations()]}
 
-    async def _escalations_resolve(self, params: EscalationResolveParams) -> object:
+    async def _escalations_resolve(
+        self, params: EscalationResolveParams, peer: PeerCredentials | None
+    ) -> object:
         action = params.action
-        turn = await self._turn_core.resolve_escalation(params.id, action)
+        decision = await _decision(action, peer, params.operator, params.reason)
+        turn = await self._turn_core.resolve_escalation(params.id, action, decision)
         return {"turn": turn_answer(turn)}
 
     async def _ledger_verify(self, params: SessionFilter) -> object:
         sid = params.session_id
         return await self._turn_core.verify_ledgers(session_id=sid)
 
-    async def _drain(self, params: NoParams) -> object:
+    async def _drain(self, params: DrainParams, peer: PeerCredentials | None) -> object:
         if self._on_drain is None:
             raise RequestError("bad_request", "drain: this server cannot be drained remotely")
-        return {"draining": True}  # the drain starts once this answer is written
+        decision = await _decision("drain", peer, params.operator, params.reason)
+        self._log.info(
+            "drain_requested",
+            uid=decision.uid,
+            pid=decision.pid,
+            operator=decision.operator,
+            reason=decision.reason,
+        )
+        # the drain starts once this answer is written
+        return {"draining": True, "decided_by": decision.to_dict()}
+
+
+async def _decision(
+    action: str, peer: PeerCredentials | None, operator: str | None, reason: str | None
+) -> Decision:
+    """A decision of the caller *peer* (`supervisor.turns.decisions`): its uid and pid are the
+    kernel's, the operator name the client's or, by default, the user name of that uid (looked
+    up on a worker thread: a user database may be remote)."""
+    uid = peer.uid if peer is not None else None
+    if operator is None:
+        operator = await anyio.to_thread.run_sync(operator_name, uid)
+    return Decision.now(
+        action,
+        uid=uid,
+        pid=peer.pid if peer is not None else None,
+        operator=operator.strip(),
+        reason=reason.strip() if reason is not None else None,
+    )

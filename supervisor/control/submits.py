@@ -33,17 +33,30 @@ _OP = "turn.submit"
 Failure = Callable[[RequestId, str, Exception], dict[str, object]]
 
 
-def submit_warnings(hub: ExecutorHub, request: TurnRequest) -> list[str]:
-    """What the client should know at once (the turn is accepted either way)."""
+def submit_warnings(
+    hub: ExecutorHub, request: TurnRequest, served_by_peers: frozenset[str] | None = None
+) -> list[str]:
+    """What the client should know at once (the turn is accepted either way).
+    *served_by_peers*: in a fleet, the command types the executors of the other live daemons
+    serve (`TurnCore.served_by_peers`); a turn runs where they are (its session is handed over
+    to one of them), so it is warned of only when no daemon of the fleet serves its type."""
     spec = request.instruction
     if spec is None or hub.serving(spec.command_type):
         return []
+    command = spec.command_type.value
+    if served_by_peers is not None and command in served_by_peers:
+        return []
     queue_s = hub.settings.queue_wait_s
     wait_s = min(queue_s, spec.timeout_ms / 1000)
+    nobody = (
+        f"no connected executor serves {command}"
+        if served_by_peers is None
+        else f"no executor connected to any live daemon of the fleet serves {command}"
+    )
     return [
-        f"no connected executor serves {spec.command_type.value}: the turn waits up to"
-        f" {wait_s:g}s for one (executors.queue_wait_s={queue_s:g}s, at most its timeout),"
-        " then ends NO_CAPABLE_EXECUTOR"
+        f"{nobody}: the turn waits up to {wait_s:g}s for one"
+        f" (executors.queue_wait_s={queue_s:g}s, at most its timeout), then ends"
+        " NO_CAPABLE_EXECUTOR"
     ]
 
 
@@ -71,7 +84,7 @@ class QuickSubmits:
             _COSTS.add("admit", _COSTS.clock() - started)
         request_id = request.id
         # What the client should know at once, as of the submission (as the task path does).
-        warnings = submit_warnings(self._hub, turn)
+        warnings = submit_warnings(self._hub, turn, self._turn_core.served_by_peers())
 
         def accepted(outcome: TurnRecord | Exception) -> None:
             if isinstance(outcome, Exception):
@@ -99,6 +112,7 @@ class QuickSubmits:
     ) -> None:
         """Answer when the turn settles, or when ``wait_s`` passes (with the turn as it is)."""
         timer: list[int] = []
+        deadline = time.monotonic() + float(params.wait_s or 0.0)
 
         async def read_and_answer() -> None:
             try:
@@ -108,11 +122,23 @@ class QuickSubmits:
                 return
             replies.send(self._answer(request_id, record, params, warnings), _OP)
 
+        async def wait_and_answer() -> None:
+            # escalated (answered at once), or gone to another daemon of the fleet (a lost
+            # claim, its session handed over): waited for there, for the rest of ``wait_s``
+            try:
+                record = await self._turn_core.wait_turn(
+                    turn_id, timeout_s=max(0.0, deadline - time.monotonic())
+                )
+            except Exception as exc:
+                replies.send(self._failure(request_id, _OP, exc), _OP)
+                return
+            replies.send(self._answer(request_id, record, params, warnings), _OP)
+
         def settled(final: TurnRecord | None) -> None:
             if timer:
                 replies.timers.cancel(timer[0])
-            if final is None:  # escalated or gone elsewhere: read it
-                replies.spawn(read_and_answer)
+            if final is None:
+                replies.spawn(wait_and_answer)
             else:
                 replies.send(self._answer(request_id, final, params, warnings), _OP)
 
@@ -125,7 +151,6 @@ class QuickSubmits:
             forget()
             replies.spawn(read_and_answer)
 
-        deadline = time.monotonic() + float(params.wait_s or 0.0)
         timer.append(replies.timers.call_at(deadline, timed_out))
 
     def _answer(

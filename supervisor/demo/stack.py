@@ -351,9 +351,14 @@ async def demo_main(root: Path, *, fresh: bool, show: Callable[[str], None]) -> 
             escalated = [r for r in results if r.turn["state"] == "escalated"]
             for r in escalated:
                 turn_id = r.turn["turn_id"]
-                show(f"operator: `hunter escalations resolve {turn_id} --terminate`")
+                why = "over its memory limit by design"
+                show(
+                    f"operator: `hunter escalations resolve {turn_id} --terminate --reason '{why}'`"
+                )
                 resolved = (
-                    await client.call("escalations.resolve", turn_id=turn_id, action="terminate")
+                    await client.call(
+                        "escalations.resolve", turn_id=turn_id, action="terminate", reason=why
+                    )
                 )["turn"]
                 r.turn = resolved
                 r.ok = r.ok and resolved["state"] == "terminated"

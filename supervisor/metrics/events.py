@@ -1,5 +1,5 @@
-"""The metrics that count events as they happen: turn endings, attempt decisions, escalations,
-sandbox violations, ledger appends, syncs and verifications.
+"""The metrics that count events as they happen: turn endings, attempt decisions and queue
+waits, escalations, sandbox violations, ledger appends, syncs and verifications.
 
 `EventMetrics` implements the turn tracker's `TurnEvents` sink (the turn core calls it on the
 event loop) and takes the ledger syncer's per-batch timings (on the syncer's thread:
@@ -19,7 +19,7 @@ from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from supervisor.store.protocol import TurnRecord
 
-__all__ = ["LEDGER_SYNC_BUCKETS", "TURN_DURATION_BUCKETS", "EventMetrics"]
+__all__ = ["LEDGER_SYNC_BUCKETS", "QUEUE_WAIT_BUCKETS", "TURN_DURATION_BUCKETS", "EventMetrics"]
 
 #: Seconds, from a quick instruction (milliseconds) to a long process turn or an escalation.
 TURN_DURATION_BUCKETS: Final = (
@@ -28,6 +28,12 @@ TURN_DURATION_BUCKETS: Final = (
 #: Seconds per group-commit batch of ledger files (fdatasync or syncfs).
 LEDGER_SYNC_BUCKETS: Final = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+)  # fmt: skip
+#: Seconds an attempt waited before it ran: none (most), a moment, up to `queue_wait_s` for an
+#: executor slot, or behind a long process turn of the same session.
+QUEUE_WAIT_BUCKETS: Final = (
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+    1800.0,
 )  # fmt: skip
 #: The label value for "no fault" (a plain failure or a success has no fault type).
 NO_FAULT: Final = "none"
@@ -46,6 +52,14 @@ class EventMetrics:
             "Time from a turn's acceptance to its final state.",
             ("kind", "state"),
             buckets=TURN_DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.queue_wait = Histogram(
+            "hunter_attempt_queue_wait_seconds",
+            "Time an attempt waited before it ran: for an executor slot of its command type, "
+            "or (process) for its session's lock and a process slot.",
+            ("command_type",),
+            buckets=QUEUE_WAIT_BUCKETS,
             registry=registry,
         )
         self.attempts = Counter(
@@ -114,6 +128,9 @@ class EventMetrics:
             self.retries.labels(fault_type=_fault(attempt)).inc()
         if attempt.outcome == "FAULT":
             self.faults.labels(fault_type=_fault(attempt), decision=decision).inc()
+
+    def attempt_queued(self, command_type: str, seconds: float) -> None:
+        self.queue_wait.labels(command_type=command_type).observe(seconds)
 
     def turn_ended(self, turn: TurnRecord, ledger_lines: Sequence[SealedLine]) -> None:
         for line in ledger_lines:

@@ -21,9 +21,9 @@ Rules, on top of the `TurnStore` ones:
 * **Wake-ups.** `wait_for_work` returns early when another daemon accepted a turn nobody holds
   or asked for a resolution; callers still poll, so a lost notification never strands work.
 * **Resolutions from anywhere.** A daemon that is not a session's home asks the home to carry
-  out a terminate or cancel (`request_resolution`); the home finds it in `pending_resolutions`
-  and ends the turn with its ledger entries. A retry needs no ledger entry and is resolved
-  directly (`TurnStore.resolve_escalation`).
+  out a terminate or cancel (`request_resolution`, with who asked: ``decided_by``); the home
+  finds it in `pending_resolutions` and ends the turn with its ledger entries. A retry needs
+  no ledger entry and is resolved directly (`TurnStore.resolve_escalation`).
 """
 
 from __future__ import annotations
@@ -116,10 +116,18 @@ class FleetStore(Protocol):
         ...
 
     async def claim_homes(
-        self, owner: str, *, lease_ms: int, limit: int, packages: frozenset[str] | None
+        self,
+        owner: str,
+        *,
+        lease_ms: int,
+        limit: int,
+        packages: frozenset[str] | None,
+        serves: frozenset[str] | None = None,
     ) -> list[SessionHome]:
         """Take the home of up to *limit* open sessions whose home's lease expired (or that
-        have none), of the given packages (None: any)."""
+        have none), of the given packages (None: any). A session handed over
+        (`release_home` with *reserve_ms*) is taken during its reservation only by a daemon
+        whose executors *serve* every command type of its waiting instruction turns."""
         ...
 
     async def renew_homes(
@@ -128,7 +136,22 @@ class FleetStore(Protocol):
         """Extend the homes still held; the ones lost meanwhile are left out."""
         ...
 
-    async def release_home(self, home: SessionHome) -> None: ...
+    async def release_home(self, home: SessionHome, *, reserve_ms: int | None = None) -> None:
+        """Give the home up (taken at once by the next round of any daemon). *reserve_ms*: a
+        hand-over; for that long, only a daemon that serves the command types of the
+        session's waiting instruction turns takes it (`claim_homes`)."""
+        ...
+
+    async def session_homes(self, session_ids: Sequence[str] | None = None) -> dict[str, str]:
+        """The daemon homing each of these sessions (all when None) that has a home now: open
+        and not released (a lapsed home still names its daemon until it is taken over)."""
+        ...
+
+    async def waiting_turns(self, owner: str, session_ids: Sequence[str]) -> list[tuple[str, str]]:
+        """``(session_id, command_type)`` of the instruction turns of these sessions that
+        wait to run (accepted, waiting for a retry, or running under a lapsed claim), not held
+        by another daemon's live claim; each pair once."""
+        ...
 
     async def anchor_ledger_lines(self, owner: str, lines: Sequence[SealedLine]) -> None:
         """Keep lines of sessions *owner* homes (fenced; idempotent for lines already kept)."""
@@ -150,13 +173,23 @@ class FleetStore(Protocol):
         """Remove a daemon's heartbeat row (a clean stop)."""
         ...
 
-    async def request_resolution(self, turn_id: int, resolution: Resolution) -> TurnRecord:
-        """Ask the session's home to end an escalated turn (`NotEscalatedError` if it is not)."""
+    async def request_resolution(
+        self,
+        turn_id: int,
+        resolution: Resolution,
+        *,
+        decided_by: Mapping[str, object] | None = None,
+    ) -> TurnRecord:
+        """Ask the session's home to end an escalated turn (`NotEscalatedError` if it is not);
+        *decided_by*: who asked and why, handed to the home with the resolution."""
         ...
 
     async def pending_resolutions(
         self, session_ids: Sequence[str]
-    ) -> list[tuple[TurnRecord, Resolution]]: ...
+    ) -> list[tuple[TurnRecord, Resolution, Mapping[str, object] | None]]:
+        """The resolutions asked of these sessions' home: each turn, what was asked and who
+        asked (`request_resolution`'s *decided_by*)."""
+        ...
 
     async def wait_for_work(self, timeout_s: float) -> bool:
         """Sleep until another daemon signals new work, or *timeout_s*; True when signalled."""

@@ -427,11 +427,18 @@ class TurnStore(Protocol):
 
     # -- escalations
     async def resolve_escalation(
-        self, turn_id: int, resolution: Resolution, *, ledger_lines: Sequence[SealedLine] = ()
+        self,
+        turn_id: int,
+        resolution: Resolution,
+        *,
+        ledger_lines: Sequence[SealedLine] = (),
+        result: Mapping[str, object] | None = None,
     ) -> TurnRecord:
         """An escalated turn: RETRY -> ``accepted`` (attempt budget restarts), TERMINATE ->
         ``terminated``, CANCEL -> ``cancelled``. `NotEscalatedError` when it is not parked.
-        *ledger_lines* (the ending's entries) commit in the same transaction."""
+        *ledger_lines* (the ending's entries) commit in the same transaction. *result*, when
+        given, is the turn's result from now on (it carries who decided, ``decided_by``);
+        without it an ending keeps the parked turn's result and a retry has none."""
         ...
 
     # -- reads

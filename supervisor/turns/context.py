@@ -34,6 +34,7 @@ __all__ = [
     "log_fault",
     "merge_attempts",
     "now_us",
+    "waited_ms",
     "with_ending",
 ]
 
@@ -41,6 +42,11 @@ __all__ = [
 def now_us() -> int:
     """Wall-clock time in integer microseconds since the epoch (the ledgers' unit)."""
     return time.time_ns() // 1000
+
+
+def waited_ms(since: float) -> int:
+    """Whole milliseconds from *since* (`time.monotonic`) to now: an attempt's queue wait."""
+    return max(0, int((time.monotonic() - since) * 1000))
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +167,9 @@ class LoopHooks:
         self._log_ids: Mapping[str, object] = log_ids
         #: true from an attempt's start until its outcome is durable (the drain waits for it)
         self.counting = False
+        #: the next attempt's wait so far, for its ``attempt_started`` when its record does not
+        #: carry one yet (an instruction turn parked in the core; the hub's part comes later)
+        self.queued_ms = 0
 
     @property
     def claim(self) -> Claim:
@@ -222,10 +231,14 @@ class LoopHooks:
         self._active.move(TurnState.RUNNING)
 
     def _log_started(self, attempt: AttemptRecord) -> None:
+        queued = attempt.queued_ms
+        if queued is None:
+            queued, self.queued_ms = self.queued_ms, 0
         get_logger("supervisor.turns").info(
             "attempt_started",
             attempt=attempt.attempt,
             instruction_id=attempt.instruction_id,
+            queued_ms=queued,
             **self._log_ids,
         )
 

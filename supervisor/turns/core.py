@@ -66,6 +66,7 @@ from supervisor.store.protocol import (
 )
 from supervisor.turns.anchors import LedgerAnchors
 from supervisor.turns.context import CoreSettings, LiveSettings, TurnDeps
+from supervisor.turns.decisions import Decision
 from supervisor.turns.escalations import Escalations
 from supervisor.turns.fleet import Fleet, FleetHooks
 from supervisor.turns.instruction import HubLike, monotonic_ms
@@ -159,8 +160,11 @@ class TurnCore:
                 served=self._served,
                 info=lambda: self.statistics().to_dict(),
                 unpark=self._runner.unpark,
+                parked=self._runner.is_parked,
             )
             self._fleet = Fleet(self._deps, fleet, self._deps.anchors, hooks, poll_s=fleet_poll_s)
+            peer_only = self._fleet.peer_only
+            self._runner.served_elsewhere = lambda command: command.value in peer_only()
 
     # -- settings and views -----------------------------------------------------------------
 
@@ -291,6 +295,11 @@ class TurnCore:
 
     def _served(self) -> frozenset[str]:
         return frozenset(c.value for c in ExecutorCommandType if self._hub.serving(c) > 0)
+
+    def served_by_peers(self) -> frozenset[str] | None:
+        """In a fleet, the command types the executors of the other live daemons serve, as
+        their last heartbeats say (None: this daemon is alone on its store)."""
+        return None if self._fleet is None else self._fleet.served_by_peers()
 
     async def daemons(self) -> list[DaemonRecord] | None:
         """Every daemon sharing the store, with its last heartbeat (None: no fleet)."""
@@ -585,15 +594,29 @@ class TurnCore:
                     await active.wait_settled()
         return await self.get_turn(turn_id)
 
-    async def cancel_turn(self, turn_id: int) -> TurnRecord:
+    async def cancel_turn(self, turn_id: int, decision: Decision | None = None) -> TurnRecord:
+        """Cancel a turn that is not final; *decision*: who asked and why (recorded with the
+        ending as ``decided_by``, `supervisor.turns.decisions`)."""
         turn = await self.get_turn(turn_id)
         if turn.final:
             return turn
         active = self._deps.tracker.get(turn_id)
+        if decision is not None and (active is not None or turn.state is TurnState.ESCALATED):
+            self._log.info(
+                "turn_cancel_requested",
+                turn_id=turn_id,
+                state=turn.state.value,
+                uid=decision.uid,
+                pid=decision.pid,
+                operator=decision.operator,
+                reason=decision.reason,
+            )
         if active is None:
             if turn.state is TurnState.ESCALATED:
-                return await self._resolve(turn, Resolution.CANCEL)
+                return await self._resolve(turn, Resolution.CANCEL, decision)
             raise RequestError("not_cancellable", f"turn {turn_id} is not active", turn_id=turn_id)
+        if decision is not None and active.decided_by is None:  # the first cancel's is kept
+            active.decided_by = decision
         if self._runner.unpark(turn_id):  # no task: end it here
             try:
                 await self._runner.end_cancelled(turn, active)
@@ -617,13 +640,21 @@ class TurnCore:
         return await self._deps.store.counts()
 
     async def verify_ledgers(self, *, session_id: str | None = None) -> dict[str, object]:
-        """Verify the exec and evidence ledgers of one session (or of every session)."""
+        """Verify the exec and evidence ledgers of one session (or of every session). In a
+        fleet, only those of the sessions this daemon homes (or no daemon does, when their
+        files are here): the others are listed as checked on their home (`verify_ledgers`)."""
         if session_id is not None:
             records = [await self.get_session(session_id)]
         else:
             records = await self.list_sessions()
+        homes = None
+        if self._fleet is not None:
+            wanted = None if session_id is None else [session_id]
+            homes = await self._fleet.store.session_homes(wanted)
         self._deps.sessions.write_pending()
-        report = await verify_ledgers(self.settings.root, records)
+        report = await verify_ledgers(
+            self.settings.root, records, homes=homes, owner=self._deps.owner
+        )
         ledgers, failures = report["ledgers"], report["failures"]
         if isinstance(ledgers, list) and isinstance(failures, list):
             self._deps.tracker.ledgers_verified(ledgers=len(ledgers), failures=len(failures))
@@ -634,16 +665,21 @@ class TurnCore:
     async def list_escalations(self) -> list[TurnRecord]:
         return await self._escalations.list()
 
-    async def resolve_escalation(self, turn_id: int, action: str) -> TurnRecord:
-        """An operator's decision for a parked turn: ``retry`` or ``terminate``."""
+    async def resolve_escalation(
+        self, turn_id: int, action: str, decision: Decision | None = None
+    ) -> TurnRecord:
+        """An operator's decision for a parked turn: ``retry`` or ``terminate``; *decision*:
+        who took it and why (recorded as ``decided_by``, `supervisor.turns.decisions`)."""
         if action not in {"retry", "terminate"}:
             raise RequestError(
                 "bad_request", "action: must be 'retry' or 'terminate'", field="action"
             )
         turn = await self.get_turn(turn_id)
-        return await self._resolve(turn, Resolution(action))
+        return await self._resolve(turn, Resolution(action), decision)
 
-    async def _resolve(self, turn: TurnRecord, resolution: Resolution) -> TurnRecord:
+    async def _resolve(
+        self, turn: TurnRecord, resolution: Resolution, decision: Decision | None = None
+    ) -> TurnRecord:
         """Here, or (in a fleet, an ending of a session homed elsewhere) by asking the home,
         which writes the ending's ledger entries; waits up to 10 s for it."""
         fleet = self._fleet
@@ -653,7 +689,7 @@ class TurnCore:
             or fleet.is_home(turn.session_id)
             or turn.state is not TurnState.ESCALATED
         ):
-            resolved = await self._escalations.resolve(turn, resolution)
+            resolved = await self._escalations.resolve(turn, resolution, decision)
             self._deps.sessions.write_pending()
             return resolved
-        return await fleet.ask_home(turn, resolution, self.get_turn)
+        return await fleet.ask_home(turn, resolution, self.get_turn, decision)

@@ -5,6 +5,10 @@ retry puts the turn back to ``accepted`` with a fresh attempt budget, and this d
 and runs it; terminate and cancel end it, with its ledger entries written first. The first
 decision taken here wins before any await, so a second one never writes ledger entries for an
 ending that will not happen.
+
+A decision is attributed (`supervisor.turns.decisions`): who took it and why is recorded as
+``decided_by`` in the turn's result (a retry's until the retried turn ends), in the evidence
+entry of an ending, and in the ``escalation_resolved`` log event.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from supervisor.store.protocol import (
     TurnRecord,
 )
 from supervisor.turns.context import TurnDeps, with_ending
+from supervisor.turns.decisions import Decision
 
 __all__ = ["Escalations"]
 
@@ -61,32 +66,44 @@ class Escalations:
         )
         return list(page.turns)
 
-    async def resolve(self, turn: TurnRecord, resolution: Resolution) -> TurnRecord:
+    async def resolve(
+        self, turn: TurnRecord, resolution: Resolution, decision: Decision | None = None
+    ) -> TurnRecord:
         """Carry out *resolution* on *turn* (`RequestError` not_escalated when it is not parked
-        or another decision on it is under way)."""
+        or another decision on it is under way); *decision*: who took it and why."""
         if turn.turn_id in self._resolving:
             raise _not_escalated(turn.turn_id, turn.state.value, busy=True)
         self._resolving.add(turn.turn_id)
         try:
             with anyio.CancelScope(shield=True):  # a decision, once taken, is carried out
-                resolved = await self._carry_out(turn, resolution)
+                resolved = await self._carry_out(turn, resolution, decision)
         finally:
             self._resolving.discard(turn.turn_id)
         return resolved
 
-    async def _carry_out(self, turn: TurnRecord, resolution: Resolution) -> TurnRecord:
+    async def _carry_out(
+        self, turn: TurnRecord, resolution: Resolution, decision: Decision | None
+    ) -> TurnRecord:
         deps = self._deps
         if turn.state is not TurnState.ESCALATED:
             raise _not_escalated(turn.turn_id, turn.state.value)
         state = _ENDS.get(resolution)
+        decided = {"decided_by": decision.to_dict()} if decision is not None else {}
+        # the stored result: an ending keeps the parked turn's, a retry starts without one
+        result = None
+        if decided:
+            kept = turn.result if state is not None and turn.result is not None else {}
+            result = {**kept, **decided}
         lines: tuple[SealedLine, ...] = ()
         if state is not None:
             code, why = RESOLUTION_REASONS[resolution]
-            ending = TurnEnding(state=state, verdict="TERMINATE", reason_code=code, reason=why)
+            ending = TurnEnding(
+                state=state, verdict="TERMINATE", reason_code=code, reason=why, result=decided
+            )
             lines = deps.sessions.record_end(with_ending(turn, ending))
         try:
             resolved = await deps.store.resolve_escalation(
-                turn.turn_id, resolution, ledger_lines=lines
+                turn.turn_id, resolution, ledger_lines=lines, result=result
             )
         except NotEscalatedError as exc:
             deps.sessions.flush(turn.session_id, lines)  # held, they would stop later lines
@@ -96,7 +113,15 @@ class Escalations:
             raise
         if lines:  # committed: the files may have them now
             deps.sessions.flush(turn.session_id, lines)
-        self._log.info("escalation_resolved", turn_id=turn.turn_id, action=resolution.value)
+        self._log.info(
+            "escalation_resolved",
+            turn_id=turn.turn_id,
+            action=resolution.value,
+            uid=None if decision is None else decision.uid,
+            pid=None if decision is None else decision.pid,
+            operator=None if decision is None else decision.operator,
+            reason=None if decision is None else decision.reason,
+        )
         deps.tracker.escalation_resolved(resolved, resolution.value)
         if resolved.final:
             deps.tracker.remember(resolved)

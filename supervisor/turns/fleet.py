@@ -19,6 +19,13 @@ Design notes
   exactly as after a restart.
 * **Resolutions** asked of this home by another daemon are carried out here, where the
   session's ledgers are, with their entries.
+* **Hand-over.** The heartbeats say which command types each daemon's executors serve. A turn
+  of a command type no executor here serves, while another live daemon's do, is not claimed
+  here (nor ended NO_CAPABLE_EXECUTOR if it was parked here): once nothing of its session runs
+  here, the session's home is released with a reservation of one lease for a daemon serving
+  the command types of its waiting turns, which takes it over like a lapsed home and runs them.
+  A turn no live daemon serves is claimed, and ends NO_CAPABLE_EXECUTOR when its wait for an
+  executor runs out, as on a daemon alone.
 """
 
 from __future__ import annotations
@@ -36,12 +43,14 @@ import anyio.to_thread
 
 from ledger import IntegrityError, session_dir_for
 from ledger.session import SessionLedgers
+from sandbox.policy.envelopes import ExecutorCommandType
 from sandbox.policy.lifecycle import TurnState
 from supervisor.logging import get_logger
-from supervisor.store.fleet import FleetStore, SessionHome
+from supervisor.store.fleet import DaemonRecord, FleetStore, SessionHome
 from supervisor.store.protocol import Claim, ClaimFilter, NewTurn, Resolution, TurnRecord
 from supervisor.turns.anchors import LedgerAnchors
 from supervisor.turns.context import TurnDeps
+from supervisor.turns.decisions import Decision
 from supervisor.turns.requests import TurnRequest
 from supervisor.turns.sessions import SessionLike
 
@@ -50,6 +59,7 @@ __all__ = ["Fleet", "FleetHooks"]
 #: Homes taken over per round (each costs a ledger rebuild), turns claimed per round.
 _HOMES_PER_ROUND = 16
 _TURNS_PER_ROUND = 256
+_COMMAND_TYPES = frozenset(c.value for c in ExecutorCommandType)
 #: A session with turns in these states cannot be closed from any daemon.
 _UNFINISHED = frozenset(
     {TurnState.ACCEPTED, TurnState.RUNNING, TurnState.WAITING_RETRY, TurnState.ESCALATED}
@@ -62,18 +72,25 @@ class FleetHooks:
 
     #: run a claimed turn here
     start: Callable[[TurnRecord, Claim], None]
-    #: carry out a resolution on an escalated turn of a session homed here
-    resolve: Callable[[TurnRecord, Resolution], Awaitable[TurnRecord]]
+    #: carry out a resolution on an escalated turn of a session homed here (with who decided)
+    resolve: Callable[[TurnRecord, Resolution, Decision | None], Awaitable[TurnRecord]]
     #: command types the connected executors serve now
     served: Callable[[], frozenset[str]]
     #: what the heartbeat says about this daemon
     info: Callable[[], Mapping[str, object]]
     #: take a parked turn off its queue (True when it was parked: it has no task to cancel)
     unpark: Callable[[int], bool]
+    #: whether a turn is parked (waits for an executor slot without a task)
+    parked: Callable[[int], bool] = lambda _turn_id: False
 
 
 def _now_us() -> int:
     return time.time_ns() // 1000
+
+
+def _texts(value: object) -> list[str]:
+    """A list of strings from a heartbeat's info (anything else: none)."""
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
 def installed_packages(root: Path) -> frozenset[str] | None:
@@ -107,6 +124,9 @@ class Fleet:
         self._log = get_logger("supervisor.turns.fleet")
         #: the other daemons seen alive at the last look (None: not looked yet)
         self._peers: set[str] | None = None
+        #: their last heartbeats (what each serves, its packages, whether it drains)
+        self._alive: dict[str, DaemonRecord] = {}
+        self._peer_serves: frozenset[str] = frozenset()
 
     # -- views ------------------------------------------------------------------------------
 
@@ -120,6 +140,32 @@ class Fleet:
     def is_home(self, session_id: str) -> bool:
         return session_id in self._homes
 
+    def _serving_peers(self) -> list[DaemonRecord]:
+        """The live daemons of the fleet that take work (not draining), as last seen."""
+        return [d for d in self._alive.values() if d.info.get("draining") is not True]
+
+    def served_by_peers(self) -> frozenset[str]:
+        """Command types the executors of the other live daemons serve (their heartbeats, as
+        of the last look)."""
+        return self._peer_serves
+
+    def peer_only(self) -> frozenset[str]:
+        """Command types no executor here serves but another live daemon's does: a turn of
+        one waits for its session to be handed over to that daemon (`_hand_over`), and does
+        not end NO_CAPABLE_EXECUTOR here."""
+        return self.served_by_peers() - self._hooks.served()
+
+    def _takers(self, commands: frozenset[str], package_id: str) -> list[str]:
+        """The live daemons that serve every one of *commands* and have *package_id*
+        installed (a daemon that does not say which packages it has counts as having it)."""
+        takers = []
+        for d in self._serving_peers():
+            packages = d.info.get("packages")
+            has_package = not isinstance(packages, list) or package_id in packages
+            if has_package and commands <= frozenset(_texts(d.info.get("serves"))):
+                takers.append(d.owner)
+        return sorted(takers)
+
     # -- lifetime ---------------------------------------------------------------------------
 
     async def run(
@@ -128,6 +174,10 @@ class Fleet:
         """Heartbeat, renew homes and claim work until cancelled; on the way out the homes
         are released and the heartbeat removed, so the others take over at once."""
         await self._heartbeat()
+        try:
+            await self._watch_peers()  # what the others serve, before the first claims
+        except Exception as exc:  # the store is down: the next round looks again
+            self._log.error("fleet_heartbeat_failed", error=str(exc))
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._keep_alive, name="fleet-heartbeat")
@@ -153,30 +203,44 @@ class Fleet:
                 await self._renew()
                 await self._heartbeat()
                 await self._watch_peers()
+                await self._hand_over()
             except Exception as exc:  # the store is down: the next round tries again
                 self._log.error("fleet_heartbeat_failed", error=str(exc))
 
     async def _heartbeat(self) -> None:
+        root = self._deps.settings.root
+        packages = installed_packages(root)
         await self._store.heartbeat(
             self._deps.owner,
             host=self._host,
             pid=os.getpid(),
             started_us=self._started_us,
-            info=self._hooks.info(),
+            info={
+                **self._hooks.info(),
+                # what the others read: the command types served here (`served_by_peers`),
+                # the packages installed (a hand-over goes only where they are) and the root
+                # (`hunter ledger verify --store` tells a daemon's root from an export)
+                "serves": sorted(self._hooks.served()),
+                "packages": None if packages is None else sorted(packages),
+                "root": str(root.resolve()),
+            },
         )
 
     async def _watch_peers(self) -> None:
-        """Tell the change feed which daemons of the fleet began or stopped heartbeating since
-        the last look (the first look only learns who is there)."""
-        feed = self._deps.tracker.feed
-        if feed is None:
-            return
+        """Note the live daemons of the fleet and what they serve, and tell the change feed
+        which began or stopped heartbeating since the last look (the first look only learns
+        who is there)."""
         now = _now_us()
         lease_us = self._deps.settings.lease_ms * 1000
         seen = {d.owner: d for d in await self._store.daemons() if d.owner != self._deps.owner}
         alive = {owner for owner, d in seen.items() if now - d.heartbeat_us <= lease_us}
+        self._alive = {owner: seen[owner] for owner in alive}
+        self._peer_serves = frozenset(
+            c for d in self._serving_peers() for c in _texts(d.info.get("serves"))
+        )
         known, self._peers = self._peers, alive
-        if known is None:
+        feed = self._deps.tracker.feed
+        if known is None or feed is None:
             return
         for owner in sorted(alive - known):
             d = seen[owner]
@@ -303,6 +367,82 @@ class Fleet:
             if self._hooks.unpark(turn_id):
                 tracker.remove(active)
 
+    async def _hand_over(self) -> None:
+        """Hand the sessions homed here over to a daemon that can run their waiting turns:
+        those with an instruction turn of a command type no executor here serves while the
+        executors of another live daemon (with the session's package installed) do. A session
+        is handed over only while nothing of it runs here (its turns here, if any, are parked)
+        and only to a daemon that serves every command type of its waiting turns."""
+        deps = self._deps
+        if deps.draining or not self._homes:
+            return
+        wanted = self.peer_only()
+        if not wanted:
+            return
+        waiting: dict[str, set[str]] = {}
+        for sid, command in await self._store.waiting_turns(deps.owner, sorted(self._homes)):
+            waiting.setdefault(sid, set()).add(command)
+        for sid, commands in waiting.items():
+            home = self._homes.get(sid)
+            if home is None or not commands & wanted or not self._idle(sid):
+                continue
+            takers = self._takers(frozenset(commands), home.session.package_id)
+            if takers:
+                await self._hand(home, frozenset(commands), takers)
+
+    def _idle(self, session_id: str) -> bool:
+        """Nothing of the session runs here: its turns here, if any, are parked."""
+        tracker = self._deps.tracker
+        return not self._deps.sessions.lock(session_id).locked() and all(
+            self._hooks.parked(turn_id) for turn_id in tracker.in_session(session_id)
+        )
+
+    async def _hand(self, home: SessionHome, commands: frozenset[str], takers: list[str]) -> None:
+        """Give the session's parked turns back, release its home with a reservation of one
+        lease for a daemon that serves *commands* (`FleetStore.claim_homes`), and close it
+        here. Its files stay: they hold what the store holds, and a later adoption here goes
+        on from them."""
+        deps = self._deps
+        sid = home.session_id
+        session = deps.sessions.get(sid)
+        if session is not None:
+            await self._anchors.anchor(session)  # every line the files hold is in the store
+        if self._homes.get(sid) is not home or not self._idle(sid):
+            return  # changed meanwhile: the next round looks again
+        tracker = deps.tracker
+        given_back: list[Claim] = []
+        for turn_id in tracker.in_session(sid):
+            active = tracker.get(turn_id)
+            if active is None or not self._hooks.unpark(turn_id):
+                continue
+            if active.claim is not None:
+                given_back.append(active.claim)
+                active.claim = None
+            tracker.remove(active)
+        del self._homes[sid]  # no claim of this round or the next takes its turns here
+        try:
+            for claim in given_back:
+                await deps.store.release(claim)
+            await self._store.release_home(home, reserve_ms=deps.settings.lease_ms)
+        except Exception as exc:  # the store is down: still its home; the next round retries
+            self._homes.setdefault(sid, home)
+            self._log.error("session_hand_over_failed", session_id=sid, error=str(exc))
+            return
+        if session is not None:
+            self._anchors.forget(session)
+            async with deps.sessions.lock(sid):
+                await deps.sessions.close(sid)
+        self._log.info(
+            "session_handed_over",
+            session_id=sid,
+            command_types=sorted(commands),
+            takers=takers,
+            turns_given_back=len(given_back),
+            reason="no executor here serves "
+            + ", ".join(sorted(commands - self._hooks.served()))
+            + "; the executors of another daemon do",
+        )
+
     async def _tier(self, session_id: str) -> str:
         try:
             return (await self._deps.store.get_session(session_id)).tier
@@ -376,11 +516,24 @@ class Fleet:
         turn: TurnRecord,
         resolution: Resolution,
         get_turn: Callable[[int], Awaitable[TurnRecord]],
+        decision: Decision | None = None,
     ) -> TurnRecord:
         """Ask the session's home to carry out *resolution* (it writes the ending's ledger
-        entries); waits up to 10 s for it, then returns the turn as it is."""
-        await self._store.request_resolution(turn.turn_id, resolution)
-        self._log.info("resolution_requested", turn_id=turn.turn_id, action=resolution.value)
+        entries, with *decision*: who asked and why); waits up to 10 s for it, then returns the
+        turn as it is."""
+        await self._store.request_resolution(
+            turn.turn_id,
+            resolution,
+            decided_by=None if decision is None else decision.to_dict(),
+        )
+        self._log.info(
+            "resolution_requested",
+            turn_id=turn.turn_id,
+            action=resolution.value,
+            uid=None if decision is None else decision.uid,
+            operator=None if decision is None else decision.operator,
+            reason=None if decision is None else decision.reason,
+        )
         delay = 0.01
         with anyio.move_on_after(10):
             while True:
@@ -404,19 +557,26 @@ class Fleet:
             lease_ms=deps.settings.lease_ms,
             limit=_HOMES_PER_ROUND,
             packages=installed_packages(deps.settings.root),
+            serves=self._hooks.served(),
         ):
             await self._adopt(home)
         if not self._homes:
             return
-        for turn, resolution in await self._store.pending_resolutions(sorted(self._homes)):
+        pending = await self._store.pending_resolutions(sorted(self._homes))
+        for turn, resolution, decided_by in pending:
             if deps.tracker.get(turn.turn_id) is None:
                 try:
-                    await self._hooks.resolve(turn, resolution)
+                    await self._hooks.resolve(turn, resolution, Decision.from_dict(decided_by))
                 except Exception as exc:  # decided meanwhile, or the store refused
                     self._log.warning(
                         "resolution_not_carried_out", turn_id=turn.turn_id, error=str(exc)
                     )
-        only = ClaimFilter(sessions=frozenset(self._homes), command_types=self._hooks.served())
+        # Every command type but those only another daemon serves: their turns wait for the
+        # hand-over (`_hand_over`). A turn no live daemon serves is claimed and meets the hub's
+        # NO_CAPABLE_EXECUTOR once it waited its bound (`executors.queue_wait_s`) here.
+        only = ClaimFilter(
+            sessions=frozenset(self._homes), command_types=_COMMAND_TYPES - self.peer_only()
+        )
         for claim in await deps.store.claim(
             deps.owner, limit=_TURNS_PER_ROUND, lease_ms=deps.settings.lease_ms, only=only
         ):

@@ -32,13 +32,14 @@ import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
 import anyio
 
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_loop import decide_outcome
-from sandbox.policy.attempt_record import AttemptRecord
+from sandbox.policy.attempt_record import QUEUED_MS, AttemptRecord
 from sandbox.policy.attempts import AttemptDecision, Verdict
 from sandbox.policy.envelopes import ExecutorInstructionEnvelope
 from sandbox.policy.lifecycle import TurnState, final_state
@@ -50,7 +51,7 @@ from supervisor.store.fleet import StaleHomeError
 from supervisor.store.protocol import Claim, PendingWrite, TurnEnding, TurnRecord
 from supervisor.timers import Timers
 from supervisor.traces import attempt_traceparent
-from supervisor.turns.context import TurnDeps, log_fault, now_us, with_ending
+from supervisor.turns.context import TurnDeps, log_fault, now_us, waited_ms, with_ending
 from supervisor.turns.instruction import (
     BudgetGate,
     HubAttemptLike,
@@ -153,8 +154,12 @@ class InstructionFlights:
         started = _COSTS.clock()
         number = turn.attempt + 1
         tid = turn.turn_id
+        queued_ms = waited_ms(active.ready_at)  # parked for a slot, if it was
         record = AttemptRecord(
-            attempt=number, started_us=now_us(), instruction_id=f"INS-{tid}-{number}"
+            attempt=number,
+            started_us=now_us(),
+            instruction_id=f"INS-{tid}-{number}",
+            extra=MappingProxyType({QUEUED_MS: queued_ms}),
         )
         envelope = build_envelope(spec, record, f"EXE-{tid}")
         wire = instruction_to_wire(envelope)
@@ -174,6 +179,7 @@ class InstructionFlights:
         if number == 1:
             BudgetGate(deps).first_attempt()
         deps.tracker.attempt_started(active, number)
+        deps.tracker.attempt_queued(spec.command_type.value, queued_ms)
         deps.starts.note(tid, lambda: self._write_start(flight))
         active.stop = lambda: self._stop(flight)
         if info_enabled():
@@ -182,6 +188,7 @@ class InstructionFlights:
                 attempt=number,
                 instruction_id=record.instruction_id,
                 command_type=spec.command_type.value,
+                queued_ms=queued_ms,
                 **labels,
             )
         _COSTS.add("dispatch", _COSTS.clock() - started)
@@ -378,6 +385,7 @@ class InstructionFlights:
     def _retry_due(self, turn: TurnRecord, active: ActiveTurn, spec: InstructionSpec) -> None:
         """The backoff is over: the next attempt goes (straight to a slot, else in a task)."""
         active.stop = None
+        active.ready_at = time.monotonic()  # its queue wait counts from here
         if active.claim is None:  # lost during the backoff
             self._owner.released(active)
         elif active.cancel_requested:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Protocol
 
 import anyio
 
 from sandbox.policy import reason_codes as rc
 from sandbox.policy.attempt_loop import AttemptReport, LoopEnd, run_attempts
-from sandbox.policy.attempt_record import AttemptRecord
+from sandbox.policy.attempt_record import QUEUED_MS, AttemptRecord
 from sandbox.policy.attempts import AttemptDecision, AttemptOutcome
 from sandbox.policy.envelopes import (
     ExecutorCommandType,
@@ -65,6 +66,11 @@ class HubAttemptLike(Protocol):
     @property
     def evidence(self) -> bytes | None:
         """The evidence bytes sent with an accepted response (checked against its hash)."""
+        ...
+
+    @property
+    def queued_ms(self) -> int:
+        """The part of ``duration_ms`` the attempt waited in the hub's queue for a slot."""
         ...
 
 
@@ -204,26 +210,34 @@ async def run_instruction_turn(
     it before an attempt (it stays accepted / waiting_retry for the restart). *dispatched* is
     called just before an envelope goes to the hub (the core's launch count). *queue_waited_s*:
     how long the turn already waited parked for a slot; its first attempt waits the rest of its
-    bound (`slot_wait_s`), not all of it again."""
+    bound (`slot_wait_s`), not all of it again. Each attempt records its queue wait
+    (``queued_ms``: that part, then the hub's queue) and how long it ran apart from it."""
     execution_id = f"EXE-{turn.turn_id}"
     hooks = LoopHooks(deps, active, overlap_start=True, command_type=spec.command_type.value)
+    hooks.queued_ms = int(queue_waited_s * 1000)  # logged with the first attempt's start
 
     async def one_attempt(attempt: AttemptRecord) -> AttemptReport[_Sent]:
         envelope = build_envelope(spec, attempt, execution_id)
         dispatched()
         nonlocal queue_waited_s
-        wait = max(0.0, slot_wait_s(hub, spec) - queue_waited_s)
+        parked_s = queue_waited_s
+        wait = max(0.0, slot_wait_s(hub, spec) - parked_s)
         queue_waited_s = 0.0  # a retry waits its full bound again
         traceparent = attempt_traceparent(turn, attempt) if deps.traced else None
         report = await _start_and_send(hooks, hub, envelope, wait, traceparent)
         active.executor_id = report.executor_id
+        # The attempt's queue wait: parked in the core (a parked turn's first attempt here),
+        # then in the hub's queue.
+        queued_ms = int(parked_s * 1000) + report.queued_ms
+        deps.tracker.attempt_queued(spec.command_type.value, queued_ms)
         detail = ": ".join(p for p in (report.safety_reason_code, report.detail) if p)
         return AttemptReport(
             outcome=report.outcome,
             payload=_Sent(instruction_to_wire(envelope), report),
             executor_id=report.executor_id,
             detail=detail or None,
-            duration_ms=report.duration_ms,
+            duration_ms=max(0, report.duration_ms - report.queued_ms),  # how long it ran
+            extra=MappingProxyType({QUEUED_MS: queued_ms}),
         )
 
     try:

@@ -99,10 +99,23 @@ class ParkedTurns:
             taken.append(parked)
         return taken
 
-    def overdue(self, *, now: float, max_wait_s: float) -> list[Parked]:
-        """Take every turn parked *max_wait_s* or longer (oldest first per command type)."""
+    def command(self, turn_id: int) -> ExecutorCommandType | None:
+        """The command type *turn_id* is parked under; None when it is not parked."""
+        return self._command_of.get(turn_id)
+
+    def overdue(
+        self,
+        *,
+        now: float,
+        max_wait_s: float,
+        keep: frozenset[ExecutorCommandType] = frozenset(),
+    ) -> list[Parked]:
+        """Take every turn parked *max_wait_s* or longer (oldest first per command type),
+        except those of the command types in *keep* (they wait on)."""
         taken: list[Parked] = []
-        for queue in self._queues.values():
+        for command, queue in self._queues.items():
+            if command in keep:
+                continue
             arrivals = queue.arrivals
             while arrivals:
                 oldest = next(iter(arrivals.values()))

@@ -3,10 +3,13 @@
 The runtime runs the turn's attempts through the one attempt loop itself (each attempt is a
 confined run; the loop retries with backoff) and writes both ledger entries in one sync. This
 module takes the session's lock (process turns of one session share its sandbox directories)
-and a process slot, moves the turn to ``running`` under its claim, and stores how it ended.
+and a process slot, moves the turn to ``running`` under its claim, and stores how it ended. The
+time it waited for both is the first attempt's queue wait (``queued_ms``).
 
 After a restart, an attempt that was running is decided first as a CRASH (the loop's
-``interrupted``); if the policy retries it, the runtime gets the rest of the attempt budget.
+``interrupted``); if the policy retries it, the runtime gets the rest of the attempt budget and
+numbers its attempts on from the interrupted one (``first_attempt``), so the runtime's log
+events and ledger entries give each attempt the number the turn's records give it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from sandbox.policy.attempt_loop import AttemptReport, run_attempts
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import TurnState
 from supervisor.store.protocol import TurnEnding, TurnRecord
-from supervisor.turns.context import LoopHooks, TurnDeps, end_turn, now_us
+from supervisor.turns.context import LoopHooks, TurnDeps, end_turn, now_us, waited_ms
 from supervisor.turns.sessions import ProcessResultLike
 from supervisor.turns.tracker import ActiveTurn
 from supervisor.wire.turn_spec import ProcessSpec
@@ -137,17 +140,24 @@ async def run_process_turn(
             )
             # The runtime never saw this ending: the daemon writes the ledger entries.
             return await end_turn(deps, turn, active, ending, [last])
+        # the rest of the turn's budget: the runtime numbers its attempts on from this one
         used = interrupted.attempt
-        options = dataclasses.replace(options, max_attempts=max(1, options.max_attempts - used))
     else:
         used = turn.attempt
+        if used:  # run again (an operator's retry): a whole budget, numbered on
+            options = dataclasses.replace(options, max_attempts=used + options.max_attempts)
     async with deps.sessions.lock(turn.session_id), deps.process_limiter:
         if deps.draining:
             return None
         first = used + 1
         started_us = now_us()
+        # Waited for the session's lock (its process turns run one at a time) and a slot.
+        queued_ms = waited_ms(active.ready_at)
+        deps.tracker.attempt_queued("process", queued_ms)  # the metric's command_type
         try:
-            await hooks.attempt_started(AttemptRecord(attempt=first, started_us=started_us))
+            await hooks.attempt_started(
+                AttemptRecord(attempt=first, started_us=started_us).with_queued_ms(queued_ms)
+            )
             result = await session.run_process_turn(
                 list(process.argv),
                 declared_outputs=[d.to_dict() for d in process.declared_outputs],
@@ -157,8 +167,15 @@ async def run_process_turn(
                 turn_number=turn.turn_number,
                 options=options,
                 ledger_commit="caller",
+                first_attempt=first,
             )
             records = _records(result, first, started_us)
+            # The runtime's retries keep the lock and the slot: they wait for neither.
+            records = tuple(
+                r.with_queued_ms(0 if r.attempt > first else queued_ms) for r in records
+            )
+            for _ in records[1:]:
+                deps.tracker.attempt_queued("process", 0)
             ending = TurnEnding(
                 state=_state(str(result.status)),
                 verdict=_text(result.verdict),

@@ -40,7 +40,10 @@ from supervisor.turns.slot_deadlines import SlotDeadlines
 from supervisor.turns.tracker import ActiveTurn
 from supervisor.wire.turn_spec import InstructionSpec
 
-__all__ = ["TurnRunner", "error_code"]
+__all__ = ["INTERRUPTED_BY_RESTART", "TurnRunner", "error_code"]
+
+#: The detail of an attempt that was running when this daemon stopped (alone on its store).
+INTERRUPTED_BY_RESTART = "interrupted by a restart of this daemon: it stopped while the attempt ran"
 
 
 def error_code(exc: BaseException, *, default: str) -> str:
@@ -133,6 +136,9 @@ class TurnRunner:
         self._flights = (
             InstructionFlights(deps, hub, self) if isinstance(hub, DispatchingHub) else None
         )
+        #: in a fleet: True for a command type no executor here serves but another live
+        #: daemon's do (`Fleet.peer_only`); its parked turns wait for a hand-over
+        self.served_elsewhere: Callable[[ExecutorCommandType], bool] = lambda _command: False
 
     async def run_flights(self) -> None:
         """The committer of the record-driven instruction turns (in the core's task group)."""
@@ -149,6 +155,9 @@ class TurnRunner:
     def unpark(self, turn_id: int) -> bool:
         """Take a parked turn out (it is ended or lost elsewhere); False if it was not parked."""
         return self._parked.remove(turn_id) is not None
+
+    def is_parked(self, turn_id: int) -> bool:
+        return self._parked.command(turn_id) is not None
 
     def start(self, turn: TurnRecord, claim: Claim, *, recovered: bool = False) -> None:
         """Run *turn* under *claim*: in a task now, or parked until an executor slot frees."""
@@ -229,8 +238,16 @@ class TurnRunner:
                 free = self._hub.free_slots(command) - self._launching[command]
                 for parked in self._parked.pop(command, max(0, free)):
                     self._unpark(parked)
-            overdue = self._parked.overdue(now=time.monotonic(), max_wait_s=self._hub.queue_wait_s)
+            # In a fleet, the turns of a command type only another daemon serves wait for
+            # their session to be handed over there (`fleet`), not for the NO_CAPABLE_EXECUTOR
+            # their bound would give them here.
+            keep = frozenset(c for c in self._parked.commands() if self.served_elsewhere(c))
+            overdue = self._parked.overdue(
+                now=time.monotonic(), max_wait_s=self._hub.queue_wait_s, keep=keep
+            )
             for turn_id in self._due.due(time.monotonic()):  # past their own timeout_ms
+                if self._parked.command(turn_id) in keep:
+                    continue
                 due = self._parked.remove(turn_id)
                 if due is not None:
                     overdue.append(due)
@@ -301,11 +318,12 @@ class TurnRunner:
         interrupted: AttemptRecord | None = None
         if recovered and turn.state is TurnState.RUNNING and turn.attempt >= 1:
             prior = next((a for a in turn.attempts if a.attempt == turn.attempt), None)
+            cause, detail = self._interruption()
             interrupted = replace(
                 prior or AttemptRecord(attempt=turn.attempt, started_us=now_us()),
-                detail="interrupted by a daemon restart",
+                detail=detail,
             )
-            self._log.info("attempt_interrupted", attempt=turn.attempt)
+            self._log.info("attempt_interrupted", attempt=turn.attempt, cause=cause)
         try:
             with anyio.CancelScope() as scope:
                 active.scope = scope
@@ -342,6 +360,20 @@ class TurnRunner:
             self._deps.tracker.remove(active)
             self._kick_feeder()
 
+    def _interruption(self) -> tuple[str, str]:
+        """Why an attempt found running when this daemon claimed its turn did not finish, as
+        the log's ``cause`` and the attempt's detail. Alone on its store, this daemon claims
+        such a turn only when it starts again on the same root (`TurnCore._recover`): the
+        attempt ran when it stopped. In a fleet (`fleet`), it claims one when the claim of the
+        daemon running it (another daemon, or an earlier run on this host) lapsed."""
+        deps = self._deps
+        if deps.anchors is None:  # no fleet
+            return "restart", INTERRUPTED_BY_RESTART
+        return "takeover", (
+            "interrupted by a takeover: the daemon running it stopped renewing its claim (lease"
+            f" {deps.settings.lease_ms} ms), and daemon {deps.owner} took the turn over"
+        )
+
     async def _end(self, turn: TurnRecord, active: ActiveTurn, ending: TurnEnding) -> TurnRecord:
         """End a turn on the daemon's own decision (cancel, an error), unless it already ended."""
         current = await self._deps.store.get_turn(turn.turn_id)
@@ -350,6 +382,8 @@ class TurnRunner:
         return await end_turn(self._deps, current, active, ending)
 
     async def end_cancelled(self, turn: TurnRecord, active: ActiveTurn) -> None:
+        # who asked, and why: in the result and the evidence entry (`decisions`)
+        decided = active.decided_by
         with anyio.CancelScope(shield=True):
             await self._end(
                 turn,
@@ -358,6 +392,7 @@ class TurnRunner:
                     state=TurnState.CANCELLED,
                     reason_code="CANCELLED_BY_CLIENT",
                     reason="cancelled through the control API",
+                    result={} if decided is None else {"decided_by": decided.to_dict()},
                 ),
             )
 

@@ -98,6 +98,7 @@ class SessionLike(Protocol):
         turn_number: int | None = None,
         options: RetryOptions | None = None,
         ledger_commit: Literal["sync", "caller"] = "sync",
+        first_attempt: int = 1,
     ) -> ProcessResultLike: ...
 
     async def store_evidence(self, data: bytes) -> EvidenceRefLike:
@@ -304,6 +305,13 @@ class DaemonSessions:
             fault_type=turn.fault_type,
         )
         evidence = result.get("evidence")
+        evidence_extra: dict[str, object] = {}
+        if isinstance(evidence, Mapping):
+            evidence_extra["evidence"] = dict(evidence)
+        # a person's decision (a cancel, an operator's terminate): who took it and why
+        decided_by = result.get("decided_by")
+        if isinstance(decided_by, Mapping):
+            evidence_extra["decided_by"] = dict(decided_by)
         return session.ledgers.seal_turn(
             turn_number=turn.turn_number,
             query_hash=content_hash(spec_to_dict(turn.spec)),
@@ -316,7 +324,7 @@ class DaemonSessions:
                 "reason_code": turn.reason_code,
                 "fault_type": turn.fault_type,
             },
-            evidence_extra={"evidence": dict(evidence)} if isinstance(evidence, Mapping) else None,
+            evidence_extra=evidence_extra or None,
         )
 
     def flush(self, session_id: str, committed: Iterable[SealedLine] = ()) -> None:
@@ -414,15 +422,52 @@ def _share(record: SessionRecord) -> Share:
     return share_of(record.session_id, tenant=record.tenant, priority=record.priority)
 
 
-async def verify_ledgers(root: Path, records: Sequence[SessionRecord]) -> dict[str, object]:
+async def verify_ledgers(
+    root: Path,
+    records: Sequence[SessionRecord],
+    *,
+    homes: Mapping[str, str] | None = None,
+    owner: str | None = None,
+) -> dict[str, object]:
     """Verify the exec and evidence ledgers of *records* under *root* (on a worker thread):
-    ``{ok, ledgers, failures}``, a failure naming the session and the broken line."""
+    ``{ok, ledgers, failures, elsewhere}``, a failure naming the session and the broken line.
+
+    In a fleet, *homes* names the daemon homing each session that has a home now, and *owner*
+    is this daemon. A session homed by another daemon has its files on that daemon's root and
+    is checked there: it is listed in ``elsewhere``, not verified here and not a failure. So is
+    a session no daemon homes now (closed, or waiting to be taken over) when this root holds
+    none of its files; when it holds them, they are verified."""
     from ledger import IntegrityError, session_dir_for, verify_session_dir
+    from ledger.verify import session_ledger_paths
 
     reports: list[dict[str, object]] = []
     failures: list[dict[str, object]] = []
+    elsewhere: list[dict[str, object]] = []
     for record in records:
         session_dir = session_dir_for(root, record.tier, record.session_id)
+        if homes is not None:
+            home = homes.get(record.session_id)
+            if home is not None and home != owner:
+                elsewhere.append(
+                    {
+                        "session_id": record.session_id,
+                        "home": home,
+                        "detail": f"homed by {home}, checked there",
+                    }
+                )
+                continue
+            if home is None and not any(p.exists() for p in session_ledger_paths(session_dir)):
+                elsewhere.append(
+                    {
+                        "session_id": record.session_id,
+                        "home": None,
+                        "detail": f"no daemon homes it now ({record.state.value}) and this"
+                        " daemon's root holds none of its files: they are on the root of the"
+                        " daemon that homed it last (`hunter ledger verify --store` checks the"
+                        " store's copy)",
+                    }
+                )
+                continue
         try:
             found = await anyio.to_thread.run_sync(verify_session_dir, session_dir)
         except IntegrityError as exc:
@@ -439,4 +484,4 @@ async def verify_ledgers(root: Path, records: Sequence[SessionRecord]) -> dict[s
             }
             for r in found
         )
-    return {"ok": not failures, "ledgers": reports, "failures": failures}
+    return {"ok": not failures, "ledgers": reports, "failures": failures, "elsewhere": elsewhere}

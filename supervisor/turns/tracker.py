@@ -14,6 +14,7 @@ the sink keeps its own counters.
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -26,6 +27,7 @@ from sandbox.policy.lifecycle import TurnKind, TurnState
 from supervisor.feed import Feed
 from supervisor.logging import get_logger
 from supervisor.store.protocol import Claim, TurnRecord
+from supervisor.turns.decisions import Decision
 
 __all__ = ["ActiveTurn", "Tracker", "TrackerStatistics", "TurnEvents"]
 
@@ -37,6 +39,11 @@ class TurnEvents(Protocol):
 
     def attempt_decided(self, attempt: AttemptRecord) -> None:
         """An attempt got its outcome and decision (RETRY, or the one that ended the turn)."""
+
+    def attempt_queued(self, command_type: str, seconds: float) -> None:
+        """An attempt waited *seconds* before it ran (or before it gave up waiting): for an
+        executor slot of *command_type*, or (``process``) for its session's lock and a process
+        slot (the attempt's ``queued_ms``)."""
 
     def turn_ended(self, turn: TurnRecord, ledger_lines: Sequence[SealedLine]) -> None:
         """A turn reached a final state or was escalated; *ledger_lines* committed with it."""
@@ -65,11 +72,17 @@ class ActiveTurn:
     attempt: int = 0
     #: when the store accepted the turn (µs since the epoch; the intake age)
     accepted_us: int = 0
+    #: since when (`time.monotonic`) the turn's next attempt may run: this daemon took the
+    #: turn (accepted it, took it over, an operator's retry) or a retry's backoff ended. The
+    #: attempt's queue wait counts from here.
+    ready_at: float = 0.0
     executor_id: str | None = None
     scope: anyio.CancelScope | None = None
     #: stops an attempt in flight without a task of its own (`flights`): cancel, claim lost
     stop: Callable[[], None] | None = None
     cancel_requested: bool = False
+    #: who asked for the cancel, and why: recorded with the ending (`decisions`)
+    decided_by: Decision | None = None
     #: true once the turn is final or parked: `wait` returns
     settled: bool = False
     done: bool = False
@@ -202,6 +215,7 @@ class Tracker:
             claim=claim,
             attempt=turn.attempt,
             accepted_us=turn.accepted_us,
+            ready_at=time.monotonic(),
         )
         self._active[turn.turn_id] = active
         return active
@@ -326,6 +340,11 @@ class Tracker:
             self._process_running += 1
         if self._idle.is_set():
             self._idle = anyio.Event()
+
+    def attempt_queued(self, command_type: str, queued_ms: int) -> None:
+        """An attempt's queue wait is known (`TurnEvents.attempt_queued`)."""
+        if self._events is not None:
+            self._events.attempt_queued(command_type, queued_ms / 1000)
 
     def attempt_ended(self, *, process: bool = False) -> None:
         self._attempts_running -= 1

@@ -35,6 +35,7 @@ __all__ = [
     "ControlRequest",
     "DeclaredOutputParam",
     "Drain",
+    "DrainParams",
     "EscalationResolveParams",
     "EscalationsList",
     "EscalationsResolve",
@@ -60,6 +61,7 @@ __all__ = [
     "Status",
     "TurnAnswer",
     "TurnCancel",
+    "TurnCancelParams",
     "TurnGet",
     "TurnRef",
     "TurnSubmit",
@@ -89,6 +91,11 @@ _Text = Annotated[str, Meta(max_length=65_536)]
 _Tenant = Annotated[
     str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
 ]
+#: Why a person decided (``escalations.resolve``, ``turn.cancel``, ``drain``): recorded with the
+#: decision (`supervisor.turns.decisions`); not blank.
+_Reason = Annotated[str, Meta(min_length=1, max_length=2000)]
+#: Who decided, as the client names them (default: the user name of the caller's uid).
+_Operator = Annotated[str, Meta(min_length=1, max_length=256)]
 #: A session's weight among tenants (`supervisor.turns.fairness.MAX_PRIORITY` is the bound).
 _Priority = Annotated[int, Meta(ge=1, le=10)]
 #: How much of the turn an answer carries: the whole turn object, or only its outcome
@@ -198,6 +205,31 @@ class TurnRef(Struct, frozen=True):
         return int(self.turn_id)
 
 
+def _check_decision(reason: str | None, operator: str | None) -> None:
+    """A reason or an operator name that is only blanks says nothing: refused, named."""
+    if reason is not None and not reason.strip():
+        raise _FieldProblem("bad_request", "reason", f"reason: is blank; {_HINTS['reason']}")
+    if operator is not None and not operator.strip():
+        raise _FieldProblem("bad_request", "operator", f"operator: is blank; {_HINTS['operator']}")
+
+
+class TurnCancelParams(Struct, frozen=True):
+    """``turn.cancel``: the turn, and the decision's ``reason`` and ``operator`` (both optional:
+    programs cancel their own turns; when given they are recorded)."""
+
+    turn_id: int | str
+    reason: _Reason | None = None
+    operator: _Operator | None = None
+
+    def __post_init__(self) -> None:
+        force_setattr(self, "turn_id", _turn_id_value(self.turn_id))
+        _check_decision(self.reason, self.operator)
+
+    @property
+    def id(self) -> int:
+        return int(self.turn_id)
+
+
 class TurnWaitParams(Struct, frozen=True):
     turn_id: int | str
     timeout_s: _Seconds | None = None
@@ -249,15 +281,31 @@ class ExecutorsWaitParams(Struct, frozen=True):
 
 
 class EscalationResolveParams(Struct, frozen=True):
+    """``escalations.resolve``: a person's decision, so ``reason`` is required (recorded with
+    the decision, as is ``operator``: default the user name of the caller's uid)."""
+
     turn_id: int | str
     action: Literal["retry", "terminate"]
+    reason: _Reason
+    operator: _Operator | None = None
 
     def __post_init__(self) -> None:
         force_setattr(self, "turn_id", _turn_id_value(self.turn_id))
+        _check_decision(self.reason, self.operator)
 
     @property
     def id(self) -> int:
         return int(self.turn_id)
+
+
+class DrainParams(Struct, frozen=True):
+    """``drain``: the decision's ``reason`` and ``operator`` (optional; recorded and logged)."""
+
+    reason: _Reason | None = None
+    operator: _Operator | None = None
+
+    def __post_init__(self) -> None:
+        _check_decision(self.reason, self.operator)
 
 
 # --- requests (the envelope; ``op`` is the tag) ---------------------------------------------
@@ -296,7 +344,7 @@ class TurnWait(_Request, frozen=True, tag="turn.wait"):
 
 
 class TurnCancel(_Request, frozen=True, tag="turn.cancel"):
-    params: TurnRef
+    params: TurnCancelParams
 
 
 class TurnsList(_Request, frozen=True, tag="turns.list"):
@@ -335,7 +383,7 @@ class LedgerVerify(_Request, frozen=True, tag="ledger.verify"):
 
 
 class Drain(_Request, frozen=True, tag="drain"):
-    params: NoParams = NoParams()
+    params: DrainParams = DrainParams()
 
 
 _SessionIds: TypeAlias = Annotated[
@@ -487,6 +535,10 @@ _HINTS: Final[Mapping[str, str]] = {
     "argv": "a non-empty list of strings (the command and its arguments)",
     "until": f"a list of turn states ({_STATES})",
     "action": "'retry' or 'terminate'",
+    "reason": "say why, in words (1-2000 characters): it is recorded with the decision, who"
+    " took it and when (`--reason TEXT`)",
+    "operator": "the name of the person deciding (1-256 characters); default: the user name"
+    " of the caller's uid",
     "executor_id": "an executor id (see `hunter executors`)",
     "status": "one of " + ", ".join(s.value for s in ExecutorStatus) + " or null",
 }

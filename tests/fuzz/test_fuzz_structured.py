@@ -145,7 +145,7 @@ CONTROL: Final[dict[str, dict[str, Any]]] = {
     "escalations.resolve": {
         "id": 15,
         "op": "escalations.resolve",
-        "params": {"turn_id": 15, "action": "retry"},
+        "params": {"turn_id": 15, "action": "retry", "reason": "disk freed"},
     },
     "ledger.verify": {"id": 16, "op": "ledger.verify", "params": {"session_id": SID}},
     "drain": {"id": None, "op": "drain", "params": {}},

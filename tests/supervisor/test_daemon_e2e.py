@@ -200,10 +200,14 @@ async def test_resource_exhausted_escalates_until_operator_decides(stack: DemoSt
         assert decisions(turn) == [("RESOURCE_EXHAUSTED", "ESCALATE")]
         listed = (await client.call("escalations.list"))["escalations"]
         assert [t["turn_id"] for t in listed] == [turn["turn_id"]]
-        await client.call("escalations.resolve", turn_id=turn["turn_id"], action="retry")
+        await client.call(
+            "escalations.resolve", turn_id=turn["turn_id"], action="retry", reason="try again"
+        )
         again = (await client.call("turn.wait", turn_id=turn["turn_id"], timeout_s=30))["turn"]
         assert again["state"] == "escalated"
-        done = await client.call("escalations.resolve", turn_id=turn["turn_id"], action="terminate")
+        done = await client.call(
+            "escalations.resolve", turn_id=turn["turn_id"], action="terminate", reason="too big"
+        )
         assert done["turn"]["state"] == "terminated"
         assert done["turn"]["reason_code"] == "OPERATOR_TERMINATED"
 

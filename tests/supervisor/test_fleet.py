@@ -184,6 +184,14 @@ async def test_three_daemons_survive_a_kill_and_a_pause(pg_cluster: PgCluster, b
         assert [t["state"] for t in after_pause] == ["succeeded"] * 4
         # each was interrupted on b (a CRASH) and finished by c
         assert all(t["attempts"][-1]["executor_id"] == "ex-c" for t in after_pause)
+        # the attempts b was running are recorded as cut short by c's takeover, not a restart
+        owner_c = (await call_once(clients["c"].control_socket, "status"))["turn_core"]["owner"]
+        crashed = [a for t in after_pause for a in t["attempts"] if a["fault_type"] == "CRASH"]
+        assert crashed
+        assert {a["detail"] for a in crashed} == {
+            "interrupted by a takeover: the daemon running it stopped renewing its claim (lease"
+            f" {LEASE_MS} ms), and daemon {owner_c} took the turn over"
+        }
         # b wakes: whichever comes first, its lease renewal (the claims are gone: the turns
         # stop) or the write of a late result (refused by the fencing token), no second
         # result is recorded
@@ -266,7 +274,8 @@ async def test_process_turns_and_escalations_across_daemons(
 ) -> None:
     """A process turn submitted to a daemon that is not its session's home runs at the home (in
     its sandbox) and escalates; a person resolves it from the other daemon; the home carries
-    the decision out, with the ending's ledger entries, and the chain exports and verifies."""
+    the decision out, with the ending's ledger entries (the evidence entry names who decided,
+    as the other daemon saw the caller), and the chain exports and verifies."""
     dsn = database_for(base)
     stacks: dict[str, DemoStack] = {}
     try:
@@ -288,10 +297,18 @@ async def test_process_turns_and_escalations_across_daemons(
         listed = await call_once(sock_b, "escalations.list")
         assert turn_id in [t["turn_id"] for t in listed["escalations"]]
         resolved = await call_once(
-            sock_b, "escalations.resolve", turn_id=turn_id, action="terminate"
+            sock_b,
+            "escalations.resolve",
+            turn_id=turn_id,
+            action="terminate",
+            reason="over its memory limit",
+            operator="ops on-call",
         )
         assert resolved["turn"]["state"] == "terminated"
         assert resolved["turn"]["reason_code"] == "OPERATOR_TERMINATED"
+        decided = resolved["turn"]["result"]["decided_by"]
+        assert (decided["uid"], decided["operator"]) == (os.getuid(), "ops on-call")
+        assert (decided["action"], decided["reason"]) == ("terminate", "over its memory limit")
         out = base / "export"
         assert _hunter("ledger", "export", "--root", str(out), "--dsn", dsn).returncode == 0
         verified = _hunter("ledger", "verify", "--root", str(out), "--store", "--dsn", dsn)
@@ -304,6 +321,9 @@ async def test_process_turns_and_escalations_across_daemons(
         ]
         assert statuses[-1] == "terminated"
         assert "escalated" in statuses  # the escalation's entry, then the ending's
+        evidence_file = exec_file.with_name("evidence.jsonl")
+        last = json.loads(evidence_file.read_text(encoding="utf-8").splitlines()[-1])
+        assert last["decided_by"] == decided  # written by the home, a, as b was asked
     finally:
         for stack in stacks.values():
             with anyio.CancelScope(shield=True):

@@ -133,7 +133,9 @@ async def test_a_daemons_work_shows_in_its_metrics(stack: DemoStack) -> None:
         verified = await client.call("ledger.verify", session_id=sid)
         assert verified["ok"]
         after = await scrape(metrics_socket)
-        await client.call("escalations.resolve", turn_id=hog["turn_id"], action="terminate")
+        await client.call(
+            "escalations.resolve", turn_id=hog["turn_id"], action="terminate", reason="a hog"
+        )
         resolved = await scrape(metrics_socket)
 
     # turns: four accepted, three ended (the hog waits for an operator), by kind and state

@@ -101,7 +101,8 @@ async def test_second_daemon_is_refused(tmp_path: Path) -> None:
 
 
 async def test_drain_request_stops_the_daemon(tmp_path: Path) -> None:
-    """The control API's drain makes `run` return 0."""
+    """The control API's drain makes `run` return 0; the answer says who asked (the caller's
+    uid and pid, from the socket)."""
     config = _config(tmp_path / "root")
     daemon = Daemon(config, handle_signals=False)
     async with anyio.create_task_group() as tg:
@@ -112,7 +113,9 @@ async def test_drain_request_stops_the_daemon(tmp_path: Path) -> None:
 
         await tg.start(run)
         async with ControlClient(config.control_socket) as client:
-            assert await client.call("drain") == {"draining": True}
+            answer = await client.call("drain")
+    assert answer["draining"] is True
+    assert (answer["decided_by"]["uid"], answer["decided_by"]["pid"]) == (os.getuid(), os.getpid())
     assert codes == [0]
 
 

@@ -85,6 +85,42 @@ def test_a_clients_traceparent_puts_the_turn_in_its_trace() -> None:
     )
 
 
+def test_an_attempt_span_carries_its_queue_wait() -> None:
+    """`hunter.queue_wait_ms` is the attempt's recorded wait for a slot (0 included); an
+    attempt whose wait is unknown (restored from a ledger, recorded before queue waits were)
+    has no such attribute rather than a made-up 0."""
+    turn = TurnRecord(
+        turn_id=8,
+        session_id="S",
+        turn_number=1,
+        kind=TurnKind.INSTRUCTION,
+        spec=READ_SPEC,
+        idempotency_key=None,
+        state=TurnState.SUCCEEDED,
+        attempt=3,
+        accepted_us=1_000,
+        updated_us=90_000,
+        finished_us=90_000,
+        attempts=(
+            AttemptRecord(attempt=1, started_us=31_000, instruction_id="INS-8-1"),
+            AttemptRecord(attempt=2, started_us=41_000, instruction_id="INS-8-2").with_queued_ms(
+                30_000
+            ),
+            AttemptRecord(attempt=3, started_us=51_000, instruction_id="INS-8-3").with_queued_ms(0),
+        ),
+    )
+    exporter = InMemorySpanExporter()
+    provider = tracer_provider("hunter-test")
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    TurnTraces(provider.get_tracer("t")).write(turn)
+    waits = {
+        s.attributes["hunter.attempt"]: s.attributes.get("hunter.queue_wait_ms")
+        for s in exporter.get_finished_spans()
+        if s.name == "hunter.attempt" and s.attributes is not None
+    }
+    assert waits == {1: None, 2: 30_000, 3: 0}
+
+
 async def test_a_turn_and_its_attempts_are_spans(tmp_path: Path) -> None:
     root = tmp_path / "root"
     prepare_root(root, fresh=True, config_text=DEMO_CONFIG)

@@ -628,10 +628,15 @@ class PostgresTurnStore:
     # -- escalations ----------------------------------------------------------------------
 
     async def resolve_escalation(
-        self, turn_id: int, resolution: Resolution, *, ledger_lines: Sequence[SealedLine] = ()
+        self,
+        turn_id: int,
+        resolution: Resolution,
+        *,
+        ledger_lines: Sequence[SealedLine] = (),
+        result: Mapping[str, object] | None = None,
     ) -> TurnRecord:
         lines = tuple(ledger_lines)
-        return await self._write(lambda c: ops.resolve(c, turn_id, resolution, lines))
+        return await self._write(lambda c: ops.resolve(c, turn_id, resolution, lines, result))
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -662,11 +667,17 @@ class PostgresTurnStore:
         return await self._write(lambda c: fleet_ops.home_session(c, session_id, owner, lease_ms))
 
     async def claim_homes(
-        self, owner: str, *, lease_ms: int, limit: int, packages: frozenset[str] | None
+        self,
+        owner: str,
+        *,
+        lease_ms: int,
+        limit: int,
+        packages: frozenset[str] | None,
+        serves: frozenset[str] | None = None,
     ) -> list[SessionHome]:
         _check_lease(lease_ms)
         return await self._write(
-            lambda c: fleet_ops.claim_homes(c, owner, lease_ms, limit, packages)
+            lambda c: fleet_ops.claim_homes(c, owner, lease_ms, limit, packages, serves=serves)
         )
 
     async def renew_homes(
@@ -677,8 +688,20 @@ class PostgresTurnStore:
             return []
         return await self._write(lambda c: fleet_ops.renew_homes(c, held, lease_ms))
 
-    async def release_home(self, home: SessionHome) -> None:
-        await self._write(lambda c: fleet_ops.release_home(c, home))
+    async def release_home(self, home: SessionHome, *, reserve_ms: int | None = None) -> None:
+        if reserve_ms is not None:
+            _check_lease(reserve_ms)
+        await self._write(lambda c: fleet_ops.release_home(c, home, reserve_ms))
+
+    async def session_homes(self, session_ids: Sequence[str] | None = None) -> dict[str, str]:
+        ids = None if session_ids is None else tuple(session_ids)
+        return await self._read(lambda c: fleet_ops.session_homes(c, ids))
+
+    async def waiting_turns(self, owner: str, session_ids: Sequence[str]) -> list[tuple[str, str]]:
+        ids = tuple(session_ids)
+        if not ids:
+            return []
+        return await self._read(lambda c: fleet_ops.waiting_turns(c, owner, ids))
 
     async def anchor_ledger_lines(self, owner: str, lines: Sequence[SealedLine]) -> None:
         kept = tuple(lines)
@@ -704,12 +727,20 @@ class PostgresTurnStore:
     async def forget_daemon(self, owner: str) -> None:
         await self._write(lambda c: fleet_ops.forget_daemon(c, owner))
 
-    async def request_resolution(self, turn_id: int, resolution: Resolution) -> TurnRecord:
-        return await self._write(lambda c: fleet_ops.request_resolution(c, turn_id, resolution))
+    async def request_resolution(
+        self,
+        turn_id: int,
+        resolution: Resolution,
+        *,
+        decided_by: Mapping[str, object] | None = None,
+    ) -> TurnRecord:
+        return await self._write(
+            lambda c: fleet_ops.request_resolution(c, turn_id, resolution, decided_by)
+        )
 
     async def pending_resolutions(
         self, session_ids: Sequence[str]
-    ) -> list[tuple[TurnRecord, Resolution]]:
+    ) -> list[tuple[TurnRecord, Resolution, Mapping[str, object] | None]]:
         ids = tuple(session_ids)
         if not ids:
             return []

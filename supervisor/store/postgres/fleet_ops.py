@@ -44,6 +44,8 @@ __all__ = [
     "release_home",
     "renew_homes",
     "request_resolution",
+    "session_homes",
+    "waiting_turns",
 ]
 
 Conn = asyncpg.Connection
@@ -86,20 +88,38 @@ async def home_session(conn: Conn, session_id: str, owner: str, lease_ms: int) -
     raise StaleHomeError(session_id, owner=owner, home=None if home is None else str(home))
 
 
+#: An instruction turn that waits to run: not final, not escalated, held by nobody's live claim.
+_WAITING_SQL: Final = (
+    "t.kind = 'instruction' AND t.state IN ('accepted', 'waiting_retry', 'running')"
+    " AND (t.owner IS NULL OR t.lease_until_us < $3)"
+)
+
+
 async def claim_homes(
-    conn: Conn, owner: str, lease_ms: int, limit: int, packages: frozenset[str] | None
+    conn: Conn,
+    owner: str,
+    lease_ms: int,
+    limit: int,
+    packages: frozenset[str] | None,
+    *,
+    serves: frozenset[str] | None = None,
 ) -> list[SessionHome]:
     now = _now_us()
     # A session never homed yet (home_token 0) is left to the daemon that opened it for one
     # lease: its row is committed before that daemon homes it (`home_session`), and taking it
-    # in between would refuse the opener's first ledger lines. A released home is taken at once.
+    # in between would refuse the opener's first ledger lines. A released home is taken at once,
+    # unless it was handed over (released with a reservation, `home_until_us` in the future):
+    # until then only a daemon serving every command type of its waiting turns takes it.
     rows = await conn.fetch(
         "UPDATE sessions SET home = $1, home_token = home_token + 1, home_until_us = $2"
-        " WHERE session_id IN (SELECT session_id FROM sessions WHERE state = 'open'"
-        " AND ((home IS NULL AND (home_token > 0 OR opened_us < $3 - $6::bigint))"
-        " OR home_until_us < $3)"
-        " AND ($5::text[] IS NULL OR package_id = ANY($5::text[]))"
-        " ORDER BY opened_us LIMIT $4 FOR UPDATE SKIP LOCKED)"
+        " WHERE session_id IN (SELECT s.session_id FROM sessions s WHERE s.state = 'open'"
+        " AND ((s.home IS NULL AND (s.home_token > 0 OR s.opened_us < $3 - $6::bigint)"
+        " AND (s.home_until_us IS NULL OR s.home_until_us < $3 OR NOT EXISTS (SELECT 1 FROM"
+        f" turns t WHERE t.session_id = s.session_id AND {_WAITING_SQL}"
+        " AND NOT t.command_type = ANY($7::text[]))))"
+        " OR s.home_until_us < $3)"
+        " AND ($5::text[] IS NULL OR s.package_id = ANY($5::text[]))"
+        " ORDER BY s.opened_us LIMIT $4 FOR UPDATE OF s SKIP LOCKED)"
         f" RETURNING {_HOME_COLUMNS}",
         owner,
         now + lease_ms * 1000,
@@ -107,8 +127,34 @@ async def claim_homes(
         limit,
         None if packages is None else sorted(packages),
         lease_ms * 1000,
+        sorted(serves or ()),
     )
     return [_home(r) for r in rows]
+
+
+async def session_homes(conn: Conn, session_ids: tuple[str, ...] | None) -> dict[str, str]:
+    rows = await conn.fetch(
+        "SELECT session_id, home FROM sessions WHERE home IS NOT NULL AND state = 'open'"
+        " AND ($1::text[] IS NULL OR session_id = ANY($1::text[]))",
+        None if session_ids is None else list(session_ids),
+    )
+    return {str(r[0]): str(r[1]) for r in rows}
+
+
+async def waiting_turns(
+    conn: Conn, owner: str, session_ids: tuple[str, ...]
+) -> list[tuple[str, str]]:
+    rows = await conn.fetch(
+        "SELECT DISTINCT t.session_id, t.command_type FROM turns t"
+        " WHERE t.session_id = ANY($1::text[]) AND t.command_type IS NOT NULL"
+        " AND t.kind = 'instruction' AND t.state IN ('accepted', 'waiting_retry', 'running')"
+        " AND (t.owner IS NULL OR t.owner = $2 OR t.lease_until_us < $3)"
+        " ORDER BY 1, 2",
+        list(session_ids),
+        owner,
+        _now_us(),
+    )
+    return [(str(r[0]), str(r[1])) for r in rows]
 
 
 async def renew_homes(
@@ -130,14 +176,18 @@ async def renew_homes(
     return [replace(h, lease_until_us=until) for h in homes if h.session_id in kept]
 
 
-async def release_home(conn: Conn, home: SessionHome) -> None:
-    await conn.execute(
-        "UPDATE sessions SET home = NULL, home_until_us = NULL"
+async def release_home(conn: Conn, home: SessionHome, reserve_ms: int | None = None) -> None:
+    reserved = None if reserve_ms is None else _now_us() + reserve_ms * 1000
+    status = await conn.execute(
+        "UPDATE sessions SET home = NULL, home_until_us = $4"
         " WHERE session_id = $1 AND home = $2 AND home_token = $3",
         home.session_id,
         home.owner,
         home.token,
+        reserved,
     )
+    if reserved is not None and status.endswith(" 1"):  # handed over: wake the others
+        await conn.execute("SELECT pg_notify($1, $2)", WORK_CHANNEL, f"home:{home.session_id}")
 
 
 async def anchor_ledger_lines(conn: Conn, owner: str, lines: tuple[SealedLine, ...]) -> None:
@@ -196,14 +246,22 @@ async def forget_daemon(conn: Conn, owner: str) -> None:
     await conn.execute("DELETE FROM daemons WHERE owner = $1", owner)
 
 
-async def request_resolution(conn: Conn, turn_id: int, resolution: Resolution) -> TurnRecord:
+async def request_resolution(
+    conn: Conn,
+    turn_id: int,
+    resolution: Resolution,
+    decided_by: Mapping[str, object] | None = None,
+) -> TurnRecord:
     state = await conn.fetchval("SELECT state FROM turns WHERE turn_id = $1 FOR UPDATE", turn_id)
     if state is None:
         raise UnknownTurnError(turn_id)
     if state != TurnState.ESCALATED.value:
         raise NotEscalatedError(turn_id, str(state))
     await conn.execute(
-        "UPDATE turns SET resolution = $2 WHERE turn_id = $1", turn_id, resolution.value
+        "UPDATE turns SET resolution = $2, resolution_by = $3 WHERE turn_id = $1",
+        turn_id,
+        resolution.value,
+        None if decided_by is None else dumps(decided_by),
     )
     await conn.execute("SELECT pg_notify($1, $2)", WORK_CHANNEL, f"resolution:{turn_id}")
     return await get_turn(conn, turn_id)
@@ -211,14 +269,22 @@ async def request_resolution(conn: Conn, turn_id: int, resolution: Resolution) -
 
 async def pending_resolutions(
     conn: Conn, session_ids: tuple[str, ...]
-) -> list[tuple[TurnRecord, Resolution]]:
+) -> list[tuple[TurnRecord, Resolution, Mapping[str, object] | None]]:
     rows = await conn.fetch(
-        f"SELECT {TURN_COLUMNS}, resolution FROM turns WHERE resolution IS NOT NULL"
-        " AND state = 'escalated' AND session_id = ANY($1::text[]) ORDER BY turn_id",
+        f"SELECT {TURN_COLUMNS}, resolution, resolution_by FROM turns"
+        " WHERE resolution IS NOT NULL AND state = 'escalated'"
+        " AND session_id = ANY($1::text[]) ORDER BY turn_id",
         list(session_ids),
     )
-    found: list[tuple[TurnRecord, Resolution]] = []
+    found: list[tuple[TurnRecord, Resolution, Mapping[str, object] | None]] = []
     for row in rows:
         values = tuple(row.values())
-        found.append((turn_from_row(values[:-1], ()), Resolution(str(values[-1]))))
+        by = values[-1]
+        found.append(
+            (
+                turn_from_row(values[:-2], ()),
+                Resolution(str(values[-2])),
+                None if by is None else loads(bytes(by)),
+            )
+        )
     return found

@@ -612,9 +612,14 @@ async def trim_ledger_lines(conn: Conn, synced: Mapping[str, int]) -> int:
 
 
 async def resolve(
-    conn: Conn, turn_id: int, resolution: Resolution, ledger_lines: tuple[SealedLine, ...] = ()
+    conn: Conn,
+    turn_id: int,
+    resolution: Resolution,
+    ledger_lines: tuple[SealedLine, ...] = (),
+    result: Mapping[str, object] | None = None,
 ) -> TurnRecord:
-    """Carry out a decision on an escalated turn (the reasons recorded: `RESOLUTION_REASONS`)."""
+    """Carry out a decision on an escalated turn (the reasons recorded: `RESOLUTION_REASONS`;
+    *result*, when given, replaces the turn's: who decided)."""
     state_value = await conn.fetchval(
         "SELECT state FROM turns WHERE turn_id = $1 FOR UPDATE", turn_id
     )
@@ -626,22 +631,26 @@ async def resolve(
     target = _RESOLVED[resolution]
     check_move(state, target, turn_id=turn_id)
     now = _now_us()
+    stored = None if result is None else dumps(result)
     if target is TurnState.ACCEPTED:
         # A fresh attempt budget: a new round whose attempts count from 1 again.
         row = await conn.fetchrow(
             "UPDATE turns SET state = 'accepted', round = round + 1, attempt = 0,"
             " updated_us = $1, next_attempt_us = NULL, finished_us = NULL, verdict = NULL,"
-            " reason_code = NULL, reason = NULL, fault_type = NULL, result = NULL,"
-            f" resolution = NULL WHERE turn_id = $2 RETURNING {TURN_COLUMNS}",
+            " reason_code = NULL, reason = NULL, fault_type = NULL, result = $3,"
+            " resolution = NULL, resolution_by = NULL"
+            f" WHERE turn_id = $2 RETURNING {TURN_COLUMNS}",
             now,
             turn_id,
+            stored,
         )
         await conn.execute("SELECT pg_notify($1, $2)", WORK_CHANNEL, f"turn:{turn_id}")
     else:
         code, why = RESOLUTION_REASONS[resolution]
         row = await conn.fetchrow(
             "UPDATE turns SET state = $1, updated_us = $2, finished_us = $2,"
-            " verdict = 'TERMINATE', reason_code = $3, reason = $4, resolution = NULL"
+            " verdict = 'TERMINATE', reason_code = $3, reason = $4,"
+            " result = coalesce($6::bytea, result), resolution = NULL, resolution_by = NULL"
             " WHERE turn_id = $5"
             f" RETURNING {TURN_COLUMNS}",
             target.value,
@@ -649,6 +658,7 @@ async def resolve(
             code,
             why,
             turn_id,
+            stored,
         )
     assert row is not None
     if ledger_lines:

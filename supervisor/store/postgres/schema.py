@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 #: The schema this code reads and writes. Raise it and add a step to `_MIGRATIONS` on a change.
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 _VERSION_KEY: Final = "turn_store_schema"
 #: ``pg_advisory_xact_lock`` key taken by `migrate` (any fixed number; "hunt" in ASCII)
 _MIGRATION_LOCK: Final = 0x68756E74
@@ -171,8 +171,14 @@ ALTER TABLE sessions ADD COLUMN tenant TEXT;
 ALTER TABLE sessions ADD COLUMN priority BIGINT;
 """
 
+#: Version 4: who asked for a resolution of another daemon's session (``decided_by``, JSON):
+#: the home records it with the ending (`supervisor.turns.decisions`).
+_V4: Final = """
+ALTER TABLE turns ADD COLUMN resolution_by BYTEA;
+"""
+
 #: version -> the SQL that upgrades a database from that version to the next one.
-_MIGRATIONS: Final[Mapping[int, str]] = {0: _V1, 1: _V2, 2: _V3}
+_MIGRATIONS: Final[Mapping[int, str]] = {0: _V1, 1: _V2, 2: _V3, 3: _V4}
 
 TURN_COLUMNS: Final = (
     "turn_id, session_id, turn_number, kind, spec, idempotency_key, state, attempt, accepted_us,"

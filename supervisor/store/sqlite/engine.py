@@ -591,10 +591,15 @@ class SqliteTurnStore:
     # -- escalations ----------------------------------------------------------------------
 
     async def resolve_escalation(
-        self, turn_id: int, resolution: Resolution, *, ledger_lines: Sequence[SealedLine] = ()
+        self,
+        turn_id: int,
+        resolution: Resolution,
+        *,
+        ledger_lines: Sequence[SealedLine] = (),
+        result: Mapping[str, object] | None = None,
     ) -> TurnRecord:
         lines = tuple(ledger_lines)
-        return await self._write(lambda c: ops.resolve(c, turn_id, resolution, lines))
+        return await self._write(lambda c: ops.resolve(c, turn_id, resolution, lines, result))
 
     # -- reads ----------------------------------------------------------------------------
 

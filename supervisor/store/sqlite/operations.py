@@ -461,8 +461,10 @@ def resolve(
     turn_id: int,
     resolution: Resolution,
     ledger_lines: tuple[SealedLine, ...] = (),
+    result: Mapping[str, object] | None = None,
 ) -> TurnRecord:
-    """Carry out a decision on an escalated turn (the reasons recorded: `RESOLUTION_REASONS`)."""
+    """Carry out a decision on an escalated turn (the reasons recorded: `RESOLUTION_REASONS`;
+    *result*, when given, replaces the turn's: who decided)."""
     row = conn.execute("SELECT state FROM turns WHERE turn_id = ?", (turn_id,)).fetchone()
     if row is None:
         raise UnknownTurnError(turn_id)
@@ -472,22 +474,24 @@ def resolve(
     target = _RESOLVED[resolution]
     check_move(state, target, turn_id=turn_id)
     now = now_us()
+    stored = None if result is None else dumps(result)
     if target is TurnState.ACCEPTED:
         # A fresh attempt budget: a new round whose attempts count from 1 again.
         sql = (
             "UPDATE turns SET state = 'accepted', round = round + 1, attempt = 0,"
             " updated_us = ?, next_attempt_us = NULL, finished_us = NULL, verdict = NULL,"
-            " reason_code = NULL, reason = NULL, fault_type = NULL, result = NULL"
+            " reason_code = NULL, reason = NULL, fault_type = NULL, result = ?"
             f" WHERE turn_id = ? RETURNING {TURN_COLUMNS}"
         )
-        args: tuple[object, ...] = (now, turn_id)
+        args: tuple[object, ...] = (now, stored, turn_id)
     else:
         code, why = RESOLUTION_REASONS[resolution]
         sql = (
             "UPDATE turns SET state = ?, updated_us = ?, finished_us = ?, verdict = 'TERMINATE',"
-            f" reason_code = ?, reason = ? WHERE turn_id = ? RETURNING {TURN_COLUMNS}"
+            " reason_code = ?, reason = ?, result = coalesce(?, result)"
+            f" WHERE turn_id = ? RETURNING {TURN_COLUMNS}"
         )
-        args = (target.value, now, now, code, why, turn_id)
+        args = (target.value, now, now, code, why, stored, turn_id)
     rows = conn.execute(sql, args).fetchall()
     if ledger_lines:
         put_ledger_lines(conn, ledger_lines)

@@ -13,6 +13,7 @@ import anyio
 import pytest
 import structlog
 
+from sandbox.policy.attempts import AgentPhase, RetryOptions
 from sandbox.runtime.area import SessionArea
 from sandbox.runtime.session import Session
 
@@ -131,6 +132,35 @@ async def test_a_failure_to_empty_is_logged_and_the_result_stands(
     )
     assert again.stdout == ""
     assert_empty_sandbox(session)
+
+
+async def test_attempts_are_numbered_as_the_turn_numbers_them(session: Session) -> None:
+    """The daemon runs a turn again after its attempt 1 was interrupted (a restart, a
+    takeover) and asks for attempt 2 on: the runtime's ``attempt_finished`` and
+    ``retry_scheduled`` events, its attempts and the exec entry say 2 and 3, as the turn's
+    records do, and the budget is the turn's (3 attempts in all: two of them here)."""
+    delays: list[float] = []
+
+    async def no_wait(seconds: float) -> None:
+        delays.append(seconds)
+
+    with structlog.testing.capture_logs() as logs:
+        result = await session.run_process_turn(
+            ["/bin/sh", "-c", "exit 1"],
+            declared_outputs=[],
+            timeout_ms=10_000,
+            phase=AgentPhase.GREEN,
+            options=RetryOptions(max_attempts=3),
+            delay=no_wait,
+            first_attempt=2,
+        )
+    assert [a.attempt_number for a in result.attempts] == [2, 3]
+    assert [e["attempt"] for e in logs if e["event"] == "attempt_finished"] == [2, 3]
+    assert [e["attempt"] for e in logs if e["event"] == "retry_scheduled"] == [2]
+    assert result.reason_code == "RETRY_BUDGET_EXHAUSTED"
+    assert "last of 3 attempts" in result.reason
+    recorded = turn_entry(session, "exec", 1)["attempts"]
+    assert [a["attempt_number"] for a in recorded] == [2, 3]
 
 
 async def test_caller_commits_the_ledger_lines(session: Session) -> None:

@@ -142,10 +142,11 @@ async def test_retried_instruction_record(
     assert first[:2] == ["1", "flaky"]
     assert re.fullmatch(r"\d\d:\d\d:\d\d\.\d{3}", first[2])
     assert re.fullmatch(r"\d\d:\d\d:\d\d\.\d{3}", first[3])
-    assert first[6] == "CRASH"
-    assert first[8:] == ["RETRY", "RETRY_AFTER_CRASH", str(delay), "ms"]
+    assert [first[4], second[4]] == [str(a["queued_ms"]) for a in turn["attempts"]]  # QUEUED_MS
+    assert first[7] == "CRASH"
+    assert first[9:] == ["RETRY", "RETRY_AFTER_CRASH", str(delay), "ms"]
     assert second[:2] == ["2", "flaky"]
-    assert second[8:] == ["SUCCEED", "ATTEMPT_SUCCEEDED", "-"]
+    assert second[9:] == ["SUCCEED", "ATTEMPT_SUCCEEDED", "-"]
     assert "executor answer" in shown
     assert f"response_type      {turn['result']['response_type']}" in shown
     assert "ledger entries\n  exec     seq 2  turn  status succeeded" in shown

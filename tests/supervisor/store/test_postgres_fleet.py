@@ -112,18 +112,27 @@ async def test_heartbeats_list_the_daemons_with_their_leases(pg_dsn: str) -> Non
 
 
 async def test_a_resolution_asked_of_the_home_is_pending_until_carried_out(pg_dsn: str) -> None:
+    """The resolution goes to the home with who asked (``decided_by``), which the home records
+    in the turn's result when it carries it out."""
+    by = {"action": "terminate", "uid": 1000, "pid": 7, "operator": "ann", "reason": "stuck"}
     async with open_postgres_store(pg_dsn) as store:
         await session(store)
         parked = await escalated(store)
-        asked = await store.request_resolution(parked.turn_id, Resolution.TERMINATE)
+        asked = await store.request_resolution(parked.turn_id, Resolution.TERMINATE, decided_by=by)
         assert asked.state is TurnState.ESCALATED
-        ((pending, resolution),) = await store.pending_resolutions(["S1"])
+        ((pending, resolution, decided_by),) = await store.pending_resolutions(["S1"])
         assert (pending.turn_id, resolution) == (parked.turn_id, Resolution.TERMINATE)
+        assert decided_by == by
         assert await store.pending_resolutions(["S2"]) == []
         done = await store.resolve_escalation(
-            parked.turn_id, Resolution.TERMINATE, ledger_lines=[line("S1/exec", 1)]
+            parked.turn_id,
+            Resolution.TERMINATE,
+            ledger_lines=[line("S1/exec", 1)],
+            result={"decided_by": decided_by},
         )
         assert done.state is TurnState.TERMINATED
+        assert done.result is not None
+        assert done.result["decided_by"] == by
         assert await store.pending_resolutions(["S1"]) == []
         with pytest.raises(NotEscalatedError):
             await store.request_resolution(parked.turn_id, Resolution.CANCEL)

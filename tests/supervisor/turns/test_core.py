@@ -49,6 +49,7 @@ class FakeReport:
     duration_ms: int = 1
     detail: str = ""
     evidence: bytes | None = None
+    queued_ms: int = 0
 
 
 @dataclass
@@ -600,7 +601,9 @@ async def test_restart_reruns_interrupted_process_turn(tmp_path: Path) -> None:
         assert done.state is TurnState.SUCCEEDED
         assert next((a.fault_type, a.decision) for a in done.attempts) == ("CRASH", "RETRY")
         (call,) = r2.runtime.sessions[sid].process_calls
-        assert call["options"].max_attempts == 2
+        # the rest of the budget: the runtime numbers its attempts on from the turn's (2 of 3)
+        assert call["options"].max_attempts == 3
+        assert call["first_attempt"] == 2
 
 
 async def test_cancel_running_process_turn_writes_ledgers(tmp_path: Path) -> None:

@@ -207,7 +207,9 @@ async def test_an_attempt_cut_short_on_the_last_allowed_attempt_ends_the_turn_af
     assert done.state is TurnState.TERMINATED
     (attempt,) = done.attempts
     assert (attempt.attempt, attempt.fault_type, attempt.decision) == (1, "CRASH", "TERMINATE")
-    assert result_of(done) == {"detail": "interrupted by a daemon restart"}
+    assert result_of(done) == {
+        "detail": "interrupted by a restart of this daemon: it stopped while the attempt ran"
+    }
     assert reader.seen == []
     assert statuses == ["terminated"]
 
@@ -237,6 +239,42 @@ async def test_a_turn_waiting_for_its_retry_at_a_stop_sends_its_next_attempt_aft
     assert [i.instruction_id for i in crashing.seen] == [f"INS-{turn.turn_id}-1"]
     assert reader.seen == [f"INS-{turn.turn_id}-2"]
     assert statuses == ["succeeded"]
+
+
+async def test_a_retry_that_waits_in_the_hubs_queue_records_that_wait(world: World) -> None:
+    """A turn taken back waiting for its retry runs in a task: with no executor connected its
+    next attempt waits in the hub's own queue, inside the attempt's start and end. That wait
+    is still its queue wait: at least the time the test let pass before connecting one, and
+    not part of how long it ran."""
+    pause_s = 0.3
+    slow = RetryOptions(max_attempts=3, base_delay_ms=60_000, backoff_multiplier=2)
+    async with running(world, Crashing(), retry=slow) as stack:
+        sid = await open_session(stack)
+        turn = await stack.submit(sid, timeout_ms=30_000)
+        await stack.reached(turn.turn_id, TurnState.WAITING_RETRY)
+    await sql(world, "UPDATE turns SET next_attempt_us = 0 WHERE turn_id = ?", turn.turn_id)
+    with structlog.testing.capture_logs() as logs:
+        async with running(world) as stack:
+            # running: its envelope went to the hub, where no executor serves READ yet
+            await stack.reached(turn.turn_id, TurnState.RUNNING)
+            assert stack.hub.statistics().queued_by_command == {"READ": 1}
+            await anyio.sleep(pause_s)
+            await stack.connect(Reader())
+            done = await stack.settled(turn.turn_id)
+    assert done.state is TurnState.SUCCEEDED
+    first, second = done.attempts
+    assert first.queued_ms is not None
+    assert second.queued_ms is not None
+    assert second.queued_ms >= pause_s * 1000
+    assert second.duration_ms is not None
+    assert second.finished_us is not None
+    # the attempt's times span the wait and the run; its duration is the run only (the wait
+    # and the run each rounded to whole milliseconds)
+    span_ms = (second.finished_us - second.started_us) / 1000
+    assert second.queued_ms + second.duration_ms <= span_ms + 2
+    # logged when the envelope went to the hub: what it waited before that (nothing)
+    (started,) = [e for e in events(logs, "attempt_started") if e["attempt"] == 2]
+    assert started["queued_ms"] == 0
 
 
 async def test_a_draining_daemon_sends_no_attempt_of_a_turn_it_takes_back(world: World) -> None:

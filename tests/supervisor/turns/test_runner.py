@@ -409,7 +409,8 @@ async def test_an_attempt_cut_short_by_a_restart_is_decided_crash_and_retried(
     world: World,
 ) -> None:
     """The daemon stops while an attempt runs: the next start decides that attempt as a CRASH
-    ("interrupted by a daemon restart") and retries it under the next number, which succeeds."""
+    ("interrupted by a restart of this daemon") and retries it under the next number, which
+    succeeds."""
     gated = Gated()
     async with running(world, gated) as stack:
         sid = await open_session(stack)
@@ -422,7 +423,9 @@ async def test_an_attempt_cut_short_by_a_restart_is_decided_crash_and_retried(
         assert done.state is TurnState.SUCCEEDED
         first, second = done.attempts
         assert (first.attempt, first.fault_type, first.decision) == (1, "CRASH", "RETRY")
-        assert first.detail == "interrupted by a daemon restart"
+        assert first.detail == (
+            "interrupted by a restart of this daemon: it stopped while the attempt ran"
+        )
         assert (second.attempt, second.outcome, second.decision) == (2, "SUCCESS", "SUCCEED")
         assert reader.seen == [f"INS-{turn.turn_id}-2"]
         assert [e["status"] for e in await exec_entries(stack, sid)] == ["succeeded"]

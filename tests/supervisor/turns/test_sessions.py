@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -15,7 +16,8 @@ import pytest
 from ledger import SealedLine, verify_session_dir
 from ledger.chain import content_hash
 from sandbox.runtime.session import Runtime, Session
-from supervisor.turns.sessions import DaemonSessions
+from supervisor.store.protocol import SessionRecord, SessionState
+from supervisor.turns.sessions import DaemonSessions, verify_ledgers
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a sandbox session needs root")
 
@@ -81,3 +83,54 @@ async def test_without_the_flusher_a_flush_writes_at_once(sandbox_runtime: Runti
         sessions.add(session)
         sessions.flush(session.session_id, _seal(session, 1))
         assert _turns_in(session.exec_ledger_path) == [1]
+
+
+def _items(report: dict[str, object], key: str) -> list[dict[str, Any]]:
+    items = report[key]
+    assert isinstance(items, list)
+    return items
+
+
+def _record(session_id: str, state: SessionState = SessionState.OPEN) -> SessionRecord:
+    return SessionRecord(
+        session_id=session_id,
+        package_id="pkg",
+        tier="default",
+        work_order_id=None,
+        workspace=None,
+        state=state,
+        opened_us=1,
+        closed_us=None,
+        turns=0,
+    )
+
+
+async def test_a_fleet_daemon_checks_the_ledgers_it_homes_and_names_the_home_of_the_others(
+    sandbox_runtime: Runtime,
+) -> None:
+    """`hunter check-ledgers` on a daemon of a fleet: its sessions' ledgers are verified; a
+    session another daemon homes is "homed by <daemon>, checked there", not `ledger missing`;
+    a session no daemon homes is verified where its files are and noted where they are not."""
+    with (
+        sandbox_runtime.open_session("pkg") as mine,
+        sandbox_runtime.open_session("pkg") as closed_here,
+    ):
+        records = [
+            _record(mine.session_id),
+            _record("SES-homed-by-b"),
+            _record("SES-closed-elsewhere", SessionState.CLOSED),
+            _record(closed_here.session_id, SessionState.CLOSED),
+        ]
+        homes = {mine.session_id: "daemon-a", "SES-homed-by-b": "daemon-b"}
+        report = await verify_ledgers(sandbox_runtime.root, records, homes=homes, owner="daemon-a")
+    assert report["ok"] is True
+    assert report["failures"] == []
+    verified = {r["session_id"] for r in _items(report, "ledgers")}
+    assert verified == {mine.session_id, closed_here.session_id}
+    elsewhere = {e["session_id"]: e for e in _items(report, "elsewhere")}
+    assert set(elsewhere) == {"SES-homed-by-b", "SES-closed-elsewhere"}
+    assert elsewhere["SES-homed-by-b"]["detail"] == "homed by daemon-b, checked there"
+    assert elsewhere["SES-closed-elsewhere"]["home"] is None
+    assert "no daemon homes it now (closed)" in elsewhere["SES-closed-elsewhere"]["detail"]
+    alone = await verify_ledgers(sandbox_runtime.root, records[1:2])  # no fleet: missing is bad
+    assert alone["ok"] is False

@@ -29,6 +29,9 @@ class RecordingEvents:
     def attempt_decided(self, attempt: AttemptRecord) -> None:
         self.calls.append(("attempt_decided", attempt))
 
+    def attempt_queued(self, command_type: str, seconds: float) -> None:
+        self.calls.append(("attempt_queued", (command_type, seconds)))
+
     def turn_ended(self, turn: TurnRecord, ledger_lines: Sequence[SealedLine]) -> None:
         self.calls.append(("turn_ended", (turn, tuple(ledger_lines))))
 

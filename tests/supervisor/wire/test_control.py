@@ -78,10 +78,14 @@ def test_requests_are_typed_and_frozen() -> None:
     assert isinstance(wait, ExecutorsWait)
     assert (wait.params.status, wait.params.timeout_s) == (ExecutorStatus.READY, 10.0)
     resolve = decode_request(
-        _body(op="escalations.resolve", params={"turn_id": 3, "action": "terminate"})
+        _body(
+            op="escalations.resolve",
+            params={"turn_id": 3, "action": "terminate", "reason": "stuck"},
+        )
     )
     assert isinstance(resolve, EscalationsResolve)
     assert (resolve.params.id, resolve.params.action) == (3, "terminate")
+    assert (resolve.params.reason, resolve.params.operator) == ("stuck", None)
 
 
 def test_turn_submit_params_become_one_typed_spec() -> None:
@@ -154,6 +158,17 @@ def test_answer_defaults_to_full_and_may_be_compact() -> None:
         ({"id": 1, "op": "turn.wait", "params": {"turn_id": 1, "timeout_s": -1}}, "timeout_s"),
         ({"id": 1, "op": "turn.wait", "params": {"turn_id": 1, "until": ["x"]}}, "until[0]"),
         ({"id": 1, "op": "escalations.resolve", "params": {"turn_id": 1, "action": 1}}, "action"),
+        ({"id": 1, "op": "escalations.resolve", "params": {"turn_id": 1, "action": "retry"}},
+         "reason"),
+        ({"id": 1, "op": "escalations.resolve",
+          "params": {"turn_id": 1, "action": "retry", "reason": ""}}, "reason"),
+        ({"id": 1, "op": "escalations.resolve",
+          "params": {"turn_id": 1, "action": "retry", "reason": " \n "}}, "reason"),
+        ({"id": 1, "op": "escalations.resolve",
+          "params": {"turn_id": 1, "action": "retry", "reason": "r", "operator": 7}}, "operator"),
+        ({"id": 1, "op": "turn.cancel", "params": {"turn_id": 1, "reason": 3}}, "reason"),
+        ({"id": 1, "op": "turn.cancel", "params": {"turn_id": 1, "operator": "  "}}, "operator"),
+        ({"id": 1, "op": "drain", "params": {"reason": "x" * 2001}}, "reason"),
         ({"op": "turn.submit", "params": {"session_id": "S", "kind": "process"}},
          "declared_outputs"),
         ({"op": "turn.submit", "params": {"session_id": "S", "kind": "process",
