@@ -22,17 +22,21 @@ flags. The configuration is read only when no flag or ``$HUNTER_CONTROL_SOCKET``
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal
 
 from supervisor.cli.exit_codes import EXIT_FAILED, EXIT_NO_DAEMON, EXIT_USAGE
 from supervisor.cli.output import err
+from supervisor.client.discovery import (
+    CONFIG_ENV,
+    CONTROL_SOCKET_ENV,
+    DEFAULT_ROOT,
+    ROOT_ENV,
+    Located,
+    locate_daemon,
+)
 
 if TYPE_CHECKING:
-    from supervisor.config import Config
     from supervisor.control.client import ControlClient
 
 __all__ = [
@@ -46,13 +50,6 @@ __all__ = [
     "run_client",
 ]
 
-DEFAULT_ROOT: Final = Path(".hunter")
-#: The control socket's path; the same variable sets the daemon's ``control_socket`` key.
-CONTROL_SOCKET_ENV: Final = "HUNTER_CONTROL_SOCKET"
-#: The root; the same variable sets the daemon's ``root`` key.
-ROOT_ENV: Final = "HUNTER_ROOT"
-#: The configuration file; the same variable names the daemon's.
-CONFIG_ENV: Final = "HUNTER_CONFIG"
 #: The help of the ``daemon`` option group: the order of `locate`, in one line.
 ORDER_HELP: Final = (
     "without --socket or --root: $HUNTER_CONTROL_SOCKET, else the control_socket of the"
@@ -62,80 +59,20 @@ ORDER_HELP: Final = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Located:
-    """What `locate` found: the control socket or the root, and where the path came from."""
-
-    path: Path
-    #: e.g. ``--socket``, ``$HUNTER_CONTROL_SOCKET``, ``the root /srv/r (the root key of
-    #: /etc/hunter.toml, named by $HUNTER_CONFIG)``: said when nothing answers there.
-    source: str
-
-
 def locate(
     args: argparse.Namespace,
     want: Literal["socket", "root"] = "socket",
     env: Mapping[str, str] | None = None,
 ) -> Located:
-    """The daemon's control socket (*want* ``"socket"``) or its root (``"root"``), found from
-    *args*' ``--socket``, ``--root`` and ``--config`` (those it has) and *env* in the order of
-    the module docstring. Raises `ConfigError` when the configuration it has to read is invalid
-    (a missing file included)."""
-    from supervisor.control.client import socket_for_root
-
-    env = os.environ if env is None else env
-    if want == "socket" and getattr(args, "socket", None):
-        return Located(Path(args.socket), "--socket")
-    if getattr(args, "root", None):
-        root = Path(args.root).absolute()
-        return Located(socket_for_root(root) if want == "socket" else root, "--root")
-    if want == "socket" and env.get(CONTROL_SOCKET_ENV):
-        return Located(Path(env[CONTROL_SOCKET_ENV]).absolute(), f"${CONTROL_SOCKET_ENV}")
-    config, file = _configuration(args, env)
-    root_source = _root_source(config, file, env)
-    if want == "root":
-        return Located(config.root, root_source)
-    if config.control_socket == socket_for_root(config.root):
-        return Located(config.control_socket, f"the root {config.root} ({root_source})")
-    if env.get("HUNTER_RUNTIME_DIR"):
-        source = "$HUNTER_RUNTIME_DIR"
-    elif file:
-        source = f"the control_socket or runtime_dir key of {file}"
-    else:
-        source = "$RUNTIME_DIRECTORY"
-    return Located(config.control_socket, source)
-
-
-def _configuration(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Config, str]:
-    """The configuration `hunter serve` would load here, and its file as a message names it
-    (``''`` when there is none)."""
-    from supervisor.config import load_config
-
-    if getattr(args, "config", None):
-        path: Path | None = Path(args.config)
-        file = f"{path}, named by --config"
-    elif env.get(CONFIG_ENV):
-        path = Path(env[CONFIG_ENV])
-        file = f"{path}, named by ${CONFIG_ENV}"
-    else:
-        path, file = None, ""
-    return load_config(path, env=env), file
-
-
-def _root_source(config: Config, file: str, env: Mapping[str, str]) -> str:
-    """Where the configuration's root came from, as the no-daemon message says it."""
-    if env.get(ROOT_ENV):
-        return f"${ROOT_ENV}"
-    state_dir = (env.get("STATE_DIRECTORY") or "").split(":", 1)[0]
-    if state_dir and config.root == Path(os.path.abspath(state_dir)):
-        return "$STATE_DIRECTORY"
-    if config.root != DEFAULT_ROOT.absolute():
-        return f"the root key of {file}"
-    if file:
-        return f"the default ./{DEFAULT_ROOT}: {file}, sets no root"
-    return (
-        f"the default ./{DEFAULT_ROOT}: none of --socket, --root, --config,"
-        f" ${CONTROL_SOCKET_ENV}, ${CONFIG_ENV}, ${ROOT_ENV} is given"
+    """The daemon's control socket (*want* ``"socket"``) or its root (``"root"``), from *args*'
+    ``--socket``, ``--root`` and ``--config`` (those it has) and *env*: the client library's
+    `supervisor.client.discovery.locate_daemon`, in the order of the module docstring."""
+    return locate_daemon(
+        socket=getattr(args, "socket", None),
+        root=getattr(args, "root", None),
+        config=getattr(args, "config", None),
+        want=want,
+        env=env,
     )
 
 

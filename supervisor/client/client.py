@@ -24,7 +24,6 @@ half the turns per second, `benchmarks/bench_client.py`).
 
 from __future__ import annotations
 
-import argparse
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -36,6 +35,7 @@ import anyio
 import anyio.abc
 import msgspec
 
+from supervisor.client.discovery import locate_daemon
 from supervisor.client.errors import SubscriberTooSlow, error_for
 from supervisor.client.models import (
     SETTLED_STATES,
@@ -81,10 +81,7 @@ def find_socket(
     ``<root>/run/control.sock``, else ``$HUNTER_CONTROL_SOCKET``, else what the configuration
     ``hunter serve`` would read says (*config*, else ``$HUNTER_CONFIG``, with the ``HUNTER_*``
     variables; docs/configuration.md, "How client commands find the daemon")."""
-    from supervisor.cli.client import locate
-
-    args = argparse.Namespace(socket=socket, root=root, config=config)
-    return locate(args).path
+    return locate_daemon(socket=socket, root=root, config=config).path
 
 
 def _as(kind: type[T], value: object) -> T:
