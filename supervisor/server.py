@@ -34,7 +34,7 @@ exit or the daemon failed (the message and the ``daemon_failed`` log event say w
 configuration/usage problem (including a configured PostgreSQL store that cannot be reached or is
 not migrated), 3 when another daemon already serves the root.
 
-About 740 lines, past the usual 600: the daemon's wiring (config, listeners, store, hub, core,
+About 790 lines, past the usual 600: the daemon's wiring (config, listeners, store, hub, core,
 metrics, traces, signals, reload) is read top to bottom in one place; each part it wires lives
 in its own package.
 """

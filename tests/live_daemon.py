@@ -15,7 +15,7 @@ import anyio
 from supervisor.config import load_config
 from supervisor.control.client import ControlClient
 from supervisor.demo.stack import prepare_root
-from supervisor.sdk import Executor, run_executor
+from supervisor.sdk import Executor, Instruction, Result, run_executor
 from supervisor.server import Daemon
 
 #: The bound of every wait of these tests; a healthy run takes well under a second each.
@@ -62,3 +62,38 @@ async def serving(
                     executors.cancel_scope.cancel()
         finally:
             daemon.request_drain()
+
+
+class Gated(Executor):
+    """READ waits for ``gate``; ``all_started`` is set once *expected* handlers are waiting."""
+
+    def __init__(self, *, slots: int, expected: int) -> None:
+        super().__init__(executor_id="gated", slots=slots)
+        self.expected = expected
+        self.started = 0
+        self.all_started = anyio.Event()
+        self.gate = anyio.Event()
+
+    async def read(self, instruction: Instruction) -> Result:
+        self.started += 1
+        if self.started == self.expected:
+            self.all_started.set()
+        await self.gate.wait()
+        return Result.success("page")
+
+
+class Sleeper(Executor):
+    """READ never answers: it sleeps until the daemon's cancel cancels it."""
+
+    def __init__(self) -> None:
+        super().__init__(executor_id="sleeper")
+        self.started = anyio.Event()
+        self.cancelled = anyio.Event()
+
+    async def read(self, instruction: Instruction) -> Result:
+        self.started.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            self.cancelled.set()
+        raise AssertionError("unreachable")  # pragma: no cover

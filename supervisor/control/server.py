@@ -57,9 +57,12 @@ Operations (params -> result):
   replayed}, then pushed ``{id, event}`` frames (`supervisor.control.subscriptions`);
   ``events.unsubscribe`` {subscription} -> {unsubscribed}
 
-`ControlServer` is a little over 400 lines: the connection handling (framing, the error
-boundary, busy refusals) and one short handler per operation of the protocol, which read and
-answer through the turn core; the answers' shapes are in `supervisor.control.answers`.
+About 700 lines (`ControlServer` about 500), past the usual 600/400: the connection handling
+(framing, the error boundary, busy refusals, the peer's credentials) and one short handler per
+operation of the protocol (18 of them), which read and answer through the turn core; the
+answers' shapes are in `supervisor.control.answers`, submits taken without a task in
+`submits`, replies in `replies`, event subscriptions in `subscriptions`. Split by operation,
+each handler would need the same five neighbours passed in.
 """
 
 from __future__ import annotations
@@ -528,7 +531,7 @@ class ControlServer:
         wait = params.wait_s
         with anyio.CancelScope(shield=True):  # accepted means scheduled, client or not
             turn, created = await self._turn_core.submit(request)
-        warnings = submit_warnings(self._hub, request, self._turn_core.served_by_peers())
+        warnings = submit_warnings(self._hub, request, self._turn_core.served_by_peers)
         if wait is not None:
             # submit-and-wait in one round trip: answers once the turn is final or parked
             turn = await self._turn_core.wait_turn(turn.turn_id, timeout_s=float(wait))

@@ -34,16 +34,20 @@ Failure = Callable[[RequestId, str, Exception], dict[str, object]]
 
 
 def submit_warnings(
-    hub: ExecutorHub, request: TurnRequest, served_by_peers: frozenset[str] | None = None
+    hub: ExecutorHub,
+    request: TurnRequest,
+    peers: Callable[[], frozenset[str] | None] = lambda: None,
 ) -> list[str]:
-    """What the client should know at once (the turn is accepted either way).
-    *served_by_peers*: in a fleet, the command types the executors of the other live daemons
-    serve (`TurnCore.served_by_peers`); a turn runs where they are (its session is handed over
-    to one of them), so it is warned of only when no daemon of the fleet serves its type."""
+    """What the client should know at once (the turn is accepted either way). *peers*: in a
+    fleet, the command types the executors of the other live daemons serve
+    (`TurnCore.served_by_peers`, asked only when no executor here serves the turn); a turn runs
+    where they are (its session is handed over to one of them), so it is warned of only when
+    no daemon of the fleet serves its type."""
     spec = request.instruction
     if spec is None or hub.serving(spec.command_type):
         return []
     command = spec.command_type.value
+    served_by_peers = peers()
     if served_by_peers is not None and command in served_by_peers:
         return []
     queue_s = hub.settings.queue_wait_s
@@ -84,7 +88,7 @@ class QuickSubmits:
             _COSTS.add("admit", _COSTS.clock() - started)
         request_id = request.id
         # What the client should know at once, as of the submission (as the task path does).
-        warnings = submit_warnings(self._hub, turn, self._turn_core.served_by_peers())
+        warnings = submit_warnings(self._hub, turn, self._turn_core.served_by_peers)
 
         def accepted(outcome: TurnRecord | Exception) -> None:
             if isinstance(outcome, Exception):

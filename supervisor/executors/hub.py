@@ -28,7 +28,7 @@ Design notes (hot path):
   buffered ``FrameReader``.
 * Per-frame events are logged at debug level; state transitions at info/warning.
 
-`ExecutorHub` is about 490 lines (the module about 670): it is the front the turn core calls
+`ExecutorHub` is about 520 lines (the module about 710): it is the front the turn core calls
 (admit, run an attempt with a task or dispatch one without, slots, status); each method
 delegates to its neighbours (dispatch, roster, judge, quarantine, circuits), and the two ways of
 an attempt share the circuit breakers' and counters' bookkeeping, so they stay in one class.

@@ -34,6 +34,7 @@ from supervisor.wire.turn_spec import TurnSpec, decode_spec
 __all__ = [
     "accepted",
     "attempt_from_row",
+    "attempt_row",
     "claim_of",
     "dumps",
     "ending_values",
@@ -207,6 +208,30 @@ def _turn(
         attempts=attempts,
         owner=_text(row[17]),
         token=token,
+    )
+
+
+def attempt_row(turn_id: int, round_: int, a: AttemptRecord) -> tuple[object, ...]:
+    """An attempt as the values of a row of ``attempts`` in `ATTEMPT_COLUMNS` order (both
+    engines)."""
+    return (
+        turn_id,
+        round_,
+        a.attempt,
+        a.started_us,
+        a.executor_id,
+        a.instruction_id,
+        a.finished_us,
+        a.outcome,
+        a.fault_type,
+        a.exit_code,
+        a.decision,
+        a.reason_code,
+        a.reason,
+        a.detail,
+        a.duration_ms,
+        a.delay_ms,
+        dumps(a.extra) if a.extra else None,
     )
 
 

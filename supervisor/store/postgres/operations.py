@@ -17,7 +17,7 @@ Design notes
   compared across hosts therefore assume clocks in sync to well under a lease.
 * Every SQL text is a constant, or one of a few shapes (filters pass arrays, never spliced
   values), so asyncpg's per-connection statement cache keeps each prepared.
-* About 720 lines, past the usual 600: one function per protocol operation (each hot write
+* About 700 lines, past the usual 600: one function per protocol operation (each hot write
   tries its one statement from `one_trip` first and keeps the long way here), kept side by side
   with the SQLite engine's `operations` so the two read alike; splitting it would scatter the
   fencing and lifecycle checks the operations share.
@@ -75,6 +75,7 @@ from supervisor.store.protocol import (
 from supervisor.store.rows import (
     accepted,
     attempt_from_row,
+    attempt_row,
     claim_of,
     dumps,
     ending_values,
@@ -367,28 +368,7 @@ _PUT_ATTEMPT: Final = (
 async def _put_attempts(
     conn: Conn, turn_id: int, round_: int, attempts: Sequence[AttemptRecord]
 ) -> None:
-    rows = [
-        (
-            turn_id,
-            round_,
-            a.attempt,
-            a.started_us,
-            a.executor_id,
-            a.instruction_id,
-            a.finished_us,
-            a.outcome,
-            a.fault_type,
-            a.exit_code,
-            a.decision,
-            a.reason_code,
-            a.reason,
-            a.detail,
-            a.duration_ms,
-            a.delay_ms,
-            dumps(a.extra) if a.extra else None,
-        )
-        for a in attempts
-    ]
+    rows = [attempt_row(turn_id, round_, a) for a in attempts]
     if len(rows) == 1:
         await conn.execute(_PUT_ATTEMPT, *rows[0])
     elif rows:

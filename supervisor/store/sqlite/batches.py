@@ -29,11 +29,17 @@ from sandbox.policy.lifecycle import FINAL_STATES
 from supervisor.store.fencing import FenceRow, check_finish, stored_attempt, with_start
 from supervisor.store.grouping import Accept, Finish
 from supervisor.store.protocol import Accepted, TurnRecord
-from supervisor.store.rows import accepted, attempt_from_row, ending_values, loads, turn_from_row
+from supervisor.store.rows import (
+    accepted,
+    attempt_from_row,
+    attempt_row,
+    ending_values,
+    loads,
+    turn_from_row,
+)
 from supervisor.store.sqlite.new_turns import INSERT_TURN, take_numbers, turn_values
 from supervisor.store.sqlite.operations import (
     PUT_ATTEMPT,
-    attempt_row,
     now_us,
     put_ledger_lines,
     raise_not_open,

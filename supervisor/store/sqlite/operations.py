@@ -51,6 +51,7 @@ from supervisor.store.protocol import (
 from supervisor.store.rows import (
     accepted,
     attempt_from_row,
+    attempt_row,
     dumps,
     ending_values,
     session_from_row,
@@ -67,7 +68,6 @@ from supervisor.store.sqlite.schema import (
 __all__ = [
     "PUT_ATTEMPT",
     "accept",
-    "attempt_row",
     "claim_turns",
     "close_session",
     "counts",
@@ -309,29 +309,6 @@ PUT_ATTEMPT: Final = (
     f"INSERT OR REPLACE INTO attempts({ATTEMPT_COLUMNS})"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-
-
-def attempt_row(turn_id: int, round_: int, a: AttemptRecord) -> tuple[object, ...]:
-    """An attempt as the values of `PUT_ATTEMPT`."""
-    return (
-        turn_id,
-        round_,
-        a.attempt,
-        a.started_us,
-        a.executor_id,
-        a.instruction_id,
-        a.finished_us,
-        a.outcome,
-        a.fault_type,
-        a.exit_code,
-        a.decision,
-        a.reason_code,
-        a.reason,
-        a.detail,
-        a.duration_ms,
-        a.delay_ms,
-        dumps(a.extra) if a.extra else None,
-    )
 
 
 def _put_attempts(

@@ -20,7 +20,7 @@ import pytest
 from supervisor.control.client import ControlClient
 from supervisor.sdk import Executor, Instruction, Result
 from supervisor.wire.frames import FrameReader, encode_frame
-from tests.live_daemon import WAIT_S, demo_root, serving
+from tests.live_daemon import WAIT_S, Gated, Sleeper, demo_root, serving
 
 
 @pytest.fixture
@@ -61,41 +61,6 @@ async def until(predicate: Callable[[], bool]) -> None:
     """Let the event loop run until *predicate()* holds (bound it with ``fail_after``)."""
     while not predicate():
         await anyio.lowlevel.checkpoint()
-
-
-class Gated(Executor):
-    """READ waits for ``gate``; ``all_started`` is set once *expected* handlers are waiting."""
-
-    def __init__(self, *, slots: int, expected: int) -> None:
-        super().__init__(executor_id="gated", slots=slots)
-        self.expected = expected
-        self.started = 0
-        self.all_started = anyio.Event()
-        self.gate = anyio.Event()
-
-    async def read(self, instruction: Instruction) -> Result:
-        self.started += 1
-        if self.started == self.expected:
-            self.all_started.set()
-        await self.gate.wait()
-        return Result.success("page")
-
-
-class Sleeper(Executor):
-    """READ never answers: it sleeps until the daemon's cancel cancels it."""
-
-    def __init__(self) -> None:
-        super().__init__(executor_id="sleeper")
-        self.started = anyio.Event()
-        self.cancelled = anyio.Event()
-
-    async def read(self, instruction: Instruction) -> Result:
-        self.started.set()
-        try:
-            await anyio.sleep_forever()
-        finally:
-            self.cancelled.set()
-        raise AssertionError("unreachable")  # pragma: no cover
 
 
 class Fast(Executor):

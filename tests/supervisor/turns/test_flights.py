@@ -23,7 +23,7 @@ from supervisor.logging import configure_logging, reset_logging
 from supervisor.sdk import Executor, Instruction, Result, run_executor
 from supervisor.server import Daemon
 from supervisor.store.sqlite import open_sqlite_store
-from tests.live_daemon import WAIT_S, demo_root, serving
+from tests.live_daemon import WAIT_S, Gated, Sleeper, demo_root, serving
 
 
 @pytest.fixture
@@ -55,41 +55,6 @@ def turn_tasks() -> list[str]:
     """Names of the running tasks that are a turn's own (``turn-<id>``)."""
     names = (task.name or "" for task in anyio.get_running_tasks())
     return [name for name in names if re.fullmatch(r"turn-\d+", name)]
-
-
-class Gated(Executor):
-    """READ waits for ``gate``; ``all_started`` is set once *expected* handlers are waiting."""
-
-    def __init__(self, *, slots: int, expected: int) -> None:
-        super().__init__(executor_id="gated", slots=slots)
-        self.expected = expected
-        self.started = 0
-        self.all_started = anyio.Event()
-        self.gate = anyio.Event()
-
-    async def read(self, instruction: Instruction) -> Result:
-        self.started += 1
-        if self.started == self.expected:
-            self.all_started.set()
-        await self.gate.wait()
-        return Result.success("page")
-
-
-class Sleeper(Executor):
-    """READ never answers: it sleeps until the daemon's cancel cancels it."""
-
-    def __init__(self) -> None:
-        super().__init__(executor_id="sleeper")
-        self.started = anyio.Event()
-        self.cancelled = anyio.Event()
-
-    async def read(self, instruction: Instruction) -> Result:
-        self.started.set()
-        try:
-            await anyio.sleep_forever()
-        finally:
-            self.cancelled.set()
-        raise AssertionError("unreachable")  # pragma: no cover
 
 
 class Flaky(Executor):
