@@ -24,6 +24,7 @@ _AREAS = (
     "supervisor.config",
     "sandbox.cli",
     "ledger.cli",
+    "supervisor.console.cli",
 )
 
 Handler = Callable[[argparse.Namespace], int]

@@ -28,6 +28,7 @@ __all__ = [
     "InvalidInstruction",
     "LedgerInvalid",
     "NotCancellable",
+    "NoEvidence",
     "NotEscalated",
     "QueueFull",
     "ReplyTooLarge",
@@ -141,6 +142,10 @@ class NotEscalated(HunterError):
     """The turn is not parked for an operator."""
 
 
+class NoEvidence(HunterError):
+    """The turn has no stored evidence bytes (its executor sent only their hash, or none)."""
+
+
 class LedgerInvalid(HunterError):
     """A ledger failed verification."""
 
@@ -191,6 +196,7 @@ ERRORS: Final[dict[str, type[HunterError]]] = {
     "idempotency_conflict": IdempotencyConflict,
     "not_cancellable": NotCancellable,
     "not_escalated": NotEscalated,
+    "no_evidence": NoEvidence,
     "ledger_invalid": LedgerInvalid,
     "timeout": WaitTimeout,
     "reply_too_large": ReplyTooLarge,

@@ -17,7 +17,9 @@ from supervisor.store.protocol import TurnRecord
 from supervisor.wire.control import TurnAnswer
 
 __all__ = [
+    "EvidenceMissing",
     "compact_turn",
+    "evidence_slice",
     "executor_answer",
     "statistics_answer",
     "turn_answer",
@@ -123,3 +125,44 @@ def statistics_answer(stats: Any) -> dict[str, object]:
     data = _plain(asdict(stats))
     assert isinstance(data, dict)
     return data
+
+
+class EvidenceMissing(Exception):
+    """Raised by `evidence_slice` when the turn has no stored evidence bytes (the message says
+    why, for the ``no_evidence`` error)."""
+
+
+def evidence_slice(
+    session_dir: Path, result: Mapping[str, object] | None, offset: int, length: int
+) -> dict[str, object]:
+    """``turn.evidence``'s answer: *length* bytes from *offset* of the evidence bytes recorded
+    in the turn's *result* (``result.evidence``: ``{sha256, size, path}``, *path* under
+    *session_dir*), base64; on a worker thread. The path must stay inside the session's
+    directory (a record cannot make the daemon read elsewhere)."""
+    import base64
+
+    ref = (result or {}).get("evidence")
+    if not isinstance(ref, Mapping) or not isinstance(ref.get("path"), str):
+        raise EvidenceMissing(
+            "the turn has no stored evidence bytes (its executor sent only a hash, or none)"
+        )
+    base = session_dir.resolve()
+    path = (base / str(ref["path"])).resolve()
+    if not path.is_relative_to(base):
+        raise EvidenceMissing(f"the evidence path {ref['path']!r} leaves the session's directory")
+    try:
+        with path.open("rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(min(offset, size))
+            data = fh.read(length)
+    except FileNotFoundError:
+        raise EvidenceMissing(
+            f"the evidence file {ref['path']} is not on this daemon's root"
+        ) from None
+    return {
+        "sha256": ref.get("sha256"),
+        "size": size,
+        "offset": offset,
+        "data": base64.b64encode(data).decode("ascii"),
+        "more": offset + len(data) < size,
+    }

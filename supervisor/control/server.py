@@ -37,6 +37,8 @@ Operations (params -> result):
   operator?} -> {turn};
   ``turns.list`` {session_id?, after_turn_id?, limit? (1..500)} -> {turns, next_after} (a page,
   oldest first; pass ``next_after`` as ``after_turn_id`` for the next one, null at the end)
+* ``turn.evidence`` {turn_id, offset?, length? (at most 512 KiB)} -> {sha256, size, offset,
+  data (base64), more}: the evidence bytes the turn's executor sent, a slice at a time
 * ``status`` -> {daemon, turn_core (also under its former key scheduler, for one release),
   store, turns_by_state, in_flight (the 100 oldest active turns), in_flight_total, hub,
   executors (the first 100 by id), executors_total}
@@ -59,7 +61,7 @@ Operations (params -> result):
 
 About 700 lines (`ControlServer` about 500), past the usual 600/400: the connection handling
 (framing, the error boundary, busy refusals, the peer's credentials) and one short handler per
-operation of the protocol (18 of them), which read and answer through the turn core; the
+operation of the protocol (19 of them), which read and answer through the turn core; the
 answers' shapes are in `supervisor.control.answers`, submits taken without a task in
 `submits`, replies in `replies`, event subscriptions in `subscriptions`. Split by operation,
 each handler would need the same five neighbours passed in.
@@ -68,6 +70,7 @@ each handler would need the same five neighbours passed in.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -82,6 +85,8 @@ import anyio.to_thread
 from ledger import session_dir_for
 from sandbox.policy.lifecycle import TurnState
 from supervisor.control.answers import (
+    EvidenceMissing,
+    evidence_slice,
     executor_answer,
     statistics_answer,
     turn_answer,
@@ -115,6 +120,7 @@ from supervisor.wire.control import (
     SessionOpenParams,
     SessionRef,
     TurnCancelParams,
+    TurnEvidenceParams,
     TurnRef,
     TurnsListParams,
     TurnSubmit,
@@ -158,6 +164,7 @@ ERROR_CODES: Final[Mapping[str, str]] = {
     "draining": "the daemon is shutting down and accepts no new work",
     "not_cancellable": "the turn is not active",
     "not_escalated": "the turn is not parked for an operator",
+    "no_evidence": "the turn has no stored evidence bytes (only a hash, or none)",
     "ledger_invalid": "a ledger failed verification",
     "timeout": "the awaited condition did not happen in time",
     "reply_too_large": "the answer is over the frame limit; ask for less (a session, a limit)",
@@ -224,6 +231,7 @@ class ControlServer:
             "session.list": self._session_list,
             "turn.submit": self._turn_submit,
             "turn.get": self._turn_get,
+            "turn.evidence": self._turn_evidence,
             "turn.wait": self._turn_wait,
             "turns.list": self._turns_list,
             "status": self._status,
@@ -556,6 +564,22 @@ class ControlServer:
             self._turn_core.settings.root, session.tier, session.session_id
         )
         return await anyio.to_thread.run_sync(turn_ledger_entries, session_dir, turn.turn_number)
+
+    async def _turn_evidence(self, params: TurnEvidenceParams) -> object:
+        turn = await self._turn_core.get_turn(params.id)
+        session = await self._turn_core.get_session(turn.session_id)
+        session_dir = session_dir_for(
+            self._turn_core.settings.root, session.tier, session.session_id
+        )
+        read = functools.partial(
+            evidence_slice, session_dir, turn.result, params.offset, params.length
+        )
+        try:
+            return await anyio.to_thread.run_sync(read)
+        except EvidenceMissing as exc:
+            raise RequestError(
+                "no_evidence", f"turn {turn.turn_id}: {exc}", turn_id=turn.turn_id
+            ) from None
 
     async def _turn_wait(self, params: TurnWaitParams) -> object:
         timeout = params.timeout_s

@@ -480,6 +480,7 @@ async def verify_ledgers(
                 "path": str(r.path),
                 "entries": r.entries,
                 "head_seq": r.head_seq,
+                "head_hash": r.head_hash,
                 "warnings": list(r.warnings),
             }
             for r in found

@@ -30,6 +30,7 @@ from supervisor.errors import RequestError
 from supervisor.wire.frames import FrameDecodeError, undecodable
 
 __all__ = [
+    "EVIDENCE_CHUNK_MAX",
     "MAX_TURN_ID",
     "OPERATIONS",
     "ControlRequest",
@@ -62,6 +63,8 @@ __all__ = [
     "TurnAnswer",
     "TurnCancel",
     "TurnCancelParams",
+    "TurnEvidence",
+    "TurnEvidenceParams",
     "TurnGet",
     "TurnRef",
     "TurnSubmit",
@@ -77,6 +80,9 @@ __all__ = [
 
 #: Turn ids are SQLite integer keys: positive and below 2**63.
 MAX_TURN_ID: Final = 2**63 - 1
+#: ``turn.evidence`` answers at most this many bytes at a time (base64: a third more), well
+#: inside the default frame limit of 1 MiB
+EVIDENCE_CHUNK_MAX: Final = 512 * 1024
 #: Longest wait a client may ask for (one year, in seconds).
 _MAX_WAIT_S: Final = 365 * 86_400.0
 
@@ -339,6 +345,25 @@ class TurnGet(_Request, frozen=True, tag="turn.get"):
     params: TurnRef
 
 
+class TurnEvidenceParams(Struct, frozen=True):
+    """``{turn_id, offset?, length?}``: a slice of the evidence bytes a turn's executor sent."""
+
+    turn_id: int | str
+    offset: Annotated[int, Meta(ge=0)] = 0
+    length: Annotated[int, Meta(ge=1, le=EVIDENCE_CHUNK_MAX)] = EVIDENCE_CHUNK_MAX
+
+    def __post_init__(self) -> None:
+        force_setattr(self, "turn_id", _turn_id_value(self.turn_id))
+
+    @property
+    def id(self) -> int:
+        return int(self.turn_id)
+
+
+class TurnEvidence(_Request, frozen=True, tag="turn.evidence"):
+    params: TurnEvidenceParams
+
+
 class TurnWait(_Request, frozen=True, tag="turn.wait"):
     params: TurnWaitParams
 
@@ -425,6 +450,7 @@ ControlRequest: TypeAlias = (
     | SessionList
     | TurnSubmit
     | TurnGet
+    | TurnEvidence
     | TurnWait
     | TurnCancel
     | TurnsList
@@ -446,6 +472,7 @@ _REQUEST_TYPES: Final[tuple[type[_Request], ...]] = (
     SessionList,
     TurnSubmit,
     TurnGet,
+    TurnEvidence,
     TurnWait,
     TurnCancel,
     TurnsList,

@@ -13,6 +13,7 @@ from sandbox.policy.lifecycle import TurnKind, TurnState
 from supervisor.control.server import ERROR_CODES
 from supervisor.turns.requests import turn_request
 from supervisor.wire.control import (
+    EVIDENCE_CHUNK_MAX,
     OPERATIONS,
     EscalationsResolve,
     EventsSubscribe,
@@ -20,6 +21,7 @@ from supervisor.wire.control import (
     Ping,
     RequestDecodeError,
     SessionOpen,
+    TurnEvidence,
     TurnGet,
     TurnSubmit,
     TurnWait,
@@ -46,7 +48,13 @@ def test_every_operation_decodes() -> None:
     """Each operation decodes to its own Struct; params default when optional."""
     assert op_of(decode_request(_body(op="ping"))) == "ping"
     assert isinstance(decode_request(_body(id=7, op="ping", params={})), Ping)
-    assert len(OPERATIONS) == 18
+    assert len(OPERATIONS) == 19
+    evidence = decode_request(_body(op="turn.evidence", params={"turn_id": "7", "offset": 5}))
+    assert isinstance(evidence, TurnEvidence)
+    assert (evidence.params.id, evidence.params.offset) == (7, 5)
+    assert evidence.params.length == EVIDENCE_CHUNK_MAX
+    too_much = {"turn_id": 7, "length": EVIDENCE_CHUNK_MAX + 1}
+    assert _error(_body(op="turn.evidence", params=too_much)).code == "bad_request"
     subscribe = decode_request(
         _body(id=3, op="events.subscribe", params={"turns": [4, 5], "kinds": ["turn.ended"]})
     )

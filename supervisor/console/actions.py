@@ -1,0 +1,107 @@
+"""What an operator may change: resolve an escalation (retry or terminate) and cancel a turn.
+Both are POSTs from the console's own forms, with the sign-in's CSRF token, by a resolver, with
+a reason; the daemon records the signed-in operator's name and the reason (and the console's
+uid, from the socket) as the decision's ``decided_by``, in the evidence ledger and the turn.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
+
+from supervisor.client import HunterError
+from supervisor.console.guard import FormTooLarge, authenticate, post_refused, read_form, state_of
+from supervisor.console.render import page
+from supervisor.logging import get_logger
+
+__all__ = ["ROUTES"]
+
+_LOG: Final = get_logger("hunter.console")
+
+
+async def _decision(request: Request) -> tuple[dict[str, str], str, str] | Response:
+    """The checked form of a decision: (form, operator, reason), or the refusal to answer."""
+    signin = authenticate(request)
+    if isinstance(signin, Response):
+        return signin
+    request.state.signin = signin
+    try:
+        form = await read_form(request)
+    except FormTooLarge:
+        return PlainTextResponse("request body too large", 413)
+    refused = post_refused(request, signin, form)
+    if refused is not None:
+        _LOG.warning(
+            "console_post_refused",
+            operator=signin.operator,
+            path=request.url.path,
+            status=refused.status_code,
+        )
+        return refused
+    if not signin.role.may_decide:
+        _LOG.warning("console_role_refused", operator=signin.operator, path=request.url.path)
+        return PlainTextResponse(
+            f"refused: {signin.operator} is a {signin.role.value}; only a resolver may decide",
+            403,
+        )
+    reason = form.get("reason", "").strip()
+    if not reason:
+        return PlainTextResponse("a reason is required: say why, in words", 400)
+    return form, signin.operator, reason[:1000]
+
+
+async def resolve(request: Request) -> Response:
+    checked = await _decision(request)
+    if isinstance(checked, Response):
+        return checked
+    form, operator, reason = checked
+    turn_id = int(request.path_params["turn_id"])
+    action = form.get("action", "")
+    if action not in {"retry", "terminate"}:
+        return PlainTextResponse("action: must be retry or terminate", 400)
+    client = state_of(request).link.client
+    if client is None:
+        return page(
+            request,
+            "unreachable.html",
+            503,
+            problem=state_of(request).link.problem,
+            follow="reconnect",
+        )
+    try:
+        await client.resolve(turn_id, action, reason=reason, operator=operator)
+    except HunterError as exc:
+        return page(request, "error.html", 409, title=exc.code, message=str(exc))
+    _LOG.info("console_resolved", operator=operator, turn_id=turn_id, action=action)
+    return RedirectResponse(f"/turns/{turn_id}?done={action}", status_code=303)
+
+
+async def cancel(request: Request) -> Response:
+    checked = await _decision(request)
+    if isinstance(checked, Response):
+        return checked
+    _form, operator, reason = checked
+    turn_id = int(request.path_params["turn_id"])
+    client = state_of(request).link.client
+    if client is None:
+        return page(
+            request,
+            "unreachable.html",
+            503,
+            problem=state_of(request).link.problem,
+            follow="reconnect",
+        )
+    try:
+        await client.call("turn.cancel", turn_id=turn_id, reason=reason, operator=operator)
+    except HunterError as exc:
+        return page(request, "error.html", 409, title=exc.code, message=str(exc))
+    _LOG.info("console_cancelled", operator=operator, turn_id=turn_id)
+    return RedirectResponse(f"/turns/{turn_id}?done=cancel", status_code=303)
+
+
+ROUTES: Final = (
+    ("/escalations/{turn_id:int}/resolve", resolve),
+    ("/turns/{turn_id:int}/cancel", cancel),
+)

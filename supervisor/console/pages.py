@@ -1,0 +1,247 @@
+"""The pages an operator reads: overview, sessions, a session, turns, a turn (its timeline),
+escalations, executors, and a turn's evidence bytes. Each reads the daemon through the client
+library (`supervisor.client`) over the console's one connection; lists are paged.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from supervisor.client import Client, Executor, HunterError, Turn, UnknownSession, UnknownTurn
+from supervisor.console.charts import throughput_svg
+from supervisor.console.guard import authenticate, state_of
+from supervisor.console.render import page
+from supervisor.console.timeline import timeline
+
+__all__ = ["ROUTES"]
+
+Handler = Callable[[Request, Client], Awaitable[Response]]
+
+_STATES: Final = (
+    "accepted",
+    "running",
+    "waiting_retry",
+    "escalated",
+    "succeeded",
+    "failed",
+    "terminated",
+    "cancelled",
+)
+
+
+def signed_in(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    """Run *handler* for a signed-in operator with the daemon's client; answer the sign-in
+    page, a "daemon unreachable" page (503) or the daemon's refusal instead where due."""
+
+    @functools.wraps(handler)
+    async def run(request: Request) -> Response:
+        signin = authenticate(request)
+        if isinstance(signin, Response):
+            return signin
+        request.state.signin = signin
+        state = state_of(request)
+        client = state.link.client
+        if client is None:
+            return page(
+                request, "unreachable.html", 503, problem=state.link.problem, follow="reconnect"
+            )
+        try:
+            return await handler(request, client)
+        except (UnknownTurn, UnknownSession) as exc:
+            return page(request, "error.html", 404, title="not found", message=str(exc))
+        except HunterError as exc:
+            return page(request, "error.html", 502, title=exc.code, message=str(exc))
+
+    return run
+
+
+def _int(value: str | None, default: int = 0) -> int:
+    try:
+        return max(0, int(value)) if value is not None else default
+    except ValueError:
+        return default
+
+
+@signed_in
+async def overview(request: Request, client: Client) -> Response:
+    state = state_of(request)
+    status = await client.status()
+    return page(
+        request,
+        "overview.html",
+        follow="all",
+        status=status,
+        chart=throughput_svg(state.feed.buckets(time.time())),
+        recent=list(state.feed.recent),
+        streams=state.feed.streams,
+    )
+
+
+@signed_in
+async def sessions(request: Request, client: Client) -> Response:
+    size = state_of(request).settings.page_size
+    wanted_state = request.query_params.get("state") or None
+    package = request.query_params.get("package") or None
+    rows = [
+        s
+        for s in await client.sessions()
+        if (wanted_state is None or s.state == wanted_state)
+        and (package is None or s.package_id == package)
+    ]
+    start = _int(request.query_params.get("start"))
+    return page(
+        request,
+        "sessions.html",
+        follow="all",
+        rows=rows[start : start + size],
+        total=len(rows),
+        start=start,
+        size=size,
+        wanted_state=wanted_state or "",
+        package=package or "",
+    )
+
+
+@signed_in
+async def session(request: Request, client: Client) -> Response:
+    session_id = request.path_params["session_id"]
+    found = [s for s in await client.sessions() if s.session_id == session_id]
+    if not found:
+        message = f"no session {session_id!r} (see the sessions page)"
+        return page(request, "error.html", 404, title="not found", message=message)
+    after = _int(request.query_params.get("after"))
+    turns, next_after = await _turn_page(
+        client, after, state_of(request).settings.page_size, session_id
+    )
+    check = await client.verify_ledgers(session_id=session_id)
+    return page(
+        request,
+        "session.html",
+        follow=f"session:{session_id}",
+        session=found[0],
+        turns=turns,
+        after=after,
+        next_after=next_after,
+        check=check,
+    )
+
+
+async def _turn_page(
+    client: Client, after: int, size: int, session_id: str | None = None
+) -> tuple[list[Turn], int | None]:
+    params: dict[str, object] = {"after_turn_id": after, "limit": size}
+    if session_id is not None:
+        params["session_id"] = session_id
+    answer = await client.call("turns.list", **params)
+    turns = msgspec.convert(answer["turns"], list[Turn])
+    next_after = answer.get("next_after")
+    return turns, int(next_after) if next_after is not None else None
+
+
+@signed_in
+async def turns(request: Request, client: Client) -> Response:
+    after = _int(request.query_params.get("after"))
+    rows, next_after = await _turn_page(client, after, state_of(request).settings.page_size)
+    return page(request, "turns.html", follow="all", rows=rows, after=after, next_after=next_after)
+
+
+@signed_in
+async def turn(request: Request, client: Client) -> Response:
+    turn_id = _int(request.path_params["turn_id"])
+    record = await client.decision_record(turn_id)
+    result = record.turn.result or {}
+    spec = record.turn.spec or {}
+    return page(
+        request,
+        "turn.html",
+        follow=f"turn:{turn_id}",
+        record=record,
+        turn=record.turn,
+        steps=timeline(record.turn),
+        result=result,
+        spec=spec,
+        done=request.query_params.get("done", ""),
+    )
+
+
+@signed_in
+async def escalations(request: Request, client: Client) -> Response:
+    size = state_of(request).settings.page_size
+    parked = sorted(await client.escalations(), key=lambda t: (t.updated_us or 0, t.turn_id))
+    start = _int(request.query_params.get("start"))
+    return page(
+        request,
+        "escalations.html",
+        follow="all",
+        rows=parked[start : start + size],
+        total=len(parked),
+        start=start,
+        size=size,
+        done=request.query_params.get("done", ""),
+    )
+
+
+@signed_in
+async def executors(request: Request, client: Client) -> Response:
+    size = state_of(request).settings.page_size
+    after = request.query_params.get("after", "")
+    answer = await client.call("executors.list", after_executor_id=after, limit=size)
+    rows = msgspec.convert(answer["executors"], list[Executor])
+    return page(
+        request,
+        "executors.html",
+        follow="all",
+        rows=rows,
+        after=after,
+        next_after=answer.get("next_after"),
+        now_us=int(time.time() * 1e6),
+    )
+
+
+@signed_in
+async def evidence(request: Request, client: Client) -> Response:
+    """The evidence bytes of a turn, as a download, read from the daemon a slice at a time."""
+    import base64
+
+    turn_id = _int(request.path_params["turn_id"])
+    first = await client.call("turn.evidence", turn_id=turn_id)
+
+    async def chunks() -> object:
+        answer = first
+        while True:
+            data = base64.b64decode(str(answer["data"]))
+            yield data
+            if not answer.get("more") or not data:
+                return
+            answer = await client.call(
+                "turn.evidence", turn_id=turn_id, offset=int(str(answer["offset"])) + len(data)
+            )
+
+    return StreamingResponse(
+        chunks(),  # type: ignore[arg-type]
+        media_type="application/octet-stream",
+        headers={
+            "content-disposition": f'attachment; filename="turn-{turn_id}-evidence.bin"',
+            "content-length": str(first["size"]),
+            "x-evidence-sha256": str(first["sha256"]),
+        },
+    )
+
+
+ROUTES: Final = (
+    ("/", overview),
+    ("/sessions", sessions),
+    ("/sessions/{session_id}", session),
+    ("/turns", turns),
+    ("/turns/{turn_id:int}", turn),
+    ("/turns/{turn_id:int}/evidence", evidence),
+    ("/escalations", escalations),
+    ("/executors", executors),
+)

@@ -1,0 +1,64 @@
+// hunter console: follow the live stream and re-read the part of the page that changed.
+// The page says what it follows in <body data-follow>: "all", "turn:<id>", "session:<id>",
+// "reconnect" (the daemon is unreachable: wait for it), or nothing.
+(() => {
+  "use strict";
+  const body = document.body;
+  const follow = body.dataset.follow || "";
+  const live = document.getElementById("live");
+  const main = document.getElementById("main");
+  const mark = (text, title) => { if (live) { live.textContent = text; live.title = title; } };
+
+  if (follow === "reconnect") {
+    const check = () => fetch("/healthz", { credentials: "same-origin" })
+      .then((r) => { if (r.ok) location.reload(); else setTimeout(check, 2000); })
+      .catch(() => setTimeout(check, 2000));
+    setTimeout(check, 2000);
+    return;
+  }
+  if (!follow || !main) return;
+
+  let timer = null;
+  let running = false;
+  let again = false;
+  const typing = () => {
+    const el = document.activeElement;
+    return el && main.contains(el) && (el.tagName === "INPUT" || el.tagName === "SELECT") && el.value;
+  };
+  const refresh = async () => {
+    if (running || typing()) { again = true; return; }
+    running = true;
+    try {
+      const r = await fetch(location.href, {
+        credentials: "same-origin",
+        headers: { "X-Console-Partial": "main" },
+      });
+      if (r.redirected || r.status === 401) { location.reload(); return; }
+      if (r.ok) {
+        main.innerHTML = await r.text();  // the server's escaped HTML; no script runs from it
+        body.dataset.updated = String(Date.now());
+      }
+    } catch (e) {
+      mark("○", "cannot reach the console");
+    } finally {
+      running = false;
+      if (again) { again = false; soon(); }
+    }
+  };
+  // bursts of events cost one re-read: at most one every 300 ms (a second on busy pages)
+  const delay = follow === "all" ? 1000 : 300;
+  const soon = () => { if (!timer) timer = setTimeout(() => { timer = null; refresh(); }, delay); };
+
+  const [what, id] = follow === "all" ? ["", ""] : [follow.slice(0, follow.indexOf(":")), follow.slice(follow.indexOf(":") + 1)];
+  const url = "/events" + (what ? "?" + new URLSearchParams({ [what]: id }).toString() : "");
+  const source = new EventSource(url);
+  let opened = false;
+  source.onopen = () => {
+    mark("●", "live: this page follows the daemon's changes");
+    if (opened) soon();  // reconnected: something may have changed meanwhile
+    opened = true;
+  };
+  source.onmessage = () => soon();
+  source.onerror = () => mark("○", "reconnecting to the live stream");
+  document.addEventListener("focusout", () => { if (again) soon(); });
+})();

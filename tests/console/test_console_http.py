@@ -1,0 +1,402 @@
+"""The console over real HTTP against a real daemon: who may see and change what, and the
+attacks a browser (or a script posing as one) can try: no sign-in, a wrong password and
+guessing, a forged or missing CSRF token, a foreign Origin, a reader deciding, a huge form,
+markup in a turn's spec, and an open redirect after signing in.
+
+Each test starts an in-process daemon with an executor and the console on a free loopback
+port (`tests.console.live_console`), and talks to it with httpx as a browser would.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from supervisor.sdk import Executor, Instruction, Result
+from tests.console.live_console import PASSWORDS, LiveConsole, console_for, write_operators
+from tests.live_daemon import WAIT_S, demo_root
+
+_HOG = ["python3", "-c", "b = bytearray(512 << 20)"]  # over the demo package's memory limit
+
+
+class Echo(Executor):
+    def __init__(self) -> None:
+        super().__init__(executor_id="echo", slots=4)
+
+    async def read(self, instruction: Instruction) -> Result:
+        return Result.success(f"page {instruction.target_selector}", attach_evidence=True)
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    yield from demo_root("hh-console-")
+
+
+@pytest.fixture
+def operators(tmp_path: Path) -> Path:
+    return write_operators(tmp_path / "operators.toml")
+
+
+@asynccontextmanager
+async def started(root: Path, operators: Path) -> AsyncIterator[LiveConsole]:
+    """The console of a fresh daemon (an async context manager in the test's own task: the
+    daemon's and the console's task groups cannot span a fixture's setup and teardown)."""
+    async with console_for(root, Echo(), operators) as console:
+        await until_linked(console.url)
+        yield console
+
+
+async def until_linked(url: str) -> None:
+    async with httpx.AsyncClient(base_url=url) as http:
+        await healthy(http)
+
+
+async def healthy(http: httpx.AsyncClient) -> None:
+    """Return once the console answers /healthz with 200 (it reaches the daemon)."""
+    with anyio.fail_after(WAIT_S):
+        while True:
+            if (await http.get("/healthz")).status_code == 200:
+                return
+            await anyio.sleep(0.05)
+
+
+def csrf_of(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found, html[:500]
+    return found.group(1)
+
+
+async def sign_in(
+    http: httpx.AsyncClient, name: str, password: str | None = None
+) -> httpx.Response:
+    form = await http.get("/login")
+    token = re.search(r'name="form_token" value="([^"]+)"', form.text)
+    assert token, form.text
+    return await http.post(
+        "/login",
+        data={
+            "form_token": token.group(1),
+            "name": name,
+            "password": PASSWORDS.get(name, "") if password is None else password,
+            "next": "/escalations",
+        },
+    )
+
+
+async def escalated_turn(live: LiveConsole) -> int:
+    submitted = await live.client.call(
+        "turn.submit",
+        session_id=live.session_id,
+        kind="process",
+        argv=_HOG,
+        declared_outputs=[],
+        wait_s=30,
+    )
+    assert submitted["turn"]["state"] == "escalated", submitted["turn"]
+    return int(submitted["turn"]["turn_id"])
+
+
+async def test_every_page_needs_a_sign_in(root: Path, operators: Path) -> None:
+    """Without a sign-in a page sends the browser to the sign-in form (remembering where it
+    was going), and a POST or the live stream is refused outright; /healthz tells only up or
+    down."""
+    async with started(root, operators) as live, httpx.AsyncClient(base_url=live.url) as http:
+        for path in ("/", "/sessions", "/turns", "/turns/1", "/escalations", "/executors"):
+            answer = await http.get(path)
+            assert answer.status_code == 303, path
+            assert answer.headers["location"].startswith("/login?next=")
+        assert (await http.get("/events")).status_code == 401
+        assert (await http.post("/turns/1/cancel", data={"reason": "x"})).status_code == 401
+        health = await http.get("/healthz")
+        assert health.json() == {"daemon": "up"}
+
+
+async def test_sign_in_and_out(root: Path, operators: Path) -> None:
+    """The right password signs in (an HttpOnly, SameSite=Strict cookie; back to where the
+    browser was going); signing out ends the sign-in on the server, so the old cookie is
+    worthless."""
+    async with started(root, operators) as live:
+        async with httpx.AsyncClient(base_url=live.url) as http:
+            done = await sign_in(http, "alice")
+            assert done.status_code == 303
+            assert done.headers["location"] == "/escalations"
+            cookie = done.headers["set-cookie"]
+            assert "HttpOnly" in cookie
+            assert "SameSite=strict" in cookie or "SameSite=Strict" in cookie
+            page = await http.get("/")
+            assert page.status_code == 200
+            assert "alice" in page.text
+            assert "resolver" in page.text
+            old = dict(http.cookies)
+            out = await http.post("/logout", data={"csrf": csrf_of(page.text)})
+            assert out.status_code == 303
+        async with httpx.AsyncClient(base_url=live.url, cookies=old) as replay:
+            assert (await replay.get("/")).status_code == 303
+
+
+async def test_wrong_passwords_are_refused_then_rate_limited(root: Path, operators: Path) -> None:
+    """A wrong password or an unknown name gets the same 401; after five failures in a minute
+    the name is refused with 429 and Retry-After even with the right password, and so is the
+    address for any name."""
+    async with started(root, operators) as live, httpx.AsyncClient(base_url=live.url) as http:
+        unknown = await sign_in(http, "mallory", "guess")
+        assert unknown.status_code == 401
+        assert "Wrong name or password" in unknown.text
+        for attempt in range(4):
+            wrong = await sign_in(http, "alice", f"guess {attempt}")
+            assert wrong.status_code == 401
+        limited = await sign_in(http, "alice")
+        assert limited.status_code == 429
+        assert int(limited.headers["retry-after"]) > 0
+        assert "Too many failed sign-ins" in limited.text
+        # the address is limited too: another operator from here waits as well
+        assert (await sign_in(http, "rita")).status_code == 429
+
+
+async def test_sign_in_form_needs_its_cookie(root: Path, operators: Path) -> None:
+    """A sign-in posted from elsewhere (no form cookie: login CSRF) is refused."""
+    async with started(root, operators) as live, httpx.AsyncClient(base_url=live.url) as http:
+        answer = await http.post(
+            "/login", data={"form_token": "x", "name": "alice", "password": PASSWORDS["alice"]}
+        )
+        assert answer.status_code == 403
+        assert "The form expired" in answer.text
+
+
+async def test_no_open_redirect_after_sign_in(root: Path, operators: Path) -> None:
+    async with started(root, operators) as live:
+        for target in ("https://evil.example/", "//evil.example/x", "/\\evil.example"):
+            async with httpx.AsyncClient(base_url=live.url) as http:
+                form = await http.get("/login")
+                token = re.search(r'name="form_token" value="([^"]+)"', form.text)
+                assert token
+                answer = await http.post(
+                    "/login",
+                    data={
+                        "form_token": token.group(1),
+                        "name": "alice",
+                        "password": PASSWORDS["alice"],
+                        "next": target,
+                    },
+                )
+                assert answer.status_code == 303
+                assert answer.headers["location"] == "/", target
+
+
+async def test_a_resolver_resolves_with_a_reason_recorded_in_the_ledger(
+    root: Path, operators: Path
+) -> None:
+    """A resolver's terminate is the signed-in operator's decision: the turn's result and its
+    evidence ledger entry name alice and the reason, and the turn page shows them."""
+    async with started(root, operators) as live:
+        turn_id = await escalated_turn(live)
+        async with httpx.AsyncClient(base_url=live.url) as http:
+            await sign_in(http, "alice")
+            page = await http.get("/escalations")
+            assert f'id="escalation-{turn_id}"' in page.text
+            no_reason = await http.post(
+                f"/escalations/{turn_id}/resolve",
+                data={"csrf": csrf_of(page.text), "action": "terminate", "reason": "  "},
+            )
+            assert no_reason.status_code == 400
+            done = await http.post(
+                f"/escalations/{turn_id}/resolve",
+                data={"csrf": csrf_of(page.text), "action": "terminate", "reason": "too big"},
+            )
+            assert done.status_code == 303
+            assert done.headers["location"] == f"/turns/{turn_id}?done=terminate"
+            shown = await http.get(done.headers["location"])
+            assert "terminated" in shown.text
+            assert "Decided by <strong>alice</strong>" in shown.text
+        got = await live.client.call("turn.get", turn_id=turn_id)
+        decided = got["turn"]["result"]["decided_by"]
+        assert (decided["operator"], decided["reason"], decided["action"]) == (
+            "alice",
+            "too big",
+            "terminate",
+        )
+        assert got["ledger"]["evidence"][-1]["decided_by"] == decided
+
+
+async def test_a_reader_may_look_but_not_decide(root: Path, operators: Path) -> None:
+    async with started(root, operators) as live:
+        turn_id = await escalated_turn(live)
+        async with httpx.AsyncClient(base_url=live.url) as http:
+            await sign_in(http, "rita")
+            page = await http.get("/escalations")
+            assert page.status_code == 200
+            assert f'id="escalation-{turn_id}"' in page.text
+            assert "/resolve" not in page.text  # no form offered
+            csrf = csrf_of(page.text)  # the sign-out form's
+            refused = await http.post(
+                f"/escalations/{turn_id}/resolve",
+                data={"csrf": csrf, "action": "terminate", "reason": "because"},
+            )
+            assert refused.status_code == 403
+            assert "reader" in refused.text
+            cancel = await http.post(f"/turns/{turn_id}/cancel", data={"csrf": csrf, "reason": "x"})
+            assert cancel.status_code == 403
+        assert (await live.client.call("turn.get", turn_id=turn_id))["turn"]["state"] == "escalated"
+
+
+async def test_forged_requests_are_refused(root: Path, operators: Path) -> None:
+    """A POST without the CSRF token, with another sign-in's token, or from a foreign Origin
+    changes nothing."""
+    async with started(root, operators) as live:
+        turn_id = await escalated_turn(live)
+        async with httpx.AsyncClient(base_url=live.url) as other:
+            await sign_in(other, "rita")
+            foreign_token = csrf_of((await other.get("/")).text)
+        async with httpx.AsyncClient(base_url=live.url) as http:
+            await sign_in(http, "alice")
+            own = csrf_of((await http.get("/escalations")).text)
+            url = f"/escalations/{turn_id}/resolve"
+            form = {"action": "terminate", "reason": "forged"}
+            assert (await http.post(url, data=form)).status_code == 403
+            assert (await http.post(url, data={**form, "csrf": foreign_token})).status_code == 403
+            cross = await http.post(
+                url, data={**form, "csrf": own}, headers={"origin": "https://evil.example"}
+            )
+            assert cross.status_code == 403
+            assert "evil.example" in cross.text
+            huge = await http.post(url, content=b"a=" + b"x" * 100_000)
+            assert huge.status_code == 413
+        assert (await live.client.call("turn.get", turn_id=turn_id))["turn"]["state"] == "escalated"
+
+
+async def test_markup_in_a_turn_is_shown_as_text(root: Path, operators: Path) -> None:
+    """A selector holding a <script> tag (and an executor's output echoing it) is escaped on
+    every page that shows it, and the Content-Security-Policy forbids inline script anyway."""
+    async with started(root, operators) as live:
+        payload = '<script>alert("owned")</script><img src=x onerror=alert(1)>'
+        submitted = await live.client.call(
+            "turn.submit",
+            session_id=live.session_id,
+            kind="instruction",
+            command_type="READ",
+            target_selector=payload,
+            declared_outputs=[],
+            wait_s=WAIT_S,
+        )
+        turn_id = submitted["turn"]["turn_id"]
+        assert submitted["turn"]["state"] == "succeeded"
+        async with httpx.AsyncClient(base_url=live.url) as http:
+            await sign_in(http, "rita")
+            for path in (f"/turns/{turn_id}", "/turns", f"/sessions/{live.session_id}"):
+                page = await http.get(path)
+                assert page.status_code == 200
+                assert "<script>alert" not in page.text, path
+                assert "&lt;script&gt;alert(&#34;owned&#34;)&lt;/script&gt;" in page.text, path
+                assert "<img src=x" not in page.text
+                csp = page.headers["content-security-policy"]
+                assert "script-src 'self'" in csp
+                assert "unsafe-inline" not in csp
+                assert page.headers["x-frame-options"] == "DENY"
+                assert page.headers["cache-control"] == "no-store"
+
+
+async def test_evidence_download_is_the_bytes_the_executor_sent(
+    root: Path, operators: Path
+) -> None:
+    async with started(root, operators) as live:
+        import hashlib
+
+        submitted = await live.client.call(
+            "turn.submit",
+            session_id=live.session_id,
+            kind="instruction",
+            command_type="READ",
+            target_selector="#evidence",
+            declared_outputs=[],
+            wait_s=WAIT_S,
+        )
+        turn = submitted["turn"]
+        async with httpx.AsyncClient(base_url=live.url) as http:
+            await sign_in(http, "rita")
+            page = await http.get(f"/turns/{turn['turn_id']}")
+            assert f"/turns/{turn['turn_id']}/evidence" in page.text
+            got = await http.get(f"/turns/{turn['turn_id']}/evidence")
+        assert got.status_code == 200
+        assert got.content == b"page #evidence"
+        assert hashlib.sha256(got.content).hexdigest() == turn["result"]["evidence_hash"]
+        assert "attachment" in got.headers["content-disposition"]
+
+
+async def test_the_live_stream_pushes_a_turns_changes(root: Path, operators: Path) -> None:
+    """A page following a turn gets its events over Server-Sent Events as they happen."""
+    async with (
+        started(root, operators) as live,
+        httpx.AsyncClient(base_url=live.url, timeout=WAIT_S) as http,
+    ):
+        await sign_in(http, "rita")
+        kinds: list[str] = []
+        with anyio.fail_after(WAIT_S):
+            async with http.stream("GET", f"/events?session={live.session_id}") as stream:
+                assert stream.headers["content-type"].startswith("text/event-stream")
+                submitted = await live.client.call(
+                    "turn.submit",
+                    session_id=live.session_id,
+                    kind="instruction",
+                    command_type="READ",
+                    target_selector="#live",
+                    declared_outputs=[],
+                )
+                turn_id = submitted["turn"]["turn_id"]
+                async for line in stream.aiter_lines():
+                    if line.startswith("data: "):
+                        event = json.loads(line[6:])
+                        assert event["session_id"] == live.session_id
+                        assert event["turn_id"] == turn_id
+                        kinds.append(event["kind"])
+                        if event["kind"] == "turn.ended":
+                            break
+        assert kinds == ["turn.accepted", "attempt.started", "attempt.ended", "turn.ended"]
+
+
+async def test_a_bad_stream_filter_is_refused(root: Path, operators: Path) -> None:
+    async with started(root, operators) as live, httpx.AsyncClient(base_url=live.url) as http:
+        await sign_in(http, "rita")
+        answer = await http.get("/events?turn=1;drop")
+        assert answer.status_code == 400
+
+
+async def test_proxy_header_is_refused_on_tcp(root: Path, operators: Path) -> None:
+    """--user-header on a TCP port would let anyone name themselves: refused at start."""
+    from supervisor.console.errors import ConsoleError
+    from supervisor.console.operators import load_operators
+    from supervisor.console.server import parse_listen, run_console
+    from supervisor.console.state import ConsoleSettings
+
+    settings = ConsoleSettings(
+        socket=root / "run" / "control.sock",
+        operators=load_operators(operators),
+        user_header="X-User",
+    )
+    with pytest.raises(ConsoleError, match="only with --listen unix:PATH"):
+        await run_console(settings, parse_listen("127.0.0.1:0"), handle_signals=False)
+
+
+async def test_proxy_header_on_a_unix_socket(root: Path, operators: Path, tmp_path: Path) -> None:
+    """Behind a proxy on a Unix socket the header names the operator (their role from the
+    file); no header, or a name that is no operator, is refused."""
+    sock = tmp_path / "console.sock"
+    async with console_for(
+        root, Echo(), operators, listen=f"unix:{sock}", user_header="X-Remote-User"
+    ):
+        transport = httpx.AsyncHTTPTransport(uds=str(sock))
+        async with httpx.AsyncClient(transport=transport, base_url="http://console") as http:
+            await healthy(http)
+            assert (await http.get("/")).status_code == 401
+            stranger = await http.get("/", headers={"x-remote-user": "mallory"})
+            assert stranger.status_code == 403
+            page = await http.get("/", headers={"x-remote-user": "proxied"})
+            assert page.status_code == 200
+            assert "proxied" in page.text
+            assert (await http.get("/login")).status_code == 404
