@@ -21,10 +21,9 @@
   let timer = null;
   let running = false;
   let again = false;
-  const typing = () => {
-    const el = document.activeElement;
-    return el && main.contains(el) && (el.tagName === "INPUT" || el.tagName === "SELECT") && el.value;
-  };
+  // never replace a form an operator has started to fill in (a reason typed, not yet sent)
+  const typing = () => Array.from(main.querySelectorAll("form input:not([type=hidden])"))
+    .some((el) => el.value && el.name !== "after");
   const refresh = async () => {
     if (running || typing()) { again = true; return; }
     running = true;
@@ -60,5 +59,5 @@
   };
   source.onmessage = () => soon();
   source.onerror = () => mark("○", "reconnecting to the live stream");
-  document.addEventListener("focusout", () => { if (again) soon(); });
+  document.addEventListener("input", () => { if (again && !typing()) soon(); });
 })();

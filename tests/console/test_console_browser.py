@@ -1,0 +1,201 @@
+"""The console in a real browser (Debian's chromium, headless, through chromedriver) against a
+real daemon with a real executor: sign in, watch a running turn become succeeded without a
+reload, read its timeline, resolve an escalation as a resolver and see the ledger entry, be
+refused as a reader, with no sign-in and with a bad CSRF token, and see a ``<script>`` payload
+shown as text.
+
+With ``HUNTER_CONSOLE_SCREENSHOTS=DIR`` the screenshots of the overview, a turn and the
+escalation queue are written to DIR (docs/console/ holds the committed ones).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from supervisor.sdk import Executor, Instruction, Result
+from tests.console.browser import Browser, browser, missing_reason
+from tests.console.live_console import PASSWORDS, LiveConsole, console_for, write_operators
+from tests.live_daemon import WAIT_S, demo_root
+
+pytestmark = pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason()))
+
+_HOG = ["python3", "-c", "b = bytearray(512 << 20)"]  # over the demo package's memory limit
+
+
+class Pages(Executor):
+    """READ answers at once, except ``#slow``, which waits for ``gate``."""
+
+    def __init__(self) -> None:
+        super().__init__(executor_id="pages", slots=4)
+        self.gate = anyio.Event()
+        self.waiting = anyio.Event()
+
+    async def read(self, instruction: Instruction) -> Result:
+        if instruction.target_selector == "#slow":
+            self.waiting.set()
+            await self.gate.wait()
+        return Result.success(f"page {instruction.target_selector}", attach_evidence=True)
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    yield from demo_root("hh-console-browser-")
+
+
+@pytest.fixture
+def operators(tmp_path: Path) -> Path:
+    return write_operators(tmp_path / "operators.toml")
+
+
+def shots(tmp_path: Path) -> Path:
+    wanted = os.environ.get("HUNTER_CONSOLE_SCREENSHOTS")
+    return Path(wanted) if wanted else tmp_path / "shots"
+
+
+async def sign_in(page: Browser, name: str) -> None:
+    await page.open("/login")
+    await page.type("input[name=name]", name)
+    await page.type("input[name=password]", PASSWORDS[name])
+    await page.click("button[type=submit]")
+    await page.wait_text("header .operator", name)
+
+
+async def submit(live: LiveConsole, selector: str, *, wait: bool = True) -> dict[str, object]:
+    answer = await live.client.call(
+        "turn.submit",
+        session_id=live.session_id,
+        kind="instruction",
+        command_type="READ",
+        target_selector=selector,
+        declared_outputs=[],
+        **({"wait_s": WAIT_S} if wait else {}),
+    )
+    turn: dict[str, object] = answer["turn"]
+    return turn
+
+
+async def escalate(live: LiveConsole) -> int:
+    answer = await live.client.call(
+        "turn.submit",
+        session_id=live.session_id,
+        kind="process",
+        argv=_HOG,
+        declared_outputs=[],
+        wait_s=30,
+    )
+    assert answer["turn"]["state"] == "escalated", answer["turn"]
+    return int(answer["turn"]["turn_id"])
+
+
+async def test_a_resolver_follows_turns_live_and_resolves_an_escalation(
+    root: Path, operators: Path, tmp_path: Path
+) -> None:
+    executor = Pages()
+    out = shots(tmp_path)
+    async with console_for(root, executor, operators) as live, browser(live.url) as page:
+        # no sign-in: the sign-in form, then back where the browser was going
+        await page.open("/escalations")
+        assert "/login?next=%2Fescalations" in await page.url()
+        await page.type("input[name=name]", "alice")
+        await page.type("input[name=password]", PASSWORDS["alice"])
+        await page.click("button[type=submit]")
+        await page.wait_text("h1", "Escalations")
+
+        # a running turn becomes succeeded on the open page, with no reload
+        for n in range(3):
+            await submit(live, f"#done-{n}")
+        slow = await submit(live, "#slow", wait=False)
+        with anyio.fail_after(WAIT_S):
+            await executor.waiting.wait()
+        await page.open(f"/turns/{slow['turn_id']}")
+        await page.wait_text("#turn-state", "running")
+        await page.wait_text("#live", "●")  # the live stream is open
+        await page.script("window.__sameDocument = 'yes'")
+        executor.gate.set()
+        await page.wait_text("#turn-state", "succeeded")
+        assert await page.script("return window.__sameDocument") == "yes"  # not reloaded
+        timeline = await page.text(".timeline")
+        assert "accepted" in timeline
+        assert "attempt 1 on pages" in timeline
+        assert "decision: SUCCEED" in timeline
+        assert "ATTEMPT_SUCCEEDED" in timeline
+        assert "evidence" in await page.text(".ledger")
+        await page.screenshot(out / "turn.png")
+
+        # an escalation appears in the queue without a reload; resolved with a reason
+        await page.open("/escalations")
+        turn_id = await escalate(live)
+        await page.wait_text(f"#escalation-{turn_id}", "RESOURCE_EXHAUSTED")
+        await page.screenshot(out / "escalations.png")
+        await page.type(f"#escalation-{turn_id} input[name=reason]", "asks for 512 MiB")
+        await page.click(f"#escalation-{turn_id} button[value=terminate]")
+        await page.wait_text("#turn-state", "terminated")
+        decided = await page.text(".decided")
+        assert "Decided by alice" in decided
+        assert "asks for 512 MiB" in decided
+        ledger = await page.text(".ledger")
+        assert "alice: asks for 512 MiB" in ledger  # the evidence entry names who decided
+
+        await page.open("/")
+        await page.wait_text("h1", "Overview")
+        await page.wait_text(".chartbox", "turns/s")
+        overview = await page.text()
+        assert "executors" in overview
+        assert "Retry budget" in overview
+        assert "Sandbox enforcement" in overview
+        await page.screenshot(out / "overview.png")
+    for name in ("overview.png", "turn.png", "escalations.png"):
+        assert (out / name).stat().st_size > 10_000, name
+
+
+async def test_a_reader_is_refused_and_so_is_a_bad_csrf_token(root: Path, operators: Path) -> None:
+    async with console_for(root, Pages(), operators) as live:
+        turn_id = await escalate(live)
+        async with browser(live.url) as reader:
+            await sign_in(reader, "rita")
+            await reader.open("/escalations")
+            await reader.wait_text(f"#escalation-{turn_id}", "RESOURCE_EXHAUSTED")
+            assert not await reader.all("form.decide")  # nothing offered to a reader
+            # a reader who posts the form anyway (the page's own CSRF token) is refused
+            status = await reader.script(
+                """
+                const csrf = document.querySelector("input[name=csrf]").value;
+                const body = new URLSearchParams({csrf, action: "terminate", reason: "mine"});
+                const r = await fetch(arguments[0], {method: "POST", body});
+                return r.status;
+                """,
+                f"/escalations/{turn_id}/resolve",
+            )
+            assert status == 403
+        async with browser(live.url) as resolver:
+            await sign_in(resolver, "alice")
+            await resolver.open("/escalations")
+            await resolver.wait_text(f"#escalation-{turn_id}", "RESOURCE_EXHAUSTED")
+            # a form whose token was tampered with is refused, and nothing changes
+            await resolver.script(
+                "document.querySelector('form.decide input[name=csrf]').value = 'forged'"
+            )
+            await resolver.type(f"#escalation-{turn_id} input[name=reason]", "forged")
+            await resolver.click(f"#escalation-{turn_id} button[value=terminate]")
+            assert "CSRF token is missing or wrong" in await resolver.text()
+        got = await live.client.call("turn.get", turn_id=turn_id)
+        assert got["turn"]["state"] == "escalated"
+
+
+async def test_a_script_in_a_turn_is_shown_as_text(root: Path, operators: Path) -> None:
+    payload = "<script>document.title='owned'</script><img src=x onerror=\"document.title='x'\">"
+    async with console_for(root, Pages(), operators) as live, browser(live.url) as page:
+        turn = await submit(live, payload)
+        await sign_in(page, "rita")
+        for path in (f"/turns/{turn['turn_id']}", "/turns", f"/sessions/{live.session_id}"):
+            await page.open(path)
+            await page.wait_text("main", "<script>document.title='owned'</script>")
+            assert "owned" not in await page.title()
+            assert await page.title() != "x"
+            assert not await page.all("main script")
+            assert not await page.all("main img")
