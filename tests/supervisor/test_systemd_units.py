@@ -35,6 +35,7 @@ _UNIT_FILES = (
     "hunter.service",
     "hunter-sandbox.socket",
     "hunter-sandbox.service",
+    "hunter-console.service",
 )
 _HELPER_SOCKET = "/run/hunter-sandbox/helper.sock"
 _STEP_TIMEOUT_S = 30.0
@@ -76,6 +77,23 @@ def _exposure(unit: str) -> float:
 def test_daemon_exposure_at_most_2_5() -> None:
     """The unprivileged daemon's unit rates at most 2.5 (it rates 1.1; it was 4.4 as root)."""
     assert _exposure("hunter.service") <= 2.5
+
+
+def test_console_exposure_at_most_2_0_and_no_privilege() -> None:
+    """The console's unit rates at most 2.0 (it rates 1.1): its own user, in group hunter for
+    the control socket only, no capability, loopback only, nothing writable."""
+    assert _exposure("hunter-console.service") <= 2.0
+    lines = set(_lines("hunter-console.service"))
+    assert {
+        "User=hunter-console",
+        "SupplementaryGroups=hunter",
+        "CapabilityBoundingSet=",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "IPAddressDeny=any",
+        "IPAddressAllow=localhost",
+    } <= lines
+    assert not any(x.startswith(("StateDirectory=", "ReadWritePaths=")) for x in lines)
 
 
 def test_helper_exposure_stays_at_the_root_units() -> None:
@@ -362,6 +380,9 @@ def _write_share(share: Path) -> None:
         dropin += "ProtectHome=tmpfs\n"
         dropin += "".join(f"BindReadOnlyPaths={p}\n" for p in hidden)
     (share / "venv.conf").write_text(dropin, encoding="utf-8")
+    # the console has no watchdog: the same drop-in without it
+    console = dropin.replace("WatchdogSec=2s\n", "")
+    (share / "console-venv.conf").write_text(console, encoding="utf-8")
 
 
 def _install(c: _Container) -> None:
@@ -404,6 +425,55 @@ def _status_fields(c: _Container, pid: str) -> dict[str, str]:
 def _watchdog_pinged(c: _Container, before: str) -> bool:
     now = c.show("hunter.service", "WatchdogTimestampMonotonic")["WatchdogTimestampMonotonic"]
     return now not in {before, "0"}
+
+
+def _console_under_systemd(c: _Container, share: Path) -> None:
+    """hunter-console.service: runs as hunter-console with no capability, reaches the daemon
+    through the control socket (group hunter), serves on loopback, stops cleanly."""
+    from supervisor.console.operators import hash_password
+
+    (share / "console-operators.toml").write_text(
+        f'[operators.ops]\nrole = "reader"\npassword = "{hash_password("pw in a test")}"\n',
+        encoding="utf-8",
+    )
+    c.run(
+        "sh",
+        "-c",
+        "set -e\n"
+        "install -m 0644 /mnt/share/hunter-console.service /etc/systemd/system/\n"
+        "install -D -m 0644 /mnt/share/console-venv.conf "
+        "/etc/systemd/system/hunter-console.service.d/venv.conf\n"
+        "install -D -m 0640 -g hunter-console /mnt/share/console-operators.toml "
+        "/etc/hunter/console-operators.toml\n"
+        "systemctl daemon-reload\n"
+        "systemctl start hunter-console.service\n",
+    )
+    props = c.show("hunter-console.service", "ActiveState", "SubState", "MainPID", "StatusText")
+    assert (props["ActiveState"], props["SubState"]) == ("active", "running"), c.diagnostics()
+    assert props["StatusText"] == "serving on http://127.0.0.1:8470"
+    status = _status_fields(c, props["MainPID"])
+    console_uid = c.run("id", "-u", "hunter-console").stdout.strip()
+    assert status["Uid"].split() == [console_uid] * 4
+    hunter_gid = c.run("id", "-g", "hunter").stdout.strip()
+    assert hunter_gid in status["Groups"].split()
+    zero = "0000000000000000"
+    assert [status[k] for k in ("CapPrm", "CapEff", "CapBnd", "CapAmb")] == [zero] * 4
+    fetch = (
+        "import sys, urllib.request, urllib.error\n"
+        "try:\n"
+        "    r = urllib.request.urlopen('http://127.0.0.1:8470' + sys.argv[1], timeout=5)\n"
+        "    print(r.status, r.read().decode()[:200])\n"
+        "except urllib.error.HTTPError as e:\n"
+        "    print(e.code, e.read().decode()[:200])\n"
+    )
+    _poll(
+        "the console reaching the daemon",
+        lambda: c.run(sys.executable, "-c", fetch, "/healthz").stdout.startswith("200"),
+    )
+    assert c.run(sys.executable, "-c", fetch, "/login").stdout.startswith("200")
+    c.run("systemctl", "stop", "hunter-console.service", timeout_s=30)
+    stopped = c.show("hunter-console.service", "ActiveState", "Result")
+    assert stopped == {"ActiveState": "inactive", "Result": "success"}, c.diagnostics()
 
 
 @pytest.mark.systemd
@@ -572,6 +642,7 @@ def test_service_under_real_systemd(tmp_path: Path) -> None:
         promoted = f"/var/lib/hunter/workspace/{session_id}/result.txt"
         assert c.run("cat", promoted).stdout == "hello\n"
         assert c.run("stat", "-c", "%U %G", promoted).stdout.strip() == "hunter hunter"
+        _console_under_systemd(c, share)
         c.run("systemctl", "stop", "hunter.service", timeout_s=60)
 
         # The helper stops cleanly (SIGTERM: its areas closed, exit 0); its socket stays.
