@@ -271,6 +271,7 @@ class Connection:
             quarantined_until_us=quarantined_until_us,
             software=self.software,
             detail=detail or self._error_detail,
+            heartbeat_age_ms=ms(time.monotonic() - self._last_rx),
         )
 
     # ------------------------------------------------------------------ lifetime

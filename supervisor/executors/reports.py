@@ -70,6 +70,9 @@ class ExecutorInfo:
     quarantined_until_us: int | None
     software: str = ""
     detail: str = ""
+    #: milliseconds since the executor's last frame (a heartbeat proves it alive; so does any
+    #: answer); the connection is dropped past heartbeat_interval_s x heartbeat_misses
+    heartbeat_age_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
