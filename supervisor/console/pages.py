@@ -72,7 +72,7 @@ def _int(value: str | None, default: int = 0) -> int:
 @signed_in
 async def overview(request: Request, client: Client) -> Response:
     state = state_of(request)
-    status = await client.status()
+    status = await state.status.get(client.status)
     return page(
         request,
         "overview.html",

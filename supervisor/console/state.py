@@ -11,6 +11,7 @@ import anyio
 from supervisor.console.live import DaemonLink, LiveFeed
 from supervisor.console.operators import Operators
 from supervisor.console.signins import SignInLimit, SignIns
+from supervisor.console.snapshot import Snapshot
 
 __all__ = ["ConsoleSettings", "ConsoleState"]
 
@@ -36,6 +37,8 @@ class ConsoleState:
     link: DaemonLink
     signins: SignIns = field(default_factory=SignIns)
     limit: SignInLimit = field(default_factory=SignInLimit)
+    #: the daemon's status, shared by every overview for a second
+    status: Snapshot[dict[str, object]] = field(default_factory=Snapshot)
     #: password checks (scrypt: 16 MiB, about 50 ms each) running at once
     checks: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(2))
 

@@ -1,0 +1,188 @@
+"""The console's pure parts: sign-ins and their expiry, the sign-in limit's window, the live
+feed's fan-out (a browser that does not read is dropped, the others are not held up) and its
+figures, the shared status snapshot, the timeline of a turn and the chart."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from supervisor.client import Attempt, Turn
+from supervisor.console.charts import throughput_svg
+from supervisor.console.live import BROWSER_BUFFER, BUCKET_S, LiveFeed
+from supervisor.console.operators import Role
+from supervisor.console.signins import SignInLimit, SignIns
+from supervisor.console.snapshot import Snapshot
+from supervisor.console.timeline import timeline
+from supervisor.feed import Event
+
+
+def _event(seq: int, kind: str, turn_id: int, at_s: float, state: str | None = None) -> Event:
+    return Event(
+        seq=seq,
+        kind=kind,
+        at_us=int(at_s * 1e6),
+        cursor=f"e:{seq}",
+        session_id="S",
+        turn_id=turn_id,
+        state=state,
+    )
+
+
+def test_a_sign_in_expires_when_idle_and_when_old() -> None:
+    signins = SignIns(idle_s=10, absolute_s=30)
+    token, signin = signins.begin("alice", Role.RESOLVER, now=0)
+    assert signins.find(token, 5) is signin
+    assert signins.find(token, 14) is signin  # each request restarts the idle clock
+    assert signins.find(token, 25) is None  # idle for 11 s
+    token, _ = signins.begin("alice", Role.RESOLVER, now=100)
+    for t in range(105, 130, 5):
+        assert signins.find(token, t) is not None
+    assert signins.find(token, 131) is None  # older than 30 s, however busy
+    assert signins.find("not-a-token", 0) is None
+    assert signins.find("x" * 500, 0) is None
+
+
+def test_sign_in_tokens_are_kept_as_digests() -> None:
+    signins = SignIns()
+    token, signin = signins.begin("rita", Role.READER, now=0)
+    assert token not in repr(signins._by_digest)
+    assert signin.csrf_ok(signin.csrf)
+    assert not signin.csrf_ok(None)
+    assert not signin.csrf_ok(signin.csrf + "x")
+    signins.end(token)
+    assert signins.find(token, 0) is None
+
+
+def test_the_sign_in_limit_opens_again_as_the_window_moves() -> None:
+    limit = SignInLimit(failures=3, window_s=60)
+    keys = ("address:1.2.3.4", "name:alice")
+    for t in (0, 10, 20):
+        assert limit.retry_after(keys, t) == 0
+        limit.failed(keys, t)
+    assert limit.retry_after(keys, 30) == pytest.approx(30)  # the first failure ages out at 60
+    assert limit.retry_after(("name:alice",), 59) == pytest.approx(1)
+    assert limit.retry_after(("name:bob",), 30) == 0  # another name, another address
+    assert limit.retry_after(keys, 61) == 0
+
+
+async def test_a_browser_that_does_not_read_is_dropped_and_others_go_on() -> None:
+    feed = LiveFeed()
+    got: list[int] = []
+    async with feed.listen(lambda e: True) as stalled, feed.listen(lambda e: True) as reading:
+        for seq in range(1, BROWSER_BUFFER + 10):
+            feed.publish(_event(seq, "turn.accepted", seq, 1.0))
+            got.append((await reading.receive()).seq)
+        assert feed.streams == 1  # the stalled one was closed at BROWSER_BUFFER + 1
+        assert feed.dropped_streams == 1
+        received = [e.seq async for e in stalled]  # what it held before it was closed
+    assert received == list(range(1, BROWSER_BUFFER + 1))
+    assert got == list(range(1, BROWSER_BUFFER + 10))
+    assert feed.streams == 0
+    assert feed.cursor == f"e:{BROWSER_BUFFER + 9}"
+
+
+async def test_a_browser_gets_only_what_its_page_follows() -> None:
+    feed = LiveFeed()
+    async with feed.listen(lambda e: e.turn_id == 2) as stream:
+        feed.publish(_event(1, "turn.accepted", 1, 1.0))
+        feed.publish(_event(2, "turn.accepted", 2, 1.0))
+        assert (await stream.receive()).turn_id == 2
+        with pytest.raises(anyio.WouldBlock):
+            stream.receive_nowait()
+
+
+def test_the_feed_counts_endings_and_their_latency_per_bucket() -> None:
+    feed = LiveFeed()
+    start = 1_000_000.0 - 1_000_000.0 % BUCKET_S
+    for n in range(10):
+        feed.publish(_event(2 * n + 1, "turn.accepted", n, start + 0.1))
+        feed.publish(_event(2 * n + 2, "turn.ended", n, start + 0.1 + (n + 1) / 1000, "succeeded"))
+    buckets = feed.buckets(start + 1)
+    last = buckets[-1]
+    assert (last.start_s, last.ended) == (start, 10)
+    assert last.percentile(0.5) == pytest.approx(6.0)  # ms: 1..10, the upper median
+    assert all(b.ended == 0 for b in buckets[:-1])
+    assert [e.turn_id for e in feed.recent][:3] == [9, 8, 7]
+    svg = throughput_svg(buckets)
+    assert svg.startswith("<svg")
+    assert "2 turns/s" in svg  # 10 endings in a 5 s bucket
+    assert "<script" not in svg
+
+
+async def test_the_status_snapshot_is_shared_for_a_second() -> None:
+    snapshot: Snapshot[int] = Snapshot(max_age_s=1.0)
+    calls = 0
+
+    async def fetch() -> int:
+        nonlocal calls
+        calls += 1
+        await anyio.sleep(0.05)
+        return calls
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(20):
+            tg.start_soon(snapshot.get, fetch)
+    assert calls == 1
+    assert await snapshot.get(fetch) == 1
+
+
+def test_the_timeline_shows_waits_decisions_and_backoffs() -> None:
+    turn = Turn(
+        turn_id=7,
+        session_id="S",
+        turn_number=3,
+        state="succeeded",
+        kind="instruction",
+        accepted_us=1,
+        finished_us=9,
+        reason_code="ATTEMPT_SUCCEEDED",
+        attempts=(
+            Attempt(
+                attempt=1,
+                executor_id="ex",
+                started_us=2,
+                finished_us=3,
+                outcome="FAULT",
+                fault_type="CRASH",
+                decision="RETRY",
+                reason_code="RETRY_AFTER_CRASH",
+                delay_ms=200,
+                duration_ms=5,
+                extra={"queued_ms": 30},
+            ),
+            Attempt(
+                attempt=2,
+                executor_id="ex",
+                started_us=5,
+                finished_us=8,
+                outcome="SUCCESS",
+                decision="SUCCEED",
+                reason_code="ATTEMPT_SUCCEEDED",
+            ),
+        ),
+    )
+    steps = timeline(turn)
+    assert [s.kind for s in steps] == [
+        "accepted",
+        "queued",
+        "attempt",
+        "decision",
+        "backoff",
+        "attempt",
+        "decision",
+        "ended",
+    ]
+    assert steps[1].ms == 30
+    assert (steps[2].code, steps[2].tone) == ("CRASH", "bad")
+    assert steps[3].code == "RETRY_AFTER_CRASH"
+    assert steps[4].ms == 200
+    assert (steps[-1].title, steps[-1].tone) == ("succeeded", "ok")
+    escalated = Turn(
+        turn_id=8,
+        session_id="S",
+        turn_number=4,
+        state="escalated",
+        reason_code="RESOURCE_EXHAUSTED_ESCALATE",
+    )
+    assert timeline(escalated)[-1].title == "escalated: waiting for an operator"
