@@ -15,7 +15,7 @@ from typing import Final, TypeVar
 
 import anyio.to_thread
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
@@ -70,17 +70,43 @@ class Browser:
         return await self._run(functools.partial(self.driver.find_elements, By.CSS_SELECTOR, css))
 
     async def type(self, css: str, text: str) -> None:
-        element = await self.find(css)
-        await self._run(element.clear)
-        await self._run(functools.partial(element.send_keys, text))
+        def type_in() -> None:
+            for _ in range(50):
+                try:
+                    element = self.driver.find_element(By.CSS_SELECTOR, css)
+                    element.clear()
+                    element.send_keys(text)
+                    return
+                except StaleElementReferenceException:
+                    continue  # replaced by a live refresh before it held text: again
+            raise AssertionError(f"{css} kept being replaced while typed in")
+
+        await self._run(type_in)
 
     async def click(self, css: str) -> None:
-        element = await self.find(css)
-        await self._run(element.click)
+        def click() -> None:
+            for _ in range(50):
+                try:
+                    self.driver.find_element(By.CSS_SELECTOR, css).click()
+                    return
+                except StaleElementReferenceException:
+                    continue
+            raise AssertionError(f"{css} kept being replaced while clicked")
+
+        await self._run(click)
 
     async def text(self, css: str = "body") -> str:
-        element = await self.find(css)
-        return str(await self._run(lambda: element.text))
+        """The element's text; read again if the live page replaced it meanwhile."""
+
+        def read() -> str:
+            for _ in range(50):
+                try:
+                    return str(self.driver.find_element(By.CSS_SELECTOR, css).text)
+                except StaleElementReferenceException:
+                    continue
+            raise AssertionError(f"{css} kept being replaced while read")
+
+        return await self._run(read)
 
     async def script(self, code: str, *args: object) -> object:
         return await self._run(functools.partial(self.driver.execute_script, code, *args))
@@ -101,7 +127,14 @@ class Browser:
 
         def wait() -> str:
             try:
-                return str(WebDriverWait(self.driver, timeout_s, 0.05).until(shown))
+                # the live page replaces its content: an element found may be gone when read
+                waiting = WebDriverWait(
+                    self.driver,
+                    timeout_s,
+                    0.05,
+                    ignored_exceptions=(StaleElementReferenceException,),
+                )
+                return str(waiting.until(shown))
             except TimeoutException:
                 found = self.driver.find_elements(By.CSS_SELECTOR, css)
                 now = found[0].text if found else "(no such element)"

@@ -51,11 +51,11 @@
   const [what, id] = follow === "all" ? ["", ""] : [follow.slice(0, follow.indexOf(":")), follow.slice(follow.indexOf(":") + 1)];
   const url = "/events" + (what ? "?" + new URLSearchParams({ [what]: id }).toString() : "");
   const source = new EventSource(url);
-  let opened = false;
   source.onopen = () => {
     mark("●", "live: this page follows the daemon's changes");
-    if (opened) soon();  // reconnected: something may have changed meanwhile
-    opened = true;
+    // subscribed first, read second: a change between the page's load and the stream's
+    // opening (or while reconnecting) is in this re-read, the later ones come as events
+    soon();
   };
   source.onmessage = () => soon();
   source.onerror = () => mark("○", "reconnecting to the live stream");
