@@ -14,7 +14,15 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from supervisor.client import Client, Executor, HunterError, Turn, UnknownSession, UnknownTurn
+from supervisor.client import (
+    Client,
+    Executor,
+    HunterError,
+    Session,
+    Turn,
+    UnknownSession,
+    UnknownTurn,
+)
 from supervisor.console.charts import throughput_svg
 from supervisor.console.guard import authenticate, state_of
 from supervisor.console.render import page
@@ -112,20 +120,18 @@ async def sessions(request: Request, client: Client) -> Response:
 @signed_in
 async def session(request: Request, client: Client) -> Response:
     session_id = request.path_params["session_id"]
-    found = [s for s in await client.sessions() if s.session_id == session_id]
-    if not found:
-        message = f"no session {session_id!r} (see the sessions page)"
-        return page(request, "error.html", 404, title="not found", message=message)
+    answer = await client.call("session.get", session_id=session_id)
     after = _int(request.query_params.get("after"))
-    turns, next_after = await _turn_page(
-        client, after, state_of(request).settings.page_size, session_id
-    )
+    size = state_of(request).settings.page_size
+    turns, next_after = await _turn_page(client, after, size, session_id)
     check = await client.verify_ledgers(session_id=session_id)
     return page(
         request,
         "session.html",
         follow=f"session:{session_id}",
-        session=found[0],
+        session=msgspec.convert(answer["session"], Session),
+        package=answer.get("package"),
+        package_problem=answer.get("package_problem"),
         turns=turns,
         after=after,
         next_after=next_after,

@@ -21,6 +21,7 @@ __all__ = [
     "compact_turn",
     "evidence_slice",
     "executor_answer",
+    "package_answer",
     "statistics_answer",
     "turn_answer",
     "turn_ledger_entries",
@@ -166,3 +167,19 @@ def evidence_slice(
         "data": base64.b64encode(data).decode("ascii"),
         "more": offset + len(data) < size,
     }
+
+
+def package_answer(manifest: Path) -> dict[str, object]:
+    """``session.get``'s package part (a worker thread): ``{package: the manifest's effective
+    capabilities and limits, package_problem: null}``, or ``package`` null and
+    ``package_problem`` saying why (uninstalled since, invalid)."""
+    from sandbox.errors import ManifestError
+    from sandbox.packages import load_manifest
+
+    if not manifest.exists():
+        problem = f"{manifest.parent.name} is not installed on this daemon's root (any more)"
+        return {"package": None, "package_problem": problem}
+    try:
+        return {"package": load_manifest(manifest).to_dict(), "package_problem": None}
+    except (ManifestError, OSError) as exc:
+        return {"package": None, "package_problem": str(exc)}

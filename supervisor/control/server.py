@@ -21,7 +21,8 @@ Operations (params -> result):
 * ``ping`` -> ``{pong, pid, protocol, root, control_socket}``
 * ``session.open`` {package_id, tier?, work_order_id?, workspace?} -> session;
   ``session.close`` {session_id} -> session (refused while it has unfinished turns);
-  ``session.list`` -> {sessions}
+  ``session.list`` -> {sessions}; ``session.get`` {session_id} -> {session, package,
+  package_problem} (the package's manifest as installed now)
 * ``turn.submit`` {session_id, kind: "instruction"|"process", declared_outputs (required; []
   for instructions), declared_inputs?, phase?, idempotency_key?, timeout_ms?, wait_s?,
   answer?: "full"|"compact"} plus {command_type, target_url?, target_selector?, parameters?} or
@@ -61,7 +62,7 @@ Operations (params -> result):
 
 About 700 lines (`ControlServer` about 500), past the usual 600/400: the connection handling
 (framing, the error boundary, busy refusals, the peer's credentials) and one short handler per
-operation of the protocol (19 of them), which read and answer through the turn core; the
+operation of the protocol (20 of them), which read and answer through the turn core; the
 answers' shapes are in `supervisor.control.answers`, submits taken without a task in
 `submits`, replies in `replies`, event subscriptions in `subscriptions`. Split by operation,
 each handler would need the same five neighbours passed in.
@@ -88,6 +89,7 @@ from supervisor.control.answers import (
     EvidenceMissing,
     evidence_slice,
     executor_answer,
+    package_answer,
     statistics_answer,
     turn_answer,
     turn_ledger_entries,
@@ -229,6 +231,7 @@ class ControlServer:
             "session.open": self._session_open,
             "session.close": self._session_close,
             "session.list": self._session_list,
+            "session.get": self._session_get,
             "turn.submit": self._turn_submit,
             "turn.get": self._turn_get,
             "turn.evidence": self._turn_evidence,
@@ -524,6 +527,11 @@ class ControlServer:
     async def _session_close(self, params: SessionRef) -> object:
         sid = params.session_id
         return (await self._turn_core.close_session(sid)).to_dict()
+
+    async def _session_get(self, params: SessionRef) -> object:
+        record = await self._turn_core.get_session(params.session_id)
+        path = self._turn_core.settings.root / "installed" / record.package_id / "manifest.json"
+        return {"session": record.to_dict(), **await anyio.to_thread.run_sync(package_answer, path)}
 
     async def _session_list(self, params: NoParams) -> object:
         return {"sessions": [s.to_dict() for s in await self._turn_core.list_sessions()]}

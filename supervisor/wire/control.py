@@ -55,6 +55,7 @@ __all__ = [
     "RequestId",
     "SessionClose",
     "SessionFilter",
+    "SessionGet",
     "SessionList",
     "SessionOpen",
     "SessionOpenParams",
@@ -333,6 +334,10 @@ class SessionClose(_Request, frozen=True, tag="session.close"):
     params: SessionRef
 
 
+class SessionGet(_Request, frozen=True, tag="session.get"):
+    params: SessionRef
+
+
 class SessionList(_Request, frozen=True, tag="session.list"):
     params: NoParams = NoParams()
 
@@ -447,6 +452,7 @@ ControlRequest: TypeAlias = (
     Ping
     | SessionOpen
     | SessionClose
+    | SessionGet
     | SessionList
     | TurnSubmit
     | TurnGet
@@ -469,6 +475,7 @@ _REQUEST_TYPES: Final[tuple[type[_Request], ...]] = (
     Ping,
     SessionOpen,
     SessionClose,
+    SessionGet,
     SessionList,
     TurnSubmit,
     TurnGet,

@@ -400,3 +400,29 @@ async def test_proxy_header_on_a_unix_socket(root: Path, operators: Path, tmp_pa
             assert page.status_code == 200
             assert "proxied" in page.text
             assert (await http.get("/login")).status_code == 404
+
+
+async def test_a_session_page_shows_its_package_and_verified_ledgers(
+    root: Path, operators: Path
+) -> None:
+    async with started(root, operators) as live, httpx.AsyncClient(base_url=live.url) as http:
+        await live.client.call(
+            "turn.submit",
+            session_id=live.session_id,
+            kind="instruction",
+            command_type="READ",
+            target_selector="#one",
+            declared_outputs=[],
+            wait_s=WAIT_S,
+        )
+        check = await live.client.call("ledger.verify", session_id=live.session_id)
+        await sign_in(http, "rita")
+        page = await http.get(f"/sessions/{live.session_id}")
+        assert page.status_code == 200
+        assert "<code>/etc/shadow</code>" in page.text  # forbidden by the demo package
+        assert "memory_mb 64" in page.text
+        assert "verified" in page.text
+        for ledger in check["ledgers"]:
+            assert ledger["head_hash"][:16] in page.text
+        missing = await http.get("/sessions/SES-nope")
+        assert missing.status_code == 404

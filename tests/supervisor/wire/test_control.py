@@ -48,7 +48,10 @@ def test_every_operation_decodes() -> None:
     """Each operation decodes to its own Struct; params default when optional."""
     assert op_of(decode_request(_body(op="ping"))) == "ping"
     assert isinstance(decode_request(_body(id=7, op="ping", params={})), Ping)
-    assert len(OPERATIONS) == 19
+    assert len(OPERATIONS) == 20
+    assert (
+        op_of(decode_request(_body(op="session.get", params={"session_id": "S"}))) == "session.get"
+    )
     evidence = decode_request(_body(op="turn.evidence", params={"turn_id": "7", "offset": 5}))
     assert isinstance(evidence, TurnEvidence)
     assert (evidence.params.id, evidence.params.offset) == (7, 5)
