@@ -52,6 +52,11 @@ async def _decision(request: Request) -> tuple[dict[str, str], str, str] | Respo
     return form, signin.operator, reason[:1000]
 
 
+def _unreachable(request: Request) -> Response:
+    problem = state_of(request).link.problem
+    return page(request, "unreachable.html", 503, problem=problem, follow="reconnect")
+
+
 async def resolve(request: Request) -> Response:
     checked = await _decision(request)
     if isinstance(checked, Response):
@@ -63,13 +68,7 @@ async def resolve(request: Request) -> Response:
         return PlainTextResponse("action: must be retry or terminate", 400)
     client = state_of(request).link.client
     if client is None:
-        return page(
-            request,
-            "unreachable.html",
-            503,
-            problem=state_of(request).link.problem,
-            follow="reconnect",
-        )
+        return _unreachable(request)
     try:
         await client.resolve(turn_id, action, reason=reason, operator=operator)
     except HunterError as exc:
@@ -86,13 +85,7 @@ async def cancel(request: Request) -> Response:
     turn_id = int(request.path_params["turn_id"])
     client = state_of(request).link.client
     if client is None:
-        return page(
-            request,
-            "unreachable.html",
-            503,
-            problem=state_of(request).link.problem,
-            follow="reconnect",
-        )
+        return _unreachable(request)
     try:
         await client.call("turn.cancel", turn_id=turn_id, reason=reason, operator=operator)
     except HunterError as exc:

@@ -11,7 +11,6 @@ escalation queue are written to DIR (docs/console/ holds the committed ones).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -19,8 +18,8 @@ import pytest
 
 from supervisor.sdk import Executor, Instruction, Result
 from tests.console.browser import Browser, browser, missing_reason
-from tests.console.live_console import PASSWORDS, LiveConsole, console_for, write_operators
-from tests.live_daemon import WAIT_S, demo_root
+from tests.console.live_console import PASSWORDS, LiveConsole, console_for
+from tests.live_daemon import WAIT_S
 
 pytestmark = pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason()))
 
@@ -40,16 +39,6 @@ class Pages(Executor):
             self.waiting.set()
             await self.gate.wait()
         return Result.success(f"page {instruction.target_selector}", attach_evidence=True)
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    yield from demo_root("hh-console-browser-")
-
-
-@pytest.fixture
-def operators(tmp_path: Path) -> Path:
-    return write_operators(tmp_path / "operators.toml")
 
 
 def shots(tmp_path: Path) -> Path:

@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -20,7 +19,6 @@ import pytest
 
 from supervisor.console.errors import OperatorsFileError
 from supervisor.console.operators import Role, hash_password, load_operators, verify_password
-from tests.live_daemon import demo_root
 
 HUNTER = [sys.executable, "-m", "supervisor"]
 
@@ -37,11 +35,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    yield from demo_root("hh-console-cli-")
 
 
 def test_hash_and_verify() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from supervisor.sdk import Executor, Instruction, Result
-from tests.console.live_console import PASSWORDS, LiveConsole, console_for, write_operators
-from tests.live_daemon import WAIT_S, demo_root
+from tests.console.live_console import PASSWORDS, LiveConsole, console_for
+from tests.live_daemon import WAIT_S
 
 _HOG = ["python3", "-c", "b = bytearray(512 << 20)"]  # over the demo package's memory limit
 
@@ -32,16 +32,6 @@ class Echo(Executor):
 
     async def read(self, instruction: Instruction) -> Result:
         return Result.success(f"page {instruction.target_selector}", attach_evidence=True)
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    yield from demo_root("hh-console-")
-
-
-@pytest.fixture
-def operators(tmp_path: Path) -> Path:
-    return write_operators(tmp_path / "operators.toml")
 
 
 @asynccontextmanager
