@@ -1,6 +1,8 @@
 """How a client command reaches the daemon: `locate` finds the control socket (and the root)
 from the flags, the environment and the configuration, in the one order below; one connection
-per command; the daemon's refusals and absence turned into exit codes (1 and 10).
+per command, a client library `supervisor.client.Client` (no reconnecting: a command fails at
+once when the daemon is not there); the daemon's refusals and absence turned into exit codes
+(1 and 10).
 
 The order, the first given wins (docs/configuration.md, "How client commands find the daemon"):
 
@@ -37,7 +39,7 @@ from supervisor.client.discovery import (
 )
 
 if TYPE_CHECKING:
-    from supervisor.control.client import ControlClient
+    from supervisor.client import Client
 
 __all__ = [
     "CONFIG_ENV",
@@ -107,18 +109,16 @@ def decision_options(parser: argparse.ArgumentParser, *, reason_required: bool) 
     )
 
 
-def decision_params(args: argparse.Namespace) -> dict[str, str]:
-    """The ``reason`` and ``operator`` params of a decision's request, those given."""
-    return {k: getattr(args, k) for k in ("reason", "operator") if getattr(args, k) is not None}
-
-
-def run_client(args: argparse.Namespace, body: Callable[[ControlClient], Awaitable[int]]) -> int:
+def run_client(args: argparse.Namespace, body: Callable[[Client], Awaitable[int]]) -> int:
     """Find the socket (`locate`), connect, run *body(client)*, map errors to exit codes: 2 a
-    configuration that cannot be read, 10 no daemon there, 1 a refusal."""
+    configuration that cannot be read, 10 no daemon there, 1 a refusal.
+
+    The client does not reconnect (``reconnect_s=0``) and makes up no idempotency keys
+    (``auto_keys=False``): a command sends what was typed, once."""
     import anyio
 
-    from supervisor.control.client import ControlClient, ControlClientError, DaemonNotRunning
-    from supervisor.errors import ConfigError
+    from supervisor.client import Client
+    from supervisor.errors import ConfigError, ControlClientError, DaemonNotRunning
 
     try:
         socket = locate(args)
@@ -130,7 +130,7 @@ def run_client(args: argparse.Namespace, body: Callable[[ControlClient], Awaitab
         return EXIT_USAGE
 
     async def main() -> int:
-        async with ControlClient(socket.path) as client:
+        async with Client(socket.path, reconnect_s=0, auto_keys=False) as client:
             return await body(client)
 
     try:

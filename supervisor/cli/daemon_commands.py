@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from supervisor.cli.client import client_options, decision_options, decision_params, run_client
+from supervisor.cli.client import client_options, decision_options, run_client
 from supervisor.cli.exit_codes import EXIT_FAILED, EXIT_OK
 from supervisor.cli.output import out, table, to_json
 
 if TYPE_CHECKING:
-    from supervisor.control.client import ControlClient
+    from supervisor.client import Client
 
 __all__ = [
     "add_check_ledgers_parser",
@@ -155,8 +155,8 @@ def format_executors(executors: Sequence[dict[str, Any]]) -> str:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    async def body(client: ControlClient) -> int:
-        status = await client.call("status")
+    async def body(client: Client) -> int:
+        status = await client.status()
         out(to_json(status) if args.json else format_status(status))
         return EXIT_OK
 
@@ -164,15 +164,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_executors(args: argparse.Namespace) -> int:
-    async def body(client: ControlClient) -> int:
-        executors: list[dict[str, Any]] = []
-        after = ""
-        while True:  # every page: the answer of one call is bounded by the frame limit
-            page = await client.call("executors.list", after_executor_id=after)
-            executors += page["executors"]
-            if page.get("next_after") is None:
-                break
-            after = str(page["next_after"])
+    async def body(client: Client) -> int:
+        # every page: the answer of one call is bounded by the frame limit
+        executors = [e.to_dict() async for e in client.executors()]
         if args.json:
             out(to_json({"executors": executors}))
         elif not executors:
@@ -185,29 +179,28 @@ def _cmd_executors(args: argparse.Namespace) -> int:
 
 
 def _cmd_ledger_check(args: argparse.Namespace) -> int:
-    async def body(client: ControlClient) -> int:
-        params = {"session_id": args.session} if args.session else {}
-        result = await client.call("ledger.verify", **params)
+    async def body(client: Client) -> int:
+        check = await client.verify_ledgers(session_id=args.session or None)
         if args.json:
-            out(to_json(result))
+            out(to_json(check.to_dict()))
         else:
-            for r in result["ledgers"]:
+            for r in check.ledgers:
                 out(f"ok  {r['ledger_id']}  {r['entries']} entries")
             # in a fleet: sessions this daemon does not home (their files are on their home)
-            for e in result.get("elsewhere", ()):
+            for e in check.elsewhere:
                 out(f"--  {e['session_id']}  {e['detail']}")
-            for f in result["failures"]:
+            for f in check.failures:
                 out(f"BAD {f['session_id']}: {f['error']}")
-            if not (result["ledgers"] or result["failures"] or result.get("elsewhere")):
+            if not (check.ledgers or check.failures or check.elsewhere):
                 out("no sessions")
-        return EXIT_OK if result["ok"] else EXIT_FAILED
+        return EXIT_OK if check.ok else EXIT_FAILED
 
     return run_client(args, body)
 
 
 def _cmd_drain(args: argparse.Namespace) -> int:
-    async def body(client: ControlClient) -> int:
-        await client.call("drain", **decision_params(args))
+    async def body(client: Client) -> int:
+        await client.drain(reason=args.reason, operator=args.operator)
         out("drain started")
         return EXIT_OK
 

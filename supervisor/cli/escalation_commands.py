@@ -5,35 +5,28 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from supervisor.cli.client import client_options, decision_options, decision_params, run_client
+from supervisor.cli.client import client_options, decision_options, run_client
 from supervisor.cli.exit_codes import EXIT_OK
 from supervisor.cli.output import out, table, to_json
 from supervisor.cli.turn_commands import parse_turn_id
 
 if TYPE_CHECKING:
-    from supervisor.control.client import ControlClient
+    from supervisor.client import Client
 
 __all__ = ["add_escalations_parser"]
 
 
 def _cmd_escalations_list(args: argparse.Namespace) -> int:
-    async def body(client: ControlClient) -> int:
-        result = await client.call("escalations.list")
+    async def body(client: Client) -> int:
+        escalations = await client.escalations()
         if args.json:
-            out(to_json(result))
-        elif not result["escalations"]:
+            out(to_json({"escalations": [t.to_dict() for t in escalations]}))
+        elif not escalations:
             out("no escalated turns")
         else:
             rows = [
-                (
-                    t["turn_id"],
-                    t["session_id"],
-                    t["turn_number"],
-                    t["kind"],
-                    t.get("fault_type"),
-                    t.get("reason_code"),
-                )
-                for t in result["escalations"]
+                (t.turn_id, t.session_id, t.turn_number, t.kind, t.fault_type, t.reason_code)
+                for t in escalations
             ]
             out(table(("TURN", "SESSION", "#", "KIND", "FAULT", "REASON"), rows))
         return EXIT_OK
@@ -44,12 +37,11 @@ def _cmd_escalations_list(args: argparse.Namespace) -> int:
 def _cmd_escalations_resolve(args: argparse.Namespace) -> int:
     action = "retry" if args.retry else "terminate"
 
-    async def body(client: ControlClient) -> int:
-        params = decision_params(args)
-        turn = (
-            await client.call("escalations.resolve", turn_id=args.turn_id, action=action, **params)
-        )["turn"]
-        out(to_json(turn) if args.json else f"turn {turn['turn_id']}: {turn['state']}")
+    async def body(client: Client) -> int:
+        turn = await client.resolve(
+            args.turn_id, action, reason=args.reason, operator=args.operator
+        )
+        out(to_json(turn.to_dict()) if args.json else f"turn {turn.turn_id}: {turn.state}")
         return EXIT_OK
 
     return run_client(args, body)

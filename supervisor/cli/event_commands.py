@@ -1,4 +1,5 @@
-"""`hunter events`: a ``tail -f`` of the daemon's change feed (``events.subscribe``).
+"""`hunter events`: a ``tail -f`` of the daemon's change feed (``events.subscribe``, through
+the client library's `Client.events`).
 
 Each event is one line (``--json``: the event object, one per line, for tools). It follows the
 feed until interrupted; when the connection ends (the daemon restarted) or the daemon cut the
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from supervisor.cli.client import client_options, locate
 from supervisor.cli.exit_codes import EXIT_OK, EXIT_USAGE
@@ -19,6 +20,7 @@ from supervisor.cli.output import err, out
 
 if TYPE_CHECKING:
     from supervisor.cli.main import Subparsers
+    from supervisor.feed import Event
 
 __all__ = ["add_events_parser", "describe_event"]
 
@@ -26,45 +28,47 @@ __all__ = ["add_events_parser", "describe_event"]
 _RETRY_S = 1.0
 
 
-def describe_event(event: dict[str, Any]) -> str:
-    """One event as a line a person reads: time, kind, then what it is about."""
-    stamp = time.strftime("%H:%M:%S", time.localtime(event["at_us"] / 1e6))
-    millis = (event["at_us"] // 1000) % 1000
-    parts = [f"{stamp}.{millis:03d}", f"{event['kind']:<20}"]
-    if "turn_id" in event:
-        parts.append(f"turn {event['turn_id']}")
-    if "session_id" in event:
-        parts.append(f"session {event['session_id']}")
-    if "executor_id" in event:
-        parts.append(f"executor {event['executor_id']}")
-    if "daemon" in event:
-        parts.append(f"daemon {event['daemon']}")
-    for key in ("state", "attempt", "decision", "reason_code"):
-        if key in event:
-            parts.append(f"{key}={event[key]}")
-    if event.get("command_types"):
-        parts.append("commands=" + ",".join(event["command_types"]))
-    if "detail" in event:
-        parts.append(f"({event['detail']})")
+def describe_event(event: Event) -> str:
+    """One event as a line a person reads: time, kind, then what it is about (the fields it
+    has: those of another kind are None)."""
+    stamp = time.strftime("%H:%M:%S", time.localtime(event.at_us / 1e6))
+    millis = (event.at_us // 1000) % 1000
+    parts = [f"{stamp}.{millis:03d}", f"{event.kind:<20}"]
+    for label, value in (
+        ("turn", event.turn_id),
+        ("session", event.session_id),
+        ("executor", event.executor_id),
+        ("daemon", event.daemon),
+    ):
+        if value is not None:
+            parts.append(f"{label} {value}")
+    for key, field in (
+        ("state", event.state),
+        ("attempt", event.attempt),
+        ("decision", event.decision),
+        ("reason_code", event.reason_code),
+    ):
+        if field is not None:
+            parts.append(f"{key}={field}")
+    if event.command_types:
+        parts.append("commands=" + ",".join(event.command_types))
+    if event.detail is not None:
+        parts.append(f"({event.detail})")
     return "  ".join(parts)
 
 
-def _params(args: argparse.Namespace) -> dict[str, Any]:
-    params: dict[str, Any] = {}
-    if args.session:
-        params["sessions"] = args.session
-    if args.turn:
-        params["turns"] = args.turn
-    if args.kind:
-        params["kinds"] = args.kind
-    return params
+def _event_json(event: Event) -> str:
+    """The event as one JSON line: the object the daemon sent (the fields its kind has)."""
+    import msgspec
+    import orjson
+
+    return orjson.dumps(msgspec.to_builtins(event)).decode()
 
 
 def _cmd_events(args: argparse.Namespace) -> int:
     import anyio
-    import orjson
 
-    from supervisor.control.client import ControlClient
+    from supervisor.client import Client
     from supervisor.errors import ConfigError, ConnectionLost, ControlClientError, DaemonNotRunning
 
     try:
@@ -72,7 +76,6 @@ def _cmd_events(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         err(f"hunter events: {exc}")
         return EXIT_USAGE
-    params = _params(args)
     after: str | None = args.after
     printed = [0]
 
@@ -81,14 +84,19 @@ def _cmd_events(args: argparse.Namespace) -> int:
         while True:
             try:
                 async with (
-                    ControlClient(socket.path) as client,
-                    client.subscribe(**params, **({"after": after} if after else {})) as events,
+                    Client(socket.path, reconnect_s=0, auto_keys=False) as client,
+                    client.events(
+                        sessions=args.session or None,
+                        turns=args.turn or None,
+                        kinds=args.kind or None,
+                        after=after or None,
+                    ) as events,
                 ):
-                    if events.ack.get("gap"):
-                        err(f"hunter events: gap: {events.ack['gap']}")
+                    if events.gap:
+                        err(f"hunter events: gap: {events.gap}")
                     async for event in events:
-                        out(orjson.dumps(event).decode() if args.json else describe_event(event))
-                        after = event["cursor"]
+                        out(_event_json(event) if args.json else describe_event(event))
+                        after = event.cursor
                         printed[0] += 1
                         if args.count and printed[0] >= args.count:
                             return EXIT_OK

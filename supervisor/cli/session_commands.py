@@ -11,7 +11,7 @@ from supervisor.cli.exit_codes import EXIT_OK
 from supervisor.cli.output import out, table, to_json
 
 if TYPE_CHECKING:
-    from supervisor.control.client import ControlClient
+    from supervisor.client import Client
 
 __all__ = ["add_session_parser"]
 
@@ -19,49 +19,47 @@ __all__ = ["add_session_parser"]
 def _cmd_session_open(args: argparse.Namespace) -> int:
     workspace = str(Path(args.workspace).absolute()) if args.workspace else None
 
-    async def body(client: ControlClient) -> int:
-        params: dict[str, object] = {"package_id": args.package, "tier": args.tier}
-        if args.work_order:
-            params["work_order_id"] = args.work_order
-        if args.workspace:
-            params["workspace"] = workspace
-        if args.tenant:
-            params["tenant"] = args.tenant
-        if args.priority is not None:
-            params["priority"] = args.priority
-        session = await client.call("session.open", **params)
-        out(to_json(session) if args.json else session["session_id"])
+    async def body(client: Client) -> int:
+        session = await client.open_session(
+            args.package,
+            tier=args.tier,
+            work_order_id=args.work_order or None,
+            workspace=workspace,
+            tenant=args.tenant or None,
+            priority=args.priority,
+        )
+        out(to_json(session.to_dict()) if args.json else session.session_id)
         return EXIT_OK
 
     return run_client(args, body)
 
 
 def _cmd_session_close(args: argparse.Namespace) -> int:
-    async def body(client: ControlClient) -> int:
-        session = await client.call("session.close", session_id=args.session_id)
-        out(to_json(session) if args.json else f"{session['session_id']} closed")
+    async def body(client: Client) -> int:
+        session = await client.close_session(args.session_id)
+        out(to_json(session.to_dict()) if args.json else f"{session.session_id} closed")
         return EXIT_OK
 
     return run_client(args, body)
 
 
 def _cmd_session_list(args: argparse.Namespace) -> int:
-    async def body(client: ControlClient) -> int:
-        result = await client.call("session.list")
+    async def body(client: Client) -> int:
+        sessions = await client.sessions()
         if args.json:
-            out(to_json(result))
+            out(to_json({"sessions": [s.to_dict() for s in sessions]}))
         else:
             rows = [
                 (
-                    s["session_id"],
-                    s["package_id"],
-                    s["tier"],
-                    s.get("tenant") or "-",
-                    s.get("priority") or "-",
-                    s["state"],
-                    s["turns"],
+                    s.session_id,
+                    s.package_id,
+                    s.tier,
+                    s.tenant or "-",
+                    s.priority or "-",
+                    s.state,
+                    s.turns,
                 )
-                for s in result["sessions"]
+                for s in sessions
             ]
             header = ("SESSION", "PACKAGE", "TIER", "TENANT", "PRIORITY", "STATE", "TURNS")
             out(table(header, rows))

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
-from supervisor.cli.client import client_options, decision_options, decision_params, run_client
+from supervisor.cli.client import client_options, decision_options, run_client
 from supervisor.cli.exit_codes import (
     EXIT_FAILED,
     EXIT_NOT_SETTLED,
@@ -19,9 +20,10 @@ from supervisor.cli.turn_record import describe_turn
 
 if TYPE_CHECKING:
     from supervisor.cli.main import Subparsers
-    from supervisor.control.client import ControlClient
+    from supervisor.client import Client, Turn, TurnHandle
 
 __all__ = [
+    "Submission",
     "add_submit_parser",
     "add_turn_parser",
     "describe_turn",
@@ -58,64 +60,104 @@ def _parse_param(text: str) -> tuple[str, object]:
     return key, value
 
 
-def _declared_output(text: str) -> dict[str, object]:
+def _declared_output(text: str) -> dict[str, str | None]:
     path, sep, role = text.rpartition(":")
     if not sep or not path or "/" in role:
         path, role = text, ""
     return {"path": path, "role": role or None}
 
 
-def submit_params(args: argparse.Namespace) -> dict[str, object]:
-    """The ``turn.submit`` params for `hunter submit`'s flags (raises ValueError on misuse)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Submission:
+    """What `hunter submit`'s flags ask for: a process turn (``argv``) or an instruction
+    (``command_type`` with its target and parameters), and the options both take."""
+
+    session_id: str
+    argv: tuple[str, ...] = ()
+    command_type: str | None = None
+    url: str = ""
+    selector: str = ""
+    parameters: Mapping[str, object] = field(default_factory=dict)
+    #: ``{path, role}``, role None when none was given
+    declared_outputs: tuple[Mapping[str, str | None], ...] = ()
+    declared_inputs: tuple[str, ...] = ()
+    phase: str | None = None
+    timeout_ms: int | None = None
+    idempotency_key: str | None = None
+    #: ask for the compact turn object (its outcome only)
+    compact: bool = False
+
+    async def submit(self, client: Client) -> TurnHandle:
+        """Submit it through the client library (`Client.submit_instruction` or
+        `Client.submit_process`)."""
+        if self.command_type is None:
+            return await client.submit_process(
+                self.session_id,
+                self.argv,
+                declared_outputs=self.declared_outputs,
+                declared_inputs=self.declared_inputs,
+                phase=self.phase,
+                timeout_ms=self.timeout_ms,
+                idempotency_key=self.idempotency_key,
+                compact=self.compact,
+            )
+        return await client.submit_instruction(
+            self.session_id,
+            self.command_type,
+            url=self.url,
+            selector=self.selector,
+            parameters=self.parameters,
+            declared_inputs=self.declared_inputs,
+            phase=self.phase,
+            timeout_ms=self.timeout_ms,
+            idempotency_key=self.idempotency_key,
+            compact=self.compact,
+        )
+
+
+def submit_params(args: argparse.Namespace) -> Submission:
+    """The turn `hunter submit`'s flags ask for (raises ValueError on misuse)."""
     argv = list(args.argv or [])
     if argv and argv[0] == "--":
         argv = argv[1:]
-    params: dict[str, object] = {
-        "session_id": args.session,
-        "declared_outputs": [_declared_output(d) for d in args.declare_output or []],
-        "declared_inputs": list(args.declare_input or []),
-    }
-    if args.phase:
-        params["phase"] = args.phase.upper()
-    if args.timeout_ms is not None:
-        params["timeout_ms"] = args.timeout_ms
-    if args.idempotency_key:
-        params["idempotency_key"] = args.idempotency_key
-    if args.compact:
-        params["answer"] = "compact"
+    common = Submission(
+        session_id=args.session,
+        declared_outputs=tuple(_declared_output(d) for d in args.declare_output or []),
+        declared_inputs=tuple(args.declare_input or []),
+        phase=args.phase.upper() if args.phase else None,
+        timeout_ms=args.timeout_ms,
+        idempotency_key=args.idempotency_key or None,
+        compact=args.compact,
+    )
     if argv:
         if args.command_type:
             raise ValueError("give either --command (an instruction) or `-- CMD ARGS`, not both")
-        params.update(kind="process", argv=argv)
-    elif args.command_type:
-        params.update(
-            kind="instruction",
-            command_type=args.command_type.upper(),
-            target_url=args.url or "",
-            target_selector=args.selector or "",
-            parameters=dict(args.param or []),
-        )
-    else:
+        return replace(common, argv=tuple(argv))
+    if not args.command_type:
         raise ValueError("nothing to submit: give --command TYPE (instruction) or `-- CMD ARGS`")
-    return params
-
-
-def _settled_states() -> frozenset[str]:
-    """The states a wait ends at: the final ones, and escalated (parked for an operator)."""
-    from sandbox.policy.lifecycle import FINAL_STATES, TurnState
-
-    return frozenset({s.value for s in FINAL_STATES} | {TurnState.ESCALATED.value})
+    if common.declared_outputs:
+        raise ValueError(
+            "--declare-output is for process turns (`-- CMD ARGS`): an instruction's executor"
+            " writes nothing on this host"
+        )
+    return replace(
+        common,
+        command_type=args.command_type.upper(),
+        url=args.url or "",
+        selector=args.selector or "",
+        parameters=dict(args.param or []),
+    )
 
 
 async def wait_with_progress(
-    client: ControlClient,
+    client: Client,
     turn_id: int,
     *,
     show: Callable[[str], None],
     limit_s: float | None = None,
     compact: bool = False,
-) -> dict[str, Any]:
-    """Follow the turn's events (``events.subscribe``, no polling), reporting each new
+) -> Turn:
+    """Follow the turn's events (`Client.events`, no polling), reporting each new
     state/attempt, until it settles (final or escalated); returns the turn as it is then (with
     *compact*, the compact turn object: its outcome only), or as it is when *limit_s* passes.
 
@@ -123,10 +165,8 @@ async def wait_with_progress(
     subscription the daemon cuts off is taken up again from its last cursor."""
     import anyio
 
-    from supervisor.errors import ControlClientError
+    from supervisor.client import SubscriberTooSlow
 
-    settled = _settled_states()
-    form: dict[str, Any] = {"answer": "compact"} if compact else {}
     last: tuple[object, object] | None = None
 
     def report(state: object, attempt: object) -> None:
@@ -138,65 +178,56 @@ async def wait_with_progress(
     after: str | None = None
     with anyio.move_on_after(limit_s if limit_s is not None else float("inf")):
         while True:
-            resume = {"after": after} if after else {}
             try:
-                async with client.subscribe(turns=[turn_id], **resume) as events:
-                    now = (await client.call("turn.wait", turn_id=turn_id, timeout_s=0, **form))[
-                        "turn"
-                    ]
-                    report(now["state"], now["attempt"])
-                    if now["state"] in settled:
-                        return dict(now)
+                async with client.events(turns=[turn_id], after=after or None) as events:
+                    now = await client.get_turn(turn_id, compact=compact)
+                    report(now.state, now.attempt)
+                    if now.settled:
+                        return now
                     async for event in events:
                         after = events.last
-                        state = event.get("state")
-                        if state is not None:
-                            report(state, event.get("attempt", now["attempt"]))
-                        if event["kind"] in {"turn.ended", "escalation.raised"}:
+                        if event.state is not None:
+                            attempt = event.attempt if event.attempt is not None else now.attempt
+                            report(event.state, attempt)
+                        if event.kind in {"turn.ended", "escalation.raised"}:
                             break
                     else:  # pragma: no cover - the iterator ends by raising, never by itself
                         continue
-            except ControlClientError as exc:
-                if exc.code != "subscriber_too_slow":
-                    raise
+            except SubscriberTooSlow:
                 continue  # taken up again from the last cursor
-            result = await client.call("turn.wait", turn_id=turn_id, timeout_s=0, **form)
-            if result["turn"]["state"] in settled:
-                return dict(result["turn"])
-    if compact:  # the turn as it is now, in the same form
-        result = await client.call("turn.wait", turn_id=turn_id, timeout_s=0, **form)
-    else:
-        result = await client.call("turn.get", turn_id=turn_id)
-    return dict(result["turn"])
+            now = await client.get_turn(turn_id, compact=compact)
+            if now.settled:
+                return now
+    return await client.get_turn(turn_id, compact=compact)  # as it is now, in the same form
 
 
-def _show_turn(args: argparse.Namespace, turn: dict[str, Any]) -> None:
+def _show_turn(args: argparse.Namespace, turn: Turn) -> None:
     """Print a waited-for turn: JSON with --json or --compact, else its description."""
-    out(to_json(turn) if args.json or args.compact else describe_turn(turn))
+    data = turn.to_dict()
+    out(to_json(data) if args.json or args.compact else describe_turn(data))
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
     try:
-        params = submit_params(args)
+        submission = submit_params(args)
     except ValueError as exc:
         err(f"hunter submit: {exc}")
         return EXIT_USAGE
 
-    async def body(client: ControlClient) -> int:
-        result = await client.call("turn.submit", **params)
-        for warning in result.get("warnings", ()):
+    async def body(client: Client) -> int:
+        handle = await submission.submit(client)
+        for warning in handle.warnings:
             err(f"hunter submit: warning: {warning}")
-        turn = result["turn"]
         if not args.wait:
             if args.json or args.compact:
-                out(to_json(result))
+                out(to_json(handle.to_dict()))
             else:
-                again = "" if result["created"] else " (already accepted earlier: same turn)"
-                out(f"turn {turn['turn_id']} accepted{again}")
+                again = "" if handle.created else " (already accepted earlier: same turn)"
+                out(f"turn {handle.turn_id} accepted{again}")
             return EXIT_OK
-        turn = await wait_with_progress(client, turn["turn_id"], show=err, compact=args.compact)
+        turn = await wait_with_progress(client, handle.turn_id, show=err, compact=args.compact)
         _show_turn(args, turn)
-        return STATE_EXIT_CODES.get(turn["state"], EXIT_FAILED)
+        return STATE_EXIT_CODES.get(turn.state, EXIT_FAILED)
 
     return run_client(args, body)
 
@@ -209,9 +240,9 @@ def parse_turn_id(text: str) -> int:
 
 
 def _cmd_turn_show(args: argparse.Namespace) -> int:
-    async def body(client: ControlClient) -> int:
-        answer = await client.call("turn.get", turn_id=args.turn_id)
-        turn, ledger = answer["turn"], answer.get("ledger")
+    async def body(client: Client) -> int:
+        record = await client.decision_record(args.turn_id)
+        turn, ledger = record.turn.to_dict(), record.ledger_dict()
         out(to_json({**turn, "ledger": ledger}) if args.json else describe_turn(turn, ledger))
         return EXIT_OK
 
@@ -219,34 +250,33 @@ def _cmd_turn_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_turn_wait(args: argparse.Namespace) -> int:
-    async def body(client: ControlClient) -> int:
+    async def body(client: Client) -> int:
         turn = await wait_with_progress(
             client, args.turn_id, show=err, limit_s=args.timeout, compact=args.compact
         )
         _show_turn(args, turn)
-        if turn["state"] not in _settled_states():
+        if not turn.settled:
             err(_not_settled(args.turn_id, args.timeout, turn))
             return EXIT_NOT_SETTLED
-        return STATE_EXIT_CODES.get(turn["state"], EXIT_FAILED)
+        return STATE_EXIT_CODES.get(turn.state, EXIT_FAILED)
 
     return run_client(args, body)
 
 
-def _not_settled(turn_id: int, timeout_s: float, turn: dict[str, Any]) -> str:
+def _not_settled(turn_id: int, timeout_s: float, turn: Turn) -> str:
     """What `hunter turn wait` says on stderr when its --timeout passed first."""
     return (
         f"hunter turn wait: turn {turn_id} did not settle within the --timeout of {timeout_s:g}s:"
-        f" it is {turn['state']} now (attempt {turn['attempt']}) and goes on. Wait again with"
+        f" it is {turn.state} now (attempt {turn.attempt}) and goes on. Wait again with"
         f" `hunter turn wait {turn_id}` (a longer --timeout, or none), or look at it with"
         f" `hunter turn show {turn_id}`. Exit code {EXIT_NOT_SETTLED}: not settled yet."
     )
 
 
 def _cmd_turn_cancel(args: argparse.Namespace) -> int:
-    async def body(client: ControlClient) -> int:
-        params = decision_params(args)
-        turn = (await client.call("turn.cancel", turn_id=args.turn_id, **params))["turn"]
-        out(to_json(turn) if args.json else f"turn {turn['turn_id']}: {turn['state']}")
+    async def body(client: Client) -> int:
+        turn = await client.cancel(args.turn_id, reason=args.reason, operator=args.operator)
+        out(to_json(turn.to_dict()) if args.json else f"turn {turn.turn_id}: {turn.state}")
         return EXIT_OK
 
     return run_client(args, body)

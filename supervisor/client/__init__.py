@@ -10,9 +10,10 @@
         turn = await handle.result()
 
 `Client` is async (anyio); `SyncClient` wraps it for scripts. Results are frozen values
-(`Turn`, `Session`, `Executor`, `DecisionRecord`, `LedgerCheck`, `Event`); refusals are
-exceptions named after the protocol's error codes (`UnknownTurn`, `QueueFull`,
-`IdempotencyConflict`, ...: `supervisor.client.errors`). docs/client.md has runnable examples.
+(`Turn`, `Session`, `Executor`, `DecisionRecord`, `DecidedBy`, `LedgerCheck`, `Event`; the
+answers' ``to_dict()`` gives them back as the daemon's JSON); refusals are exceptions named
+after the protocol's error codes (`UnknownTurn`, `QueueFull`, `IdempotencyConflict`, ...:
+`supervisor.client.errors`). docs/client.md has runnable examples.
 
 This import path is stable. The first release's ``supervisor.client`` was the raw connection:
 `ControlClient`, `ControlClientError`, `DaemonNotRunning` and `socket_for_root` are still here
@@ -55,12 +56,17 @@ from supervisor.client.errors import (
 )
 from supervisor.client.models import (
     Attempt,
+    DecidedBy,
     DecisionRecord,
+    EvidenceSlice,
     Executor,
+    ExecutorPage,
     LedgerCheck,
     LedgerEntry,
     Session,
+    SessionInfo,
     Turn,
+    TurnPage,
 )
 from supervisor.client.sync import SyncClient
 from supervisor.control.client import ControlClient, socket_for_root
@@ -79,12 +85,15 @@ __all__ = [
     "ControlClient",
     "ControlClientError",
     "DaemonNotRunning",
+    "DecidedBy",
     "DecisionRecord",
     "DeclarationError",
     "Draining",
     "Event",
     "Events",
+    "EvidenceSlice",
     "Executor",
+    "ExecutorPage",
     "HunterError",
     "IdempotencyConflict",
     "InternalError",
@@ -101,6 +110,7 @@ __all__ = [
     "Session",
     "SessionBusy",
     "SessionClosed",
+    "SessionInfo",
     "SessionOpenFailed",
     "SessionUnavailable",
     "StoreIntegrity",
@@ -108,6 +118,7 @@ __all__ = [
     "SyncClient",
     "Turn",
     "TurnHandle",
+    "TurnPage",
     "TurnRejected",
     "UnknownOperation",
     "UnknownPackage",

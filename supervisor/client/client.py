@@ -9,7 +9,9 @@
         print(turn.state, turn.result)
 
 Everything returned is a frozen value of `supervisor.client.models`; every refusal an
-exception of `supervisor.client.errors` named after the protocol's error code.
+exception of `supervisor.client.errors` named after the protocol's error code. What follows the
+change feed (`Events`, and `Completion` for `as_completed` and `wait`) is in
+`supervisor.client.completion`.
 
 **Reconnecting.** When the connection drops (the daemon restarted, or was upgraded), a call
 that is safe to repeat reconnects (every 0.2 s, for up to ``reconnect_s``) and is sent again:
@@ -24,9 +26,10 @@ half the turns per second, `benchmarks/bench_client.py`).
 
 from __future__ import annotations
 
+import base64
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, TypeVar
@@ -35,21 +38,25 @@ import anyio
 import anyio.abc
 import msgspec
 
+from supervisor.client.completion import Completion, Events
 from supervisor.client.discovery import locate_daemon
-from supervisor.client.errors import SubscriberTooSlow, error_for
+from supervisor.client.errors import error_for
 from supervisor.client.models import (
-    SETTLED_STATES,
+    DecidedBy,
     DecisionRecord,
+    EvidenceSlice,
     Executor,
+    ExecutorPage,
     LedgerCheck,
     Session,
+    SessionInfo,
     Turn,
+    TurnPage,
 )
-from supervisor.control.client import ControlClient, Subscription
+from supervisor.control.client import ControlClient
 from supervisor.errors import ConnectionLost, ControlClientError, DaemonNotRunning
-from supervisor.feed import Event
 
-__all__ = ["Client", "TurnHandle", "connect", "find_socket"]
+__all__ = ["Client", "Completion", "Events", "TurnHandle", "connect", "find_socket"]
 
 T = TypeVar("T")
 
@@ -59,8 +66,10 @@ _REPEATABLE: Final = frozenset(
     {
         "ping",
         "session.list",
+        "session.get",
         "turn.submit",
         "turn.get",
+        "turn.evidence",
         "turn.wait",
         "turns.list",
         "status",
@@ -88,6 +97,12 @@ def _as(kind: type[T], value: object) -> T:
     return msgspec.convert(value, kind)
 
 
+def _attribution(reason: str | None, operator: str | None) -> dict[str, str]:
+    """The ``reason`` and ``operator`` params of a decision, those given."""
+    given = {"reason": reason, "operator": operator}
+    return {k: v for k, v in given.items() if v is not None}
+
+
 class TurnHandle:
     """A submitted turn: its id, the turn as accepted, and its outcome when it settles."""
 
@@ -113,8 +128,17 @@ class TurnHandle:
             return self.turn
         return await self._client.wait(self.turn_id, timeout_s=timeout_s)
 
-    async def cancel(self) -> Turn:
-        return await self._client.cancel(self.turn_id)
+    async def cancel(self, *, reason: str | None = None, operator: str | None = None) -> Turn:
+        """Cancel the turn (`Client.cancel`)."""
+        return await self._client.cancel(self.turn_id, reason=reason, operator=operator)
+
+    def to_dict(self) -> dict[str, object]:
+        """The submission's answer as the daemon sent it: ``turn``, ``created`` and, when
+        there are some, ``warnings``."""
+        answer: dict[str, object] = {"turn": self.turn.to_dict(), "created": self.created}
+        if self.warnings:
+            answer["warnings"] = list(self.warnings)
+        return answer
 
     def __repr__(self) -> str:
         return f"TurnHandle(turn_id={self.turn_id}, state={self.turn.state!r})"
@@ -124,7 +148,7 @@ class Client:
     """One connection to a daemon's control API, reconnecting when it drops (see the module
     docstring). Use it as an async context manager, or `connect`."""
 
-    def __init__(self, socket: Path, *, reconnect_s: float = 30.0, auto_keys: bool = True) -> None:
+    def __init__(self, socket: Path, *, reconnect_s: float = 30.0, auto_keys: bool = False) -> None:
         self.socket = Path(socket)
         self.reconnect_s = reconnect_s
         #: give each submission without an idempotency key one of its own, so that it is safe
@@ -142,7 +166,13 @@ class Client:
         try:
             self._conn = await tg.start(self._hold)
         except BaseException as exc:
-            await tg.__aexit__(type(exc), exc, exc.__traceback__)
+            # An error of the connection (DaemonNotRunning: no daemon there) is raised as it
+            # is, not inside an exception group of the task group; a cancellation is handed
+            # to the task group as usual.
+            if isinstance(exc, Exception):
+                await tg.__aexit__(None, None, None)
+            else:
+                await tg.__aexit__(type(exc), exc, exc.__traceback__)
             raise
         self._tg = tg
         return self
@@ -256,13 +286,17 @@ class Client:
         selector: str | None = None,
         url: str | None = None,
         parameters: Mapping[str, object] | None = None,
+        declared_inputs: Iterable[str] = (),
+        phase: str | None = None,
         timeout_ms: int | None = None,
         idempotency_key: str | None = None,
         traceparent: str | None = None,
         wait_s: float | None = None,
         compact: bool = False,
     ) -> TurnHandle:
-        """Submit an instruction turn for an executor (``READ``, ``CLICK``, ...). *wait_s*:
+        """Submit an instruction turn for an executor (``READ``, ``CLICK``, ...). *phase*: the
+        agent's phase (``RED``, ``GREEN``, ``VERIFY``, ``REFACTOR``: which outcomes are
+        retried); *declared_inputs*: files the turn reads, recorded in its spec; *wait_s*:
         answer only once the turn settles (at most that long: one round trip for both);
         *compact*: the answer carries the turn's outcome only (section 5.4)."""
         spec: dict[str, Any] = {"kind": "instruction", "command_type": command_type}
@@ -272,6 +306,11 @@ class Client:
             spec["target_url"] = url
         if parameters:
             spec["parameters"] = dict(parameters)
+        inputs = list(declared_inputs)
+        if inputs:
+            spec["declared_inputs"] = inputs
+        if phase is not None:
+            spec["phase"] = phase
         return await self._submit(
             session_id,
             spec,
@@ -287,8 +326,9 @@ class Client:
         session_id: str,
         argv: Sequence[str],
         *,
-        declared_outputs: Iterable[str | Mapping[str, str]] = (),
+        declared_outputs: Iterable[str | Mapping[str, str | None]] = (),
         declared_inputs: Iterable[str] = (),
+        phase: str | None = None,
         timeout_ms: int | None = None,
         idempotency_key: str | None = None,
         traceparent: str | None = None,
@@ -296,13 +336,16 @@ class Client:
         compact: bool = False,
     ) -> TurnHandle:
         """Submit a process turn, run in the session's sandbox; *declared_outputs*: the paths
-        (or ``{path, role}``) it may write, checked before anything is promoted; *wait_s* and
-        *compact* as for `submit_instruction`."""
+        (or ``{path, role}``, role None for none) it may write, checked before anything is
+        promoted; *declared_inputs*: the files it reads; *phase*, *wait_s* and *compact* as
+        for `submit_instruction`."""
         outputs = [{"path": o} if isinstance(o, str) else dict(o) for o in declared_outputs]
         spec: dict[str, Any] = {"kind": "process", "argv": list(argv), "declared_outputs": outputs}
         inputs = list(declared_inputs)
         if inputs:
             spec["declared_inputs"] = inputs
+        if phase is not None:
+            spec["phase"] = phase
         return await self._submit(
             session_id,
             spec,
@@ -343,8 +386,14 @@ class Client:
             self, _as(Turn, answer["turn"]), bool(answer["created"]), answer.get("warnings", ())
         )
 
-    async def get_turn(self, turn_id: int) -> Turn:
-        return _as(Turn, (await self.call("turn.get", turn_id=turn_id))["turn"])
+    async def get_turn(self, turn_id: int, *, compact: bool = False) -> Turn:
+        """The turn as it is now. *compact*: only its outcome (section 5.4, `Turn.compact`),
+        which the daemon answers without reading the session's ledger files."""
+        if compact:
+            answer = await self.call("turn.wait", turn_id=turn_id, timeout_s=0, answer="compact")
+        else:
+            answer = await self.call("turn.get", turn_id=turn_id)
+        return _as(Turn, answer["turn"])
 
     async def decision_record(self, turn_id: int) -> DecisionRecord:
         """The turn with every attempt, decision and reason, and its ledger entries."""
@@ -352,8 +401,14 @@ class Client:
         ledger = answer.get("ledger") or {}
         return _as(DecisionRecord, {"turn": answer["turn"], **ledger})
 
-    async def cancel(self, turn_id: int) -> Turn:
-        return _as(Turn, (await self.call("turn.cancel", turn_id=turn_id))["turn"])
+    async def cancel(
+        self, turn_id: int, *, reason: str | None = None, operator: str | None = None
+    ) -> Turn:
+        """Cancel the turn (an attempt under way is stopped first): ``cancelled``, with who
+        decided (`Turn.decided_by`: *reason* and *operator*, default the user name of the
+        caller's uid, and that uid); a turn already final comes back as it is."""
+        answer = await self.call("turn.cancel", turn_id=turn_id, **_attribution(reason, operator))
+        return _as(Turn, answer["turn"])
 
     async def wait(self, turn_id: int, *, timeout_s: float | None = None) -> Turn:
         """The turn once it settles (final, or escalated for an operator). It follows the
@@ -380,40 +435,73 @@ class Client:
         self, *, session_id: str | None = None, page_size: int = 500
     ) -> AsyncIterator[Turn]:
         """Every turn (of a session), oldest first, a page at a time."""
-        after = 0
-        while True:
-            params: dict[str, Any] = {"after_turn_id": after, "limit": page_size}
-            if session_id is not None:
-                params["session_id"] = session_id
-            page = await self.call("turns.list", **params)
-            for turn in _as(list[Turn], page["turns"]):
+        after: int | None = 0
+        while after is not None:
+            page = await self.turn_page(after=after, limit=page_size, session_id=session_id)
+            for turn in page.turns:
                 yield turn
-            if page["next_after"] is None:
-                return
-            after = int(page["next_after"])
+            after = page.next_after
+
+    async def turn_page(
+        self, *, after: int = 0, limit: int = 500, session_id: str | None = None
+    ) -> TurnPage:
+        """One page of turns (of a session) after turn id *after*, oldest first."""
+        params: dict[str, Any] = {"after_turn_id": after, "limit": limit}
+        if session_id is not None:
+            params["session_id"] = session_id
+        return _as(TurnPage, await self.call("turns.list", **params))
+
+    async def session(self, session_id: str) -> SessionInfo:
+        """A session with its package's capabilities and limits (``session.get``)."""
+        return _as(SessionInfo, await self.call("session.get", session_id=session_id))
+
+    async def evidence(
+        self, turn_id: int, *, offset: int = 0, length: int | None = None
+    ) -> EvidenceSlice:
+        """A slice of the evidence bytes a turn's executor sent (`NoEvidence` if it sent only
+        their hash); read on from ``offset + len(data)`` while ``more``."""
+        params: dict[str, Any] = {"turn_id": turn_id, "offset": offset}
+        if length is not None:
+            params["length"] = length
+        answer = await self.call("turn.evidence", **params)
+        return _as(EvidenceSlice, {**answer, "data": base64.b64decode(str(answer["data"]))})
 
     # -- executors, escalations, ledgers ------------------------------------------------------
 
     async def executors(self, *, page_size: int = 500) -> AsyncIterator[Executor]:
         """Every executor the daemon knows, by id, a page at a time."""
-        after = ""
-        while True:
-            page = await self.call("executors.list", after_executor_id=after, limit=page_size)
-            for executor in _as(list[Executor], page["executors"]):
+        after: str | None = ""
+        while after is not None:
+            page = await self.executor_page(after=after, limit=page_size)
+            for executor in page.executors:
                 yield executor
-            if page["next_after"] is None:
-                return
-            after = str(page["next_after"])
+            after = page.next_after
+
+    async def executor_page(self, *, after: str = "", limit: int = 500) -> ExecutorPage:
+        """One page of executors, by id, after *after*."""
+        answer = await self.call("executors.list", after_executor_id=after, limit=limit)
+        return _as(ExecutorPage, answer)
 
     async def escalations(self) -> list[Turn]:
         """Turns parked for an operator's decision, oldest first."""
         return _as(list[Turn], (await self.call("escalations.list"))["escalations"])
 
-    async def resolve(self, turn_id: int, action: str, **attribution: str) -> Turn:
-        """Resolve an escalated turn: *action* ``"retry"`` or ``"terminate"``; *attribution*:
-        ``reason`` and ``operator`` where the daemon records them."""
+    async def resolve(
+        self,
+        turn_id: int,
+        action: str,
+        *,
+        reason: str | None = None,
+        operator: str | None = None,
+    ) -> Turn:
+        """Resolve an escalated turn: *action* ``"retry"`` or ``"terminate"``; *reason*, why
+        (the daemon requires it), and *operator* (default: the user name of the caller's uid)
+        are recorded with the decision (`Turn.decided_by`)."""
         answer = await self.call(
-            "escalations.resolve", turn_id=turn_id, action=action, **attribution
+            "escalations.resolve",
+            turn_id=turn_id,
+            action=action,
+            **_attribution(reason, operator),
         )
         return _as(Turn, answer["turn"])
 
@@ -425,6 +513,15 @@ class Client:
         """The daemon's status for people and dashboards (docs/control-protocol.md `status`:
         fields may be added, so it stays a mapping)."""
         return dict(await self.call("status"))
+
+    async def drain(self, *, reason: str | None = None, operator: str | None = None) -> DecidedBy:
+        """Ask the daemon to drain and stop, as on SIGTERM: it accepts no new work
+        (`Draining`), lets running attempts finish within ``drain_grace_s``, then stops and
+        its socket goes away. A person's decision: recorded with *reason*, *operator* (default:
+        the user name of the caller's uid) and the caller's uid, and returned. Not sent again
+        after a lost connection."""
+        answer = await self.call("drain", **_attribution(reason, operator))
+        return _as(DecidedBy, answer["decided_by"])
 
     # -- events -------------------------------------------------------------------------------
 
@@ -458,97 +555,6 @@ class Client:
             raise error_for(exc) from None
 
 
-class Completion:
-    """`Client.as_completed`: an async context manager holding the subscription, and an async
-    iterator of the turns as they settle. A subscription the daemon cuts off or a connection
-    that drops is taken up again, and the turns still awaited are read again: nothing is
-    missed."""
-
-    def __init__(self, client: Client, turn_ids: Iterable[int], timeout_s: float | None) -> None:
-        self._client = client
-        self._waiting = set(turn_ids)
-        self._ready: list[Turn] = []
-        self._deadline = anyio.current_time() + timeout_s if timeout_s is not None else float("inf")
-        self._stack: AsyncExitStack | None = None
-        self._events: Events | None = None
-
-    async def __aenter__(self) -> Completion:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._close()
-
-    async def _close(self) -> None:
-        stack, self._stack, self._events = self._stack, None, None
-        if stack is not None:
-            await stack.aclose()
-
-    async def _follow(self) -> Events:
-        """The subscription, opened (again) if need be; then the awaited turns are read, so
-        that one that settled before it is not missed."""
-        if self._events is not None:
-            return self._events
-        stack = AsyncExitStack()
-        events = await stack.enter_async_context(self._client.events(turns=self._waiting))
-        self._stack, self._events = stack, events
-        for turn_id in sorted(self._waiting):
-            turn = await self._client.get_turn(turn_id)
-            if turn.settled:
-                self._waiting.discard(turn_id)
-                self._ready.append(turn)
-        return events
-
-    def __aiter__(self) -> Completion:
-        return self
-
-    async def __anext__(self) -> Turn:
-        with anyio.fail_after(max(0.0, self._deadline - anyio.current_time())):
-            while not self._ready:
-                if not self._waiting:
-                    await self._close()
-                    raise StopAsyncIteration
-                try:
-                    events = await self._follow()
-                    if self._ready:
-                        break
-                    event = await events.__anext__()
-                except (ConnectionLost, SubscriberTooSlow):
-                    await self._close()
-                    await self._client.reconnect_if_lost()
-                    continue
-                if event.turn_id in self._waiting and event.state in SETTLED_STATES:
-                    self._waiting.discard(event.turn_id)
-                    self._ready.append(await self._client.get_turn(event.turn_id))
-            return self._ready.pop(0)
-
-
-class Events:
-    """A subscription's events, typed (`supervisor.feed.Event`)."""
-
-    __slots__ = ("_subscription",)
-
-    def __init__(self, subscription: Subscription) -> None:
-        self._subscription = subscription
-
-    @property
-    def gap(self) -> str | None:
-        """Why the cursor given could not be honoured (the daemon restarted, or it was too
-        old): re-read what you follow. None: nothing was missed."""
-        gap = self._subscription.ack.get("gap")
-        return str(gap) if gap else None
-
-    @property
-    def last(self) -> str:
-        """The cursor to resume from without losing or repeating an event."""
-        return self._subscription.last
-
-    def __aiter__(self) -> Events:
-        return self
-
-    async def __anext__(self) -> Event:
-        return _as(Event, await self._subscription.__anext__())
-
-
 @asynccontextmanager
 async def connect(
     *,
@@ -556,9 +562,13 @@ async def connect(
     root: Path | str | None = None,
     config: Path | str | None = None,
     reconnect_s: float = 30.0,
+    auto_keys: bool = False,
 ) -> AsyncIterator[Client]:
-    """A `Client` of the daemon found by `find_socket` (open for the block)."""
+    """A `Client` of the daemon found by `find_socket` (open for the block); *auto_keys*: give
+    each submission without a key one of its own (see `Client`)."""
     async with Client(
-        find_socket(socket=socket, root=root, config=config), reconnect_s=reconnect_s
+        find_socket(socket=socket, root=root, config=config),
+        reconnect_s=reconnect_s,
+        auto_keys=auto_keys,
     ) as client:
         yield client

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from supervisor.client.client import Client, connect
-from supervisor.client.models import Executor, LedgerCheck, Session, Turn
+from supervisor.client.models import DecidedBy, Executor, LedgerCheck, Session, Turn
 
 __all__ = ["SyncClient"]
 
@@ -129,8 +129,8 @@ class SyncClient:
 
         return self._run(run)
 
-    def get_turn(self, turn_id: int) -> Turn:
-        return self._run(lambda c: c.get_turn(turn_id))
+    def get_turn(self, turn_id: int, *, compact: bool = False) -> Turn:
+        return self._run(lambda c: c.get_turn(turn_id, compact=compact))
 
     def wait(self, turn_id: int, *, timeout_s: float | None = None) -> Turn:
         return self._run(lambda c: c.wait(turn_id, timeout_s=timeout_s))
@@ -145,8 +145,10 @@ class SyncClient:
 
         return self._run(collect)
 
-    def cancel(self, turn_id: int) -> Turn:
-        return self._run(lambda c: c.cancel(turn_id))
+    def cancel(
+        self, turn_id: int, *, reason: str | None = None, operator: str | None = None
+    ) -> Turn:
+        return self._run(lambda c: c.cancel(turn_id, reason=reason, operator=operator))
 
     def turns(self, *, session_id: str | None = None) -> list[Turn]:
         async def collect(c: Client) -> list[Turn]:
@@ -163,11 +165,22 @@ class SyncClient:
     def escalations(self) -> list[Turn]:
         return self._run(lambda c: c.escalations())
 
-    def resolve(self, turn_id: int, action: str, **attribution: str) -> Turn:
-        return self._run(lambda c: c.resolve(turn_id, action, **attribution))
+    def resolve(
+        self,
+        turn_id: int,
+        action: str,
+        *,
+        reason: str | None = None,
+        operator: str | None = None,
+    ) -> Turn:
+        return self._run(lambda c: c.resolve(turn_id, action, reason=reason, operator=operator))
 
     def verify_ledgers(self, *, session_id: str | None = None) -> LedgerCheck:
         return self._run(lambda c: c.verify_ledgers(session_id=session_id))
 
     def status(self) -> Mapping[str, object]:
         return self._run(lambda c: c.status())
+
+    def drain(self, *, reason: str | None = None, operator: str | None = None) -> DecidedBy:
+        """Ask the daemon to drain and stop (`Client.drain`)."""
+        return self._run(lambda c: c.drain(reason=reason, operator=operator))

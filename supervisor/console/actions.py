@@ -18,7 +18,7 @@ from supervisor.logging import get_logger
 
 __all__ = ["ROUTES"]
 
-_LOG: Final = get_logger("hunter.console")
+_LOG: Final = get_logger("supervisor.console")
 
 
 async def _decision(request: Request) -> tuple[dict[str, str], str, str] | Response:
@@ -87,7 +87,7 @@ async def cancel(request: Request) -> Response:
     if client is None:
         return _unreachable(request)
     try:
-        await client.call("turn.cancel", turn_id=turn_id, reason=reason, operator=operator)
+        await client.cancel(turn_id, reason=reason, operator=operator)
     except HunterError as exc:
         return page(request, "error.html", 409, title=exc.code, message=str(exc))
     _LOG.info("console_cancelled", operator=operator, turn_id=turn_id)

@@ -30,7 +30,7 @@ __all__ = [
     "state_of",
 ]
 
-COOKIE: Final = "hunter_console"
+COOKIE: Final = "supervisor.console"
 #: a form is a few short fields; more than this is refused before it is read
 MAX_FORM_BYTES: Final = 16 * 1024
 

@@ -1,10 +1,14 @@
 """The console's one view of the daemon's changes, fanned out to every browser.
 
-The console holds one subscription to the daemon's event stream (`DaemonLink`); each event is
-handed to every browser's stream (`LiveFeed.publish`) without waiting: a browser that does not
-keep up has its stream closed (its page reconnects and re-reads), so neither the console nor
-the daemon is ever slowed by a browser, and a browser holds at most `BROWSER_BUFFER` events.
-However many browsers are open, the daemon sees one subscriber.
+The console holds one subscription to the daemon's event stream (`DaemonLink`). A browser does
+not need every event: a page needs to know that what it shows changed, so that it re-reads
+itself. Browsers are grouped by what their page follows (everything, one turn, one session:
+a `Follow`); each event bumps the generation of the groups it concerns (at most three), and
+each browser's stream sends one message when the generation it last saw is behind, at most
+`MESSAGES_PER_S` a second (`supervisor.console.stream`). So an event costs the console the
+same whether one browser or a thousand are open, a browser costs a few messages a second
+whatever the daemon's rate, and a browser that stops reading holds nothing but its counter;
+the daemon sees one subscriber.
 
 `LiveFeed` also keeps what the overview draws: turns ended per 5-second bucket and their
 latency (accepted to ended, from the events' own times) over the last ten minutes, and the
@@ -15,24 +19,29 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Final
 
 import anyio
 import anyio.abc
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from supervisor.client import Client, ConnectionLost, DaemonNotRunning, HunterError
 from supervisor.feed import Event
 from supervisor.logging import get_logger
 
-__all__ = ["BROWSER_BUFFER", "Bucket", "DaemonLink", "LiveFeed", "TooManyStreams"]
+__all__ = [
+    "BUCKET_S",
+    "MAX_STREAMS",
+    "Bucket",
+    "DaemonLink",
+    "Follow",
+    "LiveFeed",
+    "TooManyStreams",
+]
 
-#: events a browser's stream may hold unread before it is closed
-BROWSER_BUFFER: Final = 256
-#: browser streams open at once, all sign-ins together (each costs a little memory)
+#: browser streams open at once, all sign-ins together
 MAX_STREAMS: Final = 1000
 #: the overview's chart: buckets of this many seconds, this many of them
 BUCKET_S: Final = 5
@@ -43,6 +52,7 @@ _ACCEPTED_KEPT: Final = 100_000
 _SAMPLES_KEPT: Final = 2000
 #: a turn's ending stays in the overview's list of recent endings
 _RECENT_KEPT: Final = 20
+_RESYNC: Final = "console.resync"
 
 
 class TooManyStreams(Exception):
@@ -64,67 +74,94 @@ class Bucket:
         return ordered[min(len(ordered) - 1, math.floor(fraction * len(ordered)))]
 
 
-@dataclass(slots=True, eq=False)  # hashed by identity: one per browser stream
-class _Listener:
-    send: MemoryObjectSendStream[Event]
-    wants: Callable[[Event], bool]
+@dataclass(slots=True, eq=False)
+class Follow:
+    """What the pages of one kind follow (everything, a turn, a session): a generation that
+    grows by one per change, and the last change's cursor and kind. Streams wait for
+    `changed` and compare generations."""
+
+    generation: int = 0
+    cursor: str = ""
+    kind: str = ""
+    listeners: int = 0
+    #: set and replaced at a change while streams wait on it (None: nobody waits)
+    changed: anyio.Event | None = None
+
+    def bump(self, event: Event) -> None:
+        self.generation += 1
+        self.cursor, self.kind = event.cursor, event.kind
+        if self.changed is not None:  # only when a stream waits: no churn on a busy daemon
+            self.changed.set()
+            self.changed = None
+
+    async def wait_past(self, seen: int) -> None:
+        """Return once the generation is past *seen*."""
+        while self.generation == seen:
+            if self.changed is None:
+                self.changed = anyio.Event()
+            await self.changed.wait()
 
 
 @dataclass(slots=True)
 class LiveFeed:
-    """Browsers' streams and the overview's figures, fed by `publish`."""
+    """The groups browsers follow and the overview's figures, fed by `publish`."""
 
-    _listeners: set[_Listener] = field(default_factory=set)
+    everything: Follow = field(default_factory=Follow)
+    _turns: dict[int, Follow] = field(default_factory=dict)
+    _sessions: dict[str, Follow] = field(default_factory=dict)
     _accepted_us: OrderedDict[int, int] = field(default_factory=OrderedDict)
     _buckets: deque[Bucket] = field(default_factory=lambda: deque(maxlen=BUCKETS))
     recent: deque[Event] = field(default_factory=lambda: deque(maxlen=_RECENT_KEPT))
     published: int = 0
-    dropped_streams: int = 0
+    streams: int = 0
     #: the newest event's cursor (the link resumes from it after a reconnect)
     cursor: str | None = None
 
-    @property
-    def streams(self) -> int:
-        return len(self._listeners)
-
     def publish(self, event: Event) -> None:
-        """Count *event* and hand it to every browser that wants it (never waits)."""
+        """Count *event* and mark the groups it concerns changed (never waits)."""
         self.published += 1
-        if event.cursor:
-            self.cursor = event.cursor
+        if event.kind == _RESYNC:  # events may have been missed: every page re-reads
+            for follow in (self.everything, *self._turns.values(), *self._sessions.values()):
+                follow.bump(event)
+            return
+        self.cursor = event.cursor
         self._count(event)
-        for listener in list(self._listeners):
-            if not listener.wants(event):
-                continue
-            try:
-                listener.send.send_nowait(event)
-            except anyio.WouldBlock:  # a browser that does not keep up: it reconnects
-                self._drop(listener)
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                self._drop(listener)
-
-    def _drop(self, listener: _Listener) -> None:
-        self._listeners.discard(listener)
-        listener.send.close()
-        self.dropped_streams += 1
+        self.everything.bump(event)
+        if event.turn_id is not None:
+            turn = self._turns.get(event.turn_id)
+            if turn is not None:
+                turn.bump(event)
+        if event.session_id is not None:
+            session = self._sessions.get(event.session_id)
+            if session is not None:
+                session.bump(event)
 
     @asynccontextmanager
     async def listen(
-        self, wants: Callable[[Event], bool]
-    ) -> AsyncIterator[MemoryObjectReceiveStream[Event]]:
-        """A browser's stream of the events *wants* accepts, for the block; it ends early when
-        the browser falls `BROWSER_BUFFER` events behind."""
-        if len(self._listeners) >= MAX_STREAMS:
+        self, *, turn: int | None = None, session: str | None = None
+    ) -> AsyncIterator[Follow]:
+        """The group a browser's page follows (one turn, one session, or everything), for the
+        block."""
+        if self.streams >= MAX_STREAMS:
             raise TooManyStreams(f"{MAX_STREAMS} live streams are open; try again later")
-        send, receive = anyio.create_memory_object_stream[Event](BROWSER_BUFFER)
-        listener = _Listener(send, wants)
-        self._listeners.add(listener)
+        if turn is not None:
+            follow = self._turns.setdefault(turn, Follow())
+        elif session is not None:
+            follow = self._sessions.setdefault(session, Follow())
+        else:
+            follow = self.everything
+        follow.listeners += 1
+        self.streams += 1
         try:
-            with receive:
-                yield receive
+            yield follow
         finally:
-            self._listeners.discard(listener)
-            send.close()
+            follow.listeners -= 1
+            self.streams -= 1
+            if follow.listeners == 0:  # the last page of that turn or session closed
+                if turn is not None:
+                    self._turns.pop(turn, None)
+                elif session is not None:
+                    self._sessions.pop(session, None)
 
     # -- the overview's figures ------------------------------------------------------------
 
@@ -176,7 +213,7 @@ class DaemonLink:
         self.client: Client | None = None
         self.problem: str | None = "connecting"
         self.connected = anyio.Event()
-        self._log = get_logger("hunter.console")
+        self._log = get_logger("supervisor.console")
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -196,8 +233,9 @@ class DaemonLink:
                     self._log.info("console_linked", socket=self.socket, gap=events.gap)
                     if events.gap is not None:
                         self.feed.publish(_resync(events.gap))
-                    async for event in events:
-                        self.feed.publish(event)
+                    while True:  # a burst of events: one wake-up
+                        for event in await events.batch():
+                            self.feed.publish(event)
             except (DaemonNotRunning, ConnectionLost, HunterError, OSError) as exc:
                 was = self.client is not None
                 self.client, self.problem = None, f"the daemon at {self.socket}: {exc}"
@@ -211,4 +249,4 @@ class DaemonLink:
 
 def _resync(why: str) -> Event:
     """A console-made event telling the pages to re-read: events may have been missed."""
-    return Event(seq=0, kind="console.resync", at_us=0, cursor="", detail=why)
+    return Event(seq=0, kind=_RESYNC, at_us=0, cursor="", detail=why)

@@ -7,19 +7,15 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final
 
-import msgspec
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from supervisor.client import (
     Client,
-    Executor,
     HunterError,
-    Session,
-    Turn,
     UnknownSession,
     UnknownTurn,
 )
@@ -120,42 +116,37 @@ async def sessions(request: Request, client: Client) -> Response:
 @signed_in
 async def session(request: Request, client: Client) -> Response:
     session_id = request.path_params["session_id"]
-    answer = await client.call("session.get", session_id=session_id)
+    info = await client.session(session_id)
     after = _int(request.query_params.get("after"))
     size = state_of(request).settings.page_size
-    turns, next_after = await _turn_page(client, after, size, session_id)
+    turns = await client.turn_page(after=after, limit=size, session_id=session_id)
     check = await client.verify_ledgers(session_id=session_id)
     return page(
         request,
         "session.html",
         follow=f"session:{session_id}",
-        session=msgspec.convert(answer["session"], Session),
-        package=answer.get("package"),
-        package_problem=answer.get("package_problem"),
-        turns=turns,
+        session=info.session,
+        package=info.package,
+        package_problem=info.package_problem,
+        turns=turns.turns,
         after=after,
-        next_after=next_after,
+        next_after=turns.next_after,
         check=check,
     )
-
-
-async def _turn_page(
-    client: Client, after: int, size: int, session_id: str | None = None
-) -> tuple[list[Turn], int | None]:
-    params: dict[str, object] = {"after_turn_id": after, "limit": size}
-    if session_id is not None:
-        params["session_id"] = session_id
-    answer = await client.call("turns.list", **params)
-    turns = msgspec.convert(answer["turns"], list[Turn])
-    next_after = answer.get("next_after")
-    return turns, int(next_after) if next_after is not None else None
 
 
 @signed_in
 async def turns(request: Request, client: Client) -> Response:
     after = _int(request.query_params.get("after"))
-    rows, next_after = await _turn_page(client, after, state_of(request).settings.page_size)
-    return page(request, "turns.html", follow="all", rows=rows, after=after, next_after=next_after)
+    found = await client.turn_page(after=after, limit=state_of(request).settings.page_size)
+    return page(
+        request,
+        "turns.html",
+        follow="all",
+        rows=found.turns,
+        after=after,
+        next_after=found.next_after,
+    )
 
 
 @signed_in
@@ -198,15 +189,14 @@ async def escalations(request: Request, client: Client) -> Response:
 async def executors(request: Request, client: Client) -> Response:
     size = state_of(request).settings.page_size
     after = request.query_params.get("after", "")
-    answer = await client.call("executors.list", after_executor_id=after, limit=size)
-    rows = msgspec.convert(answer["executors"], list[Executor])
+    found = await client.executor_page(after=after, limit=size)
     return page(
         request,
         "executors.html",
         follow="all",
-        rows=rows,
+        rows=found.executors,
         after=after,
-        next_after=answer.get("next_after"),
+        next_after=found.next_after,
         now_us=int(time.time() * 1e6),
     )
 
@@ -214,29 +204,23 @@ async def executors(request: Request, client: Client) -> Response:
 @signed_in
 async def evidence(request: Request, client: Client) -> Response:
     """The evidence bytes of a turn, as a download, read from the daemon a slice at a time."""
-    import base64
-
     turn_id = _int(request.path_params["turn_id"])
-    first = await client.call("turn.evidence", turn_id=turn_id)
+    first = await client.evidence(turn_id)
 
-    async def chunks() -> object:
-        answer = first
-        while True:
-            data = base64.b64decode(str(answer["data"]))
-            yield data
-            if not answer.get("more") or not data:
-                return
-            answer = await client.call(
-                "turn.evidence", turn_id=turn_id, offset=int(str(answer["offset"])) + len(data)
-            )
+    async def chunks() -> AsyncIterator[bytes]:
+        part = first
+        yield part.data
+        while part.more and part.data:
+            part = await client.evidence(turn_id, offset=part.offset + len(part.data))
+            yield part.data
 
     return StreamingResponse(
-        chunks(),  # type: ignore[arg-type]
+        chunks(),
         media_type="application/octet-stream",
         headers={
             "content-disposition": f'attachment; filename="turn-{turn_id}-evidence.bin"',
-            "content-length": str(first["size"]),
-            "x-evidence-sha256": str(first["sha256"]),
+            "content-length": str(first.size),
+            "x-evidence-sha256": str(first.sha256),
         },
     )
 

@@ -103,7 +103,7 @@ async def run_console(
             "--user-header trusts whoever can reach the console: it is allowed only with"
             " --listen unix:PATH, a socket that only the reverse proxy can reach"
         )
-    log = get_logger("hunter.console")
+    log = get_logger("supervisor.console")
     state = ConsoleState.create(settings)
     app = wrap_app(build_app(state), 16 * 1024, "asgi")  # type: ignore[arg-type]
     config = _config(listen, certfile=certfile, keyfile=keyfile)

@@ -29,7 +29,7 @@ from supervisor.logging import get_logger
 __all__ = ["ROUTES"]
 
 _PRE: Final = "hunter_console_form"
-_LOG: Final = get_logger("hunter.console")
+_LOG: Final = get_logger("supervisor.console")
 #: checked when the name is no operator's, so that it costs as much as a real check
 _DECOY: Final = hash_password("not a password of anyone", salt=b"hunter-console-decoy")
 

@@ -1,74 +1,76 @@
-"""``GET /events``: the live changes a page follows, as Server-Sent Events.
+"""``GET /events``: tells a page, live, that what it shows changed (Server-Sent Events).
 
-Each browser's stream is one listener on the console's `LiveFeed` (the daemon sees one
-subscriber however many browsers follow it), filtered to what the page shows (``?turn=N``,
-``?session=S``, or everything). A comment line every `KEEPALIVE_S` keeps proxies from closing
-a quiet stream and ends it once its sign-in has expired. A browser that falls behind has its
-stream closed; its page reconnects and re-reads.
+Each browser's stream waits on the group its page follows (`LiveFeed.listen`: ``?turn=N``,
+``?session=S``, or everything) and sends one message, ``{"changes", "cursor", "kind"}`` (how
+many changes since its last message, the newest one's cursor and kind), when that group's
+generation has moved, at most `MESSAGES_PER_S` a second: the page then re-reads itself. So a
+browser costs the console a few small writes a second however busy the daemon is, and one that
+stops reading holds only its place. A comment line every `KEEPALIVE_S` keeps proxies from
+closing a quiet stream and ends it once its sign-in has expired.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Final
 
 import anyio
-import msgspec
+import orjson
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 
 from supervisor.console.guard import COOKIE, authenticate, state_of
-from supervisor.console.live import TooManyStreams
-from supervisor.feed import Event
+from supervisor.console.live import MAX_STREAMS, TooManyStreams
 
-__all__ = ["ROUTES"]
+__all__ = ["MESSAGES_PER_S", "ROUTES"]
 
 KEEPALIVE_S: Final = 15.0
-_ENCODE: Final = msgspec.json.Encoder()
-
-
-def _wants(request: Request) -> Callable[[Event], bool] | Response:
-    turn = request.query_params.get("turn")
-    session = request.query_params.get("session")
-    if turn is not None:
-        if not turn.isdigit() or len(turn) > 19:
-            return PlainTextResponse("turn: must be a turn id", 400)
-        turn_id = int(turn)
-        return lambda e: e.turn_id == turn_id or e.kind == "console.resync"
-    if session is not None:
-        return lambda e: e.session_id == session or e.kind == "console.resync"
-    return lambda e: True
+#: messages a stream sends at most per second (a page re-reads itself at most this often)
+MESSAGES_PER_S: Final = 4
 
 
 async def events(request: Request) -> Response:
     signin = authenticate(request)
     if isinstance(signin, Response):
         return signin
-    wants = _wants(request)
-    if isinstance(wants, Response):
-        return wants
+    turn = request.query_params.get("turn")
+    session = request.query_params.get("session")
+    if turn is not None and (not turn.isdigit() or len(turn) > 19):
+        return PlainTextResponse("turn: must be a turn id", 400)
+    if session is not None and not 0 < len(session) <= 256:
+        return PlainTextResponse("session: must be a session id", 400)
     state = state_of(request)
     token = request.cookies.get(COOKIE)
     feed = state.feed
-    if feed.streams >= 1000:
+    if feed.streams >= MAX_STREAMS:
         return PlainTextResponse("too many live streams are open; try again later", 503)
 
     async def lines() -> AsyncIterator[bytes]:
         try:
-            async with feed.listen(wants) as stream:
+            async with feed.listen(
+                turn=int(turn) if turn is not None else None, session=session
+            ) as follow:
+                seen = follow.generation
                 yield b": live\n\n"
                 while True:
                     with anyio.move_on_after(KEEPALIVE_S) as quiet:
-                        event = await stream.receive()
+                        await follow.wait_past(seen)
                     if quiet.cancelled_caught:
                         if token and state.signins.find(token, time.monotonic()) is None:
                             return  # signed out or expired: the page goes to the sign-in
                         yield b": keepalive\n\n"
                         continue
-                    yield b"data: " + _ENCODE.encode(event) + b"\n\n"
-        except (anyio.EndOfStream, anyio.ClosedResourceError, TooManyStreams):
-            return  # dropped for falling behind: the browser reconnects
+                    message = {
+                        "changes": follow.generation - seen,
+                        "cursor": follow.cursor,
+                        "kind": follow.kind,
+                    }
+                    seen = follow.generation
+                    yield b"data: " + orjson.dumps(message) + b"\n\n"
+                    await anyio.sleep(1 / MESSAGES_PER_S)  # what comes meanwhile: one message
+        except TooManyStreams:
+            return
 
     return StreamingResponse(
         lines(),

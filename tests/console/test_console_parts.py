@@ -9,7 +9,7 @@ import pytest
 
 from supervisor.client import Attempt, Turn
 from supervisor.console.charts import throughput_svg
-from supervisor.console.live import BROWSER_BUFFER, BUCKET_S, LiveFeed
+from supervisor.console.live import BUCKET_S, LiveFeed
 from supervisor.console.operators import Role
 from supervisor.console.signins import SignInLimit, SignIns
 from supervisor.console.snapshot import Snapshot
@@ -66,30 +66,49 @@ def test_the_sign_in_limit_opens_again_as_the_window_moves() -> None:
     assert limit.retry_after(keys, 61) == 0
 
 
-async def test_a_browser_that_does_not_read_is_dropped_and_others_go_on() -> None:
+async def test_a_change_bumps_only_the_groups_it_concerns() -> None:
+    """An event moves the generation of everything, of its turn and of its session, and of no
+    other group; a group lives while a page follows it."""
     feed = LiveFeed()
-    got: list[int] = []
-    async with feed.listen(lambda e: True) as stalled, feed.listen(lambda e: True) as reading:
-        for seq in range(1, BROWSER_BUFFER + 10):
-            feed.publish(_event(seq, "turn.accepted", seq, 1.0))
-            got.append((await reading.receive()).seq)
-        assert feed.streams == 1  # the stalled one was closed at BROWSER_BUFFER + 1
-        assert feed.dropped_streams == 1
-        received = [e.seq async for e in stalled]  # what it held before it was closed
-    assert received == list(range(1, BROWSER_BUFFER + 1))
-    assert got == list(range(1, BROWSER_BUFFER + 10))
+    async with (
+        feed.listen(turn=2) as two,
+        feed.listen(turn=3) as three,
+        feed.listen(session="S") as session,
+        feed.listen(session="T") as other,
+    ):
+        for seq in range(1, 101):
+            feed.publish(_event(seq, "turn.accepted", 2, 1.0))
+        assert (two.generation, three.generation) == (100, 0)
+        assert (session.generation, other.generation) == (100, 0)
+        assert feed.everything.generation == 100
+        assert (two.cursor, two.kind) == ("e:100", "turn.accepted")
+        assert feed.streams == 4
+        async with feed.listen(turn=2) as again:
+            assert again is two  # pages of one turn share its group
     assert feed.streams == 0
-    assert feed.cursor == f"e:{BROWSER_BUFFER + 9}"
+    async with feed.listen(turn=2) as fresh:
+        assert fresh.generation == 0  # the group went with its last page
 
 
-async def test_a_browser_gets_only_what_its_page_follows() -> None:
+async def test_a_waiting_stream_wakes_on_a_change_and_a_resync_reaches_all() -> None:
     feed = LiveFeed()
-    async with feed.listen(lambda e: e.turn_id == 2) as stream:
-        feed.publish(_event(1, "turn.accepted", 1, 1.0))
-        feed.publish(_event(2, "turn.accepted", 2, 1.0))
-        assert (await stream.receive()).turn_id == 2
-        with pytest.raises(anyio.WouldBlock):
-            stream.receive_nowait()
+    async with feed.listen(turn=7) as follow:
+        woke = anyio.Event()
+
+        async def wait() -> None:
+            await follow.wait_past(0)
+            woke.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.sleep(0.01)
+            feed.publish(_event(1, "turn.accepted", 8, 1.0))  # another turn: still waiting
+            await anyio.sleep(0.01)
+            assert not woke.is_set()
+            feed.publish(Event(seq=0, kind="console.resync", at_us=0, cursor="", detail="lost"))
+            with anyio.fail_after(1):
+                await woke.wait()
+        assert follow.kind == "console.resync"
 
 
 def test_the_feed_counts_endings_and_their_latency_per_bucket() -> None:

@@ -119,6 +119,12 @@ CONTROL: Final[dict[str, dict[str, Any]]] = {
         },
     },
     "turn.get": {"id": 7, "op": "turn.get", "params": {"turn_id": 7}},
+    "turn.evidence": {
+        "id": 17,
+        "op": "turn.evidence",
+        "params": {"turn_id": 7, "offset": 0, "length": 4096},
+    },
+    "session.get": {"id": 18, "op": "session.get", "params": {"session_id": "SES-x"}},
     "turn.wait": {
         "id": 8,
         "op": "turn.wait",

@@ -90,12 +90,20 @@ def test_scratch_travels_from_the_cli_through_the_intake() -> None:
         ["submit", "--session", "S", "--declare-output", "out.txt",
          "--declare-output", "tmp/**:scratch", "--", "/bin/true"]
     )  # fmt: skip
-    params = submit_params(args)
-    assert params["declared_outputs"] == [
+    submission = submit_params(args)
+    assert submission.declared_outputs == (
         {"path": "out.txt", "role": None},
         {"path": "tmp/**", "role": "scratch"},
-    ]
-    request = submitted(params)
+    )
+    # as the client library sends them (`Client.submit_process`)
+    request = submitted(
+        {
+            "session_id": submission.session_id,
+            "kind": "process",
+            "argv": list(submission.argv),
+            "declared_outputs": [dict(d) for d in submission.declared_outputs],
+        }
+    )
     assert [(d.path, d.is_scratch) for d in request.spec.declared_outputs] == [
         ("out.txt", False),
         ("tmp/**", True),
