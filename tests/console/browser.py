@@ -15,7 +15,11 @@ from typing import Final, TypeVar
 
 import anyio.to_thread
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
+from selenium.common.exceptions import (
+    StaleElementReferenceException,
+    TimeoutException,
+    WebDriverException,
+)
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
@@ -41,6 +45,11 @@ _FLAGS: Final = (
     "--disable-quic",
     "--window-size=1400,1000",
 )
+
+
+def _replaced(exc: WebDriverException) -> bool:
+    """chromedriver's other word for a stale element (the page replaced it meanwhile)."""
+    return "does not belong to the document" in str(exc.msg)
 
 
 def missing_reason() -> str | None:
@@ -79,6 +88,9 @@ class Browser:
                     return
                 except StaleElementReferenceException:
                     continue  # replaced by a live refresh before it held text: again
+                except WebDriverException as exc:
+                    if not _replaced(exc):
+                        raise
             raise AssertionError(f"{css} kept being replaced while typed in")
 
         await self._run(type_in)
@@ -91,6 +103,9 @@ class Browser:
                     return
                 except StaleElementReferenceException:
                     continue
+                except WebDriverException as exc:
+                    if not _replaced(exc):
+                        raise
             raise AssertionError(f"{css} kept being replaced while clicked")
 
         await self._run(click)
@@ -104,6 +119,9 @@ class Browser:
                     return str(self.driver.find_element(By.CSS_SELECTOR, css).text)
                 except StaleElementReferenceException:
                     continue
+                except WebDriverException as exc:
+                    if not _replaced(exc):
+                        raise
             raise AssertionError(f"{css} kept being replaced while read")
 
         return await self._run(read)
@@ -132,7 +150,9 @@ class Browser:
                     self.driver,
                     timeout_s,
                     0.05,
-                    ignored_exceptions=(StaleElementReferenceException,),
+                    # chromedriver's "Node with given id does not belong to the document":
+                    # the same race, seen while a page is replaced by the next one
+                    ignored_exceptions=(StaleElementReferenceException, WebDriverException),
                 )
                 return str(waiting.until(shown))
             except TimeoutException:
@@ -142,6 +162,12 @@ class Browser:
                 raise AssertionError(msg) from None
 
         return await self._run(wait)
+
+    async def console_errors(self) -> list[str]:
+        """What the page logged as errors since the last call (a script error, a resource or
+        an inline script the Content-Security-Policy refused, a failed request)."""
+        entries = await self._run(lambda: self.driver.get_log("browser"))  # type: ignore[no-untyped-call]
+        return [str(e["message"]) for e in entries if e.get("level") == "SEVERE"]
 
     async def screenshot(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -156,6 +182,7 @@ async def browser(base: str) -> AsyncIterator[Browser]:
     options.binary_location = CHROMIUM
     for flag in (*_FLAGS, f"--user-data-dir={profile}"):
         options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     service = Service(CHROMEDRIVER)
     driver = await anyio.to_thread.run_sync(
         functools.partial(webdriver.Chrome, service=service, options=options)

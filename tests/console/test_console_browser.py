@@ -138,6 +138,7 @@ async def test_a_resolver_follows_turns_live_and_resolves_an_escalation(
         assert "Retry budget" in overview
         assert "Sandbox enforcement" in overview
         await page.screenshot(out / "overview.png")
+        assert await page.console_errors() == []  # no script error, nothing the CSP refused
     for name in ("overview.png", "turn.png", "escalations.png"):
         assert (out / name).stat().st_size > 10_000, name
 
@@ -188,3 +189,29 @@ async def test_a_script_in_a_turn_is_shown_as_text(root: Path, operators: Path) 
             assert await page.title() != "x"
             assert not await page.all("main script")
             assert not await page.all("main img")
+
+
+async def test_every_page_renders_with_no_error_in_the_browser(root: Path, operators: Path) -> None:
+    """Overview, sessions, a session, turns, a turn, escalations and executors each render
+    what they are for, and the browser logs no error on any (no script error, nothing the
+    Content-Security-Policy refused, no failed request)."""
+    async with console_for(root, Pages(), operators) as live, browser(live.url) as page:
+        turn = await submit(live, "#every-page")
+        await sign_in(page, "rita")
+        checks = {
+            "/": ("h1", "Overview"),
+            "/sessions": ("main", live.session_id),
+            f"/sessions/{live.session_id}": (".capabilities", "/etc/shadow"),
+            "/turns": ("main", "#every-page"),
+            f"/turns/{turn['turn_id']}": (".timeline", "decision: SUCCEED"),
+            "/escalations": ("main", "no turn waits for an operator"),
+            "/executors": ("main", "pages"),
+        }
+        for path, (css, wanted) in checks.items():
+            await page.open(path)
+            await page.wait_text(css, wanted)
+            await page.wait_text("#live", "●")  # its live stream opened
+            assert await page.console_errors() == [], path
+        executors = await page.text("main")
+        assert "READ" in executors
+        assert "ago" in executors  # the executor's last heartbeat
