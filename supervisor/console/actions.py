@@ -11,7 +11,7 @@ from typing import Final
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
-from supervisor.client import HunterError
+from supervisor.client import ConnectionLost, HunterError
 from supervisor.console.guard import FormTooLarge, authenticate, post_refused, read_form, state_of
 from supervisor.console.render import page
 from supervisor.logging import get_logger
@@ -73,6 +73,8 @@ async def resolve(request: Request) -> Response:
         await client.resolve(turn_id, action, reason=reason, operator=operator)
     except HunterError as exc:
         return page(request, "error.html", 409, title=exc.code, message=str(exc))
+    except ConnectionLost:  # not sent again: the operator sees the turn and decides anew
+        return _unreachable(request)
     _LOG.info("console_resolved", operator=operator, turn_id=turn_id, action=action)
     return RedirectResponse(f"/turns/{turn_id}?done={action}", status_code=303)
 
@@ -90,6 +92,8 @@ async def cancel(request: Request) -> Response:
         await client.cancel(turn_id, reason=reason, operator=operator)
     except HunterError as exc:
         return page(request, "error.html", 409, title=exc.code, message=str(exc))
+    except ConnectionLost:
+        return _unreachable(request)
     _LOG.info("console_cancelled", operator=operator, turn_id=turn_id)
     return RedirectResponse(f"/turns/{turn_id}?done=cancel", status_code=303)
 

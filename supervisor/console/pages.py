@@ -15,7 +15,9 @@ from starlette.responses import Response, StreamingResponse
 
 from supervisor.client import (
     Client,
+    ConnectionLost,
     HunterError,
+    NoEvidence,
     UnknownSession,
     UnknownTurn,
 )
@@ -27,17 +29,6 @@ from supervisor.console.timeline import timeline
 __all__ = ["ROUTES"]
 
 Handler = Callable[[Request, Client], Awaitable[Response]]
-
-_STATES: Final = (
-    "accepted",
-    "running",
-    "waiting_retry",
-    "escalated",
-    "succeeded",
-    "failed",
-    "terminated",
-    "cancelled",
-)
 
 
 def signed_in(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
@@ -58,10 +49,13 @@ def signed_in(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
             )
         try:
             return await handler(request, client)
-        except (UnknownTurn, UnknownSession) as exc:
+        except (UnknownTurn, UnknownSession, NoEvidence) as exc:
             return page(request, "error.html", 404, title="not found", message=str(exc))
         except HunterError as exc:
             return page(request, "error.html", 502, title=exc.code, message=str(exc))
+        except ConnectionLost as exc:  # the daemon went away during the request
+            problem = f"the daemon at {state.link.socket}: {exc}"
+            return page(request, "unreachable.html", 503, problem=problem, follow="reconnect")
 
     return run
 

@@ -416,3 +416,38 @@ async def test_a_session_page_shows_its_package_and_verified_ledgers(
             assert ledger["head_hash"][:16] in page.text
         missing = await http.get("/sessions/SES-nope")
         assert missing.status_code == 404
+
+
+async def test_without_a_daemon_pages_say_so_and_sign_in_still_works(
+    operators: Path, tmp_path: Path
+) -> None:
+    """A console started before its daemon (or whose daemon went away) serves: sign-in works,
+    /healthz answers 503, and a page says the daemon does not answer, naming the socket."""
+    from supervisor.console.operators import load_operators
+    from supervisor.console.server import parse_listen, run_console
+    from supervisor.console.state import ConsoleSettings
+
+    socket = tmp_path / "nowhere" / "control.sock"
+    settings = ConsoleSettings(socket=socket, operators=load_operators(operators))
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        url = await tg.start(
+            lambda task_status: run_console(
+                settings,
+                parse_listen("127.0.0.1:0"),
+                handle_signals=False,
+                stop=stop,
+                task_status=task_status,
+            )
+        )
+        try:
+            async with httpx.AsyncClient(base_url=url) as http:
+                assert (await http.get("/healthz")).status_code == 503
+                assert (await sign_in(http, "rita")).status_code == 303
+                page = await http.get("/")
+                assert page.status_code == 503
+                assert "The daemon does not answer" in page.text
+                assert str(socket) in page.text
+                assert 'data-follow="reconnect"' in page.text
+        finally:
+            stop.set()
