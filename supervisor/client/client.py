@@ -483,8 +483,21 @@ class Client:
         return _as(ExecutorPage, answer)
 
     async def escalations(self) -> list[Turn]:
-        """Turns parked for an operator's decision, oldest first."""
-        return _as(list[Turn], (await self.call("escalations.list"))["escalations"])
+        """Every turn parked for an operator's decision, by turn id (read a page at a time)."""
+        found: list[Turn] = []
+        after: int | None = 0
+        while after is not None:
+            page = await self.escalation_page(after=after)
+            found.extend(page.turns)
+            after = page.next_after
+        return found
+
+    async def escalation_page(self, *, after: int = 0, limit: int = 500) -> TurnPage:
+        """One page of the parked turns, by turn id, after turn id *after*."""
+        answer = await self.call("escalations.list", after_turn_id=after, limit=limit)
+        return _as(
+            TurnPage, {"turns": answer["escalations"], "next_after": answer.get("next_after")}
+        )
 
     async def resolve(
         self,

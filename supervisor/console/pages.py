@@ -165,16 +165,15 @@ async def turn(request: Request, client: Client) -> Response:
 @signed_in
 async def escalations(request: Request, client: Client) -> Response:
     size = state_of(request).settings.page_size
-    parked = sorted(await client.escalations(), key=lambda t: (t.updated_us or 0, t.turn_id))
-    start = _int(request.query_params.get("start"))
+    after = _int(request.query_params.get("after"))
+    found = await client.escalation_page(after=after, limit=size)
     return page(
         request,
         "escalations.html",
         follow="all",
-        rows=parked[start : start + size],
-        total=len(parked),
-        start=start,
-        size=size,
+        rows=found.turns,
+        after=after,
+        next_after=found.next_after,
         done=request.query_params.get("done", ""),
     )
 

@@ -47,8 +47,9 @@ Operations (params -> result):
 * An answer over the frame limit is a ``reply_too_large`` error; the connection stays open.
 * ``executors.list`` {after_executor_id?, limit? (1..1000)} -> {executors, next_after} (a page
   by id); ``executors.wait`` {executor_id, status?, timeout_s?}
-* ``escalations.list`` -> {escalations}; ``escalations.resolve`` {turn_id, action:
-  "retry"|"terminate", reason, operator?} -> {turn}
+* ``escalations.list`` {after_turn_id?, limit? (1..500)} -> {escalations, next_after} (a page
+  by turn id); ``escalations.resolve`` {turn_id, action: "retry"|"terminate", reason,
+  operator?} -> {turn}
 * ``ledger.verify`` {session_id?} -> {ok, ledgers, failures, elsewhere} (``elsewhere``, in a
   fleet: the sessions homed by another daemon, checked there)
 * ``drain`` {reason?, operator?} -> {draining: true, decided_by} (the drain starts once the
@@ -111,6 +112,7 @@ from supervisor.wire.control import (
     ControlRequest,
     DrainParams,
     EscalationResolveParams,
+    EscalationsListParams,
     EventsSubscribe,
     EventsUnsubscribe,
     ExecutorsListParams,
@@ -692,8 +694,11 @@ class ControlServer:
             executor_id=executor_id,
         )
 
-    async def _escalations_list(self, params: NoParams) -> object:
-        return {"escalations": [turn_answer(t) for t in await self._turn_core.list_escalations()]}
+    async def _escalations_list(self, params: EscalationsListParams) -> object:
+        page = await self._turn_core.list_escalations(
+            after_turn_id=params.after_turn_id, limit=params.limit
+        )
+        return {"escalations": [turn_answer(t) for t in page.turns], "next_after": page.next_after}
 
     async def _escalations_resolve(
         self, params: EscalationResolveParams, peer: PeerCredentials | None

@@ -61,6 +61,7 @@ from supervisor.store.protocol import (
     SessionState,
     StoreStatistics,
     TurnEnding,
+    TurnPage,
     TurnRecord,
     TurnStore,
 )
@@ -662,8 +663,9 @@ class TurnCore:
 
     # -- escalations ------------------------------------------------------------------------
 
-    async def list_escalations(self) -> list[TurnRecord]:
-        return await self._escalations.list()
+    async def list_escalations(self, *, after_turn_id: int = 0, limit: int = 500) -> TurnPage:
+        """A page of the turns parked for an operator, by turn id."""
+        return await self._escalations.list(after_turn_id=after_turn_id, limit=limit)
 
     async def resolve_escalation(
         self, turn_id: int, action: str, decision: Decision | None = None

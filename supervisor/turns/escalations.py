@@ -26,6 +26,7 @@ from supervisor.store.protocol import (
     Claim,
     Resolution,
     TurnEnding,
+    TurnPage,
     TurnRecord,
 )
 from supervisor.turns.context import TurnDeps, with_ending
@@ -60,11 +61,11 @@ class Escalations:
         self._resolving: set[int] = set()
         self._log = get_logger("supervisor.turns")
 
-    async def list(self) -> list[TurnRecord]:
-        page = await self._deps.store.list_turns(
-            states=frozenset({TurnState.ESCALATED}), limit=_PAGE
+    async def list(self, *, after_turn_id: int = 0, limit: int = _PAGE) -> TurnPage:
+        """A page of the parked turns, by turn id, after *after_turn_id*."""
+        return await self._deps.store.list_turns(
+            states=frozenset({TurnState.ESCALATED}), after_turn_id=after_turn_id, limit=limit
         )
-        return list(page.turns)
 
     async def resolve(
         self, turn: TurnRecord, resolution: Resolution, decision: Decision | None = None

@@ -39,6 +39,7 @@ __all__ = [
     "DrainParams",
     "EscalationResolveParams",
     "EscalationsList",
+    "EscalationsListParams",
     "EscalationsResolve",
     "EventsSubscribe",
     "EventsSubscribeParams",
@@ -400,8 +401,15 @@ class ExecutorsWait(_Request, frozen=True, tag="executors.wait"):
     params: ExecutorsWaitParams
 
 
+class EscalationsListParams(Struct, frozen=True):
+    """A page of the turns parked for an operator, by turn id: those after ``after_turn_id``."""
+
+    after_turn_id: Annotated[int, Meta(ge=0, le=2**63 - 1)] = 0
+    limit: Annotated[int, Meta(ge=1, le=500)] = 500
+
+
 class EscalationsList(_Request, frozen=True, tag="escalations.list"):
-    params: NoParams = NoParams()
+    params: EscalationsListParams = EscalationsListParams()
 
 
 class EscalationsResolve(_Request, frozen=True, tag="escalations.resolve"):

@@ -183,3 +183,23 @@ async def test_pages_a_session_and_evidence(root: Path) -> None:
         assert part.size == 100
         with pytest.raises(NoEvidence):
             await client.evidence(ids[3])
+
+
+async def test_escalations_come_a_page_at_a_time(root: Path) -> None:
+    """``escalations.list`` pages by turn id (``after_turn_id``, ``limit``, ``next_after``);
+    `Client.escalations` reads every page."""
+    hog = ["python3", "-c", "b = bytearray(512 << 20)"]  # over the demo package's memory limit
+    async with serving(root, Gated(slots=1, expected=1)) as (_, sid), connect(root=root) as client:
+        parked = []
+        for _ in range(3):
+            handle = await client.submit_process(sid, hog, wait_s=30)
+            turn = await handle.result()
+            assert turn.state == "escalated", turn
+            parked.append(turn.turn_id)
+        first = await client.escalation_page(limit=2)
+        assert [t.turn_id for t in first.turns] == parked[:2]
+        assert first.next_after == parked[1]
+        last = await client.escalation_page(after=parked[1], limit=2)
+        assert [t.turn_id for t in last.turns] == parked[2:]
+        assert last.next_after is None
+        assert [t.turn_id for t in await client.escalations()] == parked

@@ -431,7 +431,7 @@ async def test_escalation_resolved_by_retry_and_terminate(tmp_path: Path) -> Non
         sid = await _open(r)
         turn = await _run(r, _instruction(sid))
         assert turn.state is TurnState.ESCALATED
-        assert [t.turn_id for t in await r.turn_core.list_escalations()] == [turn.turn_id]
+        assert [t.turn_id for t in (await r.turn_core.list_escalations()).turns] == [turn.turn_id]
         await r.turn_core.resolve_escalation(turn.turn_id, "retry")
         done = await r.turn_core.wait_turn(turn.turn_id, timeout_s=10)
         assert done.state is TurnState.SUCCEEDED
