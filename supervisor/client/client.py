@@ -97,10 +97,14 @@ def _as(kind: type[T], value: object) -> T:
     return msgspec.convert(value, kind)
 
 
+def _given(**params: Any) -> dict[str, Any]:
+    """The params of a request that were given (None: left out, the daemon's default)."""
+    return {k: v for k, v in params.items() if v is not None}
+
+
 def _attribution(reason: str | None, operator: str | None) -> dict[str, str]:
     """The ``reason`` and ``operator`` params of a decision, those given."""
-    given = {"reason": reason, "operator": operator}
-    return {k: v for k, v in given.items() if v is not None}
+    return _given(reason=reason, operator=operator)
 
 
 class TurnHandle:
@@ -299,27 +303,23 @@ class Client:
         retried); *declared_inputs*: files the turn reads, recorded in its spec; *wait_s*:
         answer only once the turn settles (at most that long: one round trip for both);
         *compact*: the answer carries the turn's outcome only (section 5.4)."""
-        spec: dict[str, Any] = {"kind": "instruction", "command_type": command_type}
-        if selector is not None:
-            spec["target_selector"] = selector
-        if url is not None:
-            spec["target_url"] = url
-        if parameters:
-            spec["parameters"] = dict(parameters)
-        inputs = list(declared_inputs)
-        if inputs:
-            spec["declared_inputs"] = inputs
-        if phase is not None:
-            spec["phase"] = phase
-        return await self._submit(
-            session_id,
-            spec,
+        spec = _given(
+            kind="instruction",
+            command_type=command_type,
+            target_selector=selector,
+            target_url=url,
+            parameters=dict(parameters) if parameters else None,
+            declared_inputs=list(declared_inputs) or None,
+            phase=phase,
+        )
+        options = _given(
             timeout_ms=timeout_ms,
             idempotency_key=idempotency_key,
             traceparent=traceparent,
             wait_s=wait_s,
-            compact=compact,
+            answer="compact" if compact else None,
         )
+        return await self._submit(session_id, spec, options)
 
     async def submit_process(
         self,
@@ -340,48 +340,30 @@ class Client:
         promoted; *declared_inputs*: the files it reads; *phase*, *wait_s* and *compact* as
         for `submit_instruction`."""
         outputs = [{"path": o} if isinstance(o, str) else dict(o) for o in declared_outputs]
-        spec: dict[str, Any] = {"kind": "process", "argv": list(argv), "declared_outputs": outputs}
-        inputs = list(declared_inputs)
-        if inputs:
-            spec["declared_inputs"] = inputs
-        if phase is not None:
-            spec["phase"] = phase
-        return await self._submit(
-            session_id,
-            spec,
+        spec = _given(
+            kind="process",
+            argv=list(argv),
+            declared_outputs=outputs,
+            declared_inputs=list(declared_inputs) or None,
+            phase=phase,
+        )
+        options = _given(
             timeout_ms=timeout_ms,
             idempotency_key=idempotency_key,
             traceparent=traceparent,
             wait_s=wait_s,
-            compact=compact,
+            answer="compact" if compact else None,
         )
+        return await self._submit(session_id, spec, options)
 
     async def _submit(
-        self,
-        session_id: str,
-        spec: dict[str, Any],
-        *,
-        timeout_ms: int | None,
-        idempotency_key: str | None,
-        traceparent: str | None,
-        wait_s: float | None,
-        compact: bool,
+        self, session_id: str, spec: dict[str, Any], options: dict[str, Any]
     ) -> TurnHandle:
-        params: dict[str, Any] = {"session_id": session_id, **spec}
-        params.setdefault("declared_outputs", [])
+        params: dict[str, Any] = {"session_id": session_id, "declared_outputs": [], **spec}
         # A key of its own makes a submission safe to send again after a lost connection.
-        key = idempotency_key or (f"hc-{uuid.uuid4().hex}" if self.auto_keys else None)
-        if key is not None:
-            params["idempotency_key"] = key
-        if timeout_ms is not None:
-            params["timeout_ms"] = timeout_ms
-        if traceparent is not None:
-            params["traceparent"] = traceparent
-        if wait_s is not None:
-            params["wait_s"] = wait_s
-        if compact:
-            params["answer"] = "compact"
-        answer = await self.call("turn.submit", **params)
+        if "idempotency_key" not in options and self.auto_keys:
+            params["idempotency_key"] = f"hc-{uuid.uuid4().hex}"
+        answer = await self.call("turn.submit", **params, **options)
         return TurnHandle(
             self, _as(Turn, answer["turn"]), bool(answer["created"]), answer.get("warnings", ())
         )
@@ -446,9 +428,7 @@ class Client:
         self, *, after: int = 0, limit: int = 500, session_id: str | None = None
     ) -> TurnPage:
         """One page of turns (of a session) after turn id *after*, oldest first."""
-        params: dict[str, Any] = {"after_turn_id": after, "limit": limit}
-        if session_id is not None:
-            params["session_id"] = session_id
+        params = _given(after_turn_id=after, limit=limit, session_id=session_id)
         return _as(TurnPage, await self.call("turns.list", **params))
 
     async def session(self, session_id: str) -> SessionInfo:
@@ -460,10 +440,9 @@ class Client:
     ) -> EvidenceSlice:
         """A slice of the evidence bytes a turn's executor sent (`NoEvidence` if it sent only
         their hash); read on from ``offset + len(data)`` while ``more``."""
-        params: dict[str, Any] = {"turn_id": turn_id, "offset": offset}
-        if length is not None:
-            params["length"] = length
-        answer = await self.call("turn.evidence", **params)
+        answer = await self.call(
+            "turn.evidence", **_given(turn_id=turn_id, offset=offset, length=length)
+        )
         return _as(EvidenceSlice, {**answer, "data": base64.b64decode(str(answer["data"]))})
 
     # -- executors, escalations, ledgers ------------------------------------------------------

@@ -112,14 +112,12 @@ class LiveFeed:
     _accepted_us: OrderedDict[int, int] = field(default_factory=OrderedDict)
     _buckets: deque[Bucket] = field(default_factory=lambda: deque(maxlen=BUCKETS))
     recent: deque[Event] = field(default_factory=lambda: deque(maxlen=_RECENT_KEPT))
-    published: int = 0
     streams: int = 0
     #: the newest event's cursor (the link resumes from it after a reconnect)
     cursor: str | None = None
 
     def publish(self, event: Event) -> None:
         """Count *event* and mark the groups it concerns changed (never waits)."""
-        self.published += 1
         if event.kind == _RESYNC:  # events may have been missed: every page re-reads
             for follow in (self.everything, *self._turns.values(), *self._sessions.values()):
                 follow.bump(event)
@@ -212,7 +210,6 @@ class DaemonLink:
         self.feed = feed
         self.client: Client | None = None
         self.problem: str | None = "connecting"
-        self.connected = anyio.Event()
         self._log = get_logger("supervisor.console")
 
     async def run(
@@ -229,7 +226,6 @@ class DaemonLink:
                     client.events(after=self.feed.cursor) as events,
                 ):
                     self.client, self.problem = client, None
-                    self.connected.set()
                     self._log.info("console_linked", socket=self.socket, gap=events.gap)
                     if events.gap is not None:
                         self.feed.publish(_resync(events.gap))
@@ -239,7 +235,6 @@ class DaemonLink:
             except (DaemonNotRunning, ConnectionLost, HunterError, OSError) as exc:
                 was = self.client is not None
                 self.client, self.problem = None, f"the daemon at {self.socket}: {exc}"
-                self.connected = anyio.Event()
                 if was:
                     self._log.warning("console_unlinked", socket=self.socket, error=str(exc))
                     self.feed.publish(_resync("the daemon's connection was lost"))

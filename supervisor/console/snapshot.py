@@ -22,7 +22,6 @@ T = TypeVar("T")
 @dataclass(slots=True)
 class Snapshot(Generic[T]):
     max_age_s: float = 1.0
-    fetches: int = 0
     _value: T | None = None
     _at: float = float("-inf")
     _lock: anyio.Lock = field(default_factory=anyio.Lock)
@@ -33,5 +32,4 @@ class Snapshot(Generic[T]):
             if self._value is None or now - self._at > self.max_age_s:
                 self._value = await fetch()
                 self._at = anyio.current_time()
-                self.fetches += 1
             return self._value

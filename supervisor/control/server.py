@@ -61,7 +61,7 @@ Operations (params -> result):
   replayed}, then pushed ``{id, event}`` frames (`supervisor.control.subscriptions`);
   ``events.unsubscribe`` {subscription} -> {unsubscribed}
 
-About 700 lines (`ControlServer` about 500), past the usual 600/400: the connection handling
+About 750 lines (`ControlServer` about 525), past the usual 600/400: the connection handling
 (framing, the error boundary, busy refusals, the peer's credentials) and one short handler per
 operation of the protocol (20 of them), which read and answer through the turn core; the
 answers' shapes are in `supervisor.control.answers`, submits taken without a task in

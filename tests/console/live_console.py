@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -16,7 +17,7 @@ from supervisor.console.server import parse_listen, run_console
 from supervisor.console.state import ConsoleSettings
 from supervisor.control.client import ControlClient
 from supervisor.sdk import Executor
-from tests.live_daemon import serving
+from tests.live_daemon import WAIT_S, serving
 
 PASSWORDS = {"alice": "correct horse battery", "rita": "read only please"}
 #: the hashes of PASSWORDS (made once by `hash_password`; scrypt costs 50 ms a hash)
@@ -44,12 +45,43 @@ def write_operators(path: Path) -> Path:
     return path
 
 
+#: a process turn over the demo package's memory limit: RESOURCE_EXHAUSTED escalates it
+HOG = ["python3", "-c", "b = bytearray(512 << 20)"]
+
+
 @dataclass
 class LiveConsole:
     url: str
     client: ControlClient
     session_id: str
     root: Path
+
+    async def read(self, selector: str, *, wait: bool = True) -> dict[str, Any]:
+        """Submit a READ of *selector* (and wait until it settles): the turn."""
+        answer = await self.client.call(
+            "turn.submit",
+            session_id=self.session_id,
+            kind="instruction",
+            command_type="READ",
+            target_selector=selector,
+            declared_outputs=[],
+            **({"wait_s": WAIT_S} if wait else {}),
+        )
+        turn: dict[str, Any] = answer["turn"]
+        return turn
+
+    async def escalate(self) -> int:
+        """A turn parked for an operator: its id."""
+        answer = await self.client.call(
+            "turn.submit",
+            session_id=self.session_id,
+            kind="process",
+            argv=HOG,
+            declared_outputs=[],
+            wait_s=30,
+        )
+        assert answer["turn"]["state"] == "escalated", answer["turn"]
+        return int(answer["turn"]["turn_id"])
 
 
 @asynccontextmanager

@@ -18,12 +18,10 @@ import pytest
 
 from supervisor.sdk import Executor, Instruction, Result
 from tests.console.browser import Browser, browser, missing_reason
-from tests.console.live_console import PASSWORDS, LiveConsole, console_for
+from tests.console.live_console import PASSWORDS, console_for
 from tests.live_daemon import WAIT_S
 
 pytestmark = pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason()))
-
-_HOG = ["python3", "-c", "b = bytearray(512 << 20)"]  # over the demo package's memory limit
 
 
 class Pages(Executor):
@@ -54,33 +52,6 @@ async def sign_in(page: Browser, name: str) -> None:
     await page.wait_text("header .operator", name)
 
 
-async def submit(live: LiveConsole, selector: str, *, wait: bool = True) -> dict[str, object]:
-    answer = await live.client.call(
-        "turn.submit",
-        session_id=live.session_id,
-        kind="instruction",
-        command_type="READ",
-        target_selector=selector,
-        declared_outputs=[],
-        **({"wait_s": WAIT_S} if wait else {}),
-    )
-    turn: dict[str, object] = answer["turn"]
-    return turn
-
-
-async def escalate(live: LiveConsole) -> int:
-    answer = await live.client.call(
-        "turn.submit",
-        session_id=live.session_id,
-        kind="process",
-        argv=_HOG,
-        declared_outputs=[],
-        wait_s=30,
-    )
-    assert answer["turn"]["state"] == "escalated", answer["turn"]
-    return int(answer["turn"]["turn_id"])
-
-
 async def test_a_resolver_follows_turns_live_and_resolves_an_escalation(
     root: Path, operators: Path, tmp_path: Path
 ) -> None:
@@ -97,8 +68,8 @@ async def test_a_resolver_follows_turns_live_and_resolves_an_escalation(
 
         # a running turn becomes succeeded on the open page, with no reload
         for n in range(3):
-            await submit(live, f"#done-{n}")
-        slow = await submit(live, "#slow", wait=False)
+            await live.read(f"#done-{n}")
+        slow = await live.read("#slow", wait=False)
         with anyio.fail_after(WAIT_S):
             await executor.waiting.wait()
         await page.open(f"/turns/{slow['turn_id']}")
@@ -118,7 +89,7 @@ async def test_a_resolver_follows_turns_live_and_resolves_an_escalation(
 
         # an escalation appears in the queue without a reload; resolved with a reason
         await page.open("/escalations")
-        turn_id = await escalate(live)
+        turn_id = await live.escalate()
         await page.wait_text(f"#escalation-{turn_id}", "RESOURCE_EXHAUSTED")
         await page.screenshot(out / "escalations.png")
         await page.type(f"#escalation-{turn_id} input[name=reason]", "asks for 512 MiB")
@@ -145,7 +116,7 @@ async def test_a_resolver_follows_turns_live_and_resolves_an_escalation(
 
 async def test_a_reader_is_refused_and_so_is_a_bad_csrf_token(root: Path, operators: Path) -> None:
     async with console_for(root, Pages(), operators) as live:
-        turn_id = await escalate(live)
+        turn_id = await live.escalate()
         async with browser(live.url) as reader:
             await sign_in(reader, "rita")
             await reader.open("/escalations")
@@ -180,7 +151,7 @@ async def test_a_reader_is_refused_and_so_is_a_bad_csrf_token(root: Path, operat
 async def test_a_script_in_a_turn_is_shown_as_text(root: Path, operators: Path) -> None:
     payload = "<script>document.title='owned'</script><img src=x onerror=\"document.title='x'\">"
     async with console_for(root, Pages(), operators) as live, browser(live.url) as page:
-        turn = await submit(live, payload)
+        turn = await live.read(payload)
         await sign_in(page, "rita")
         for path in (f"/turns/{turn['turn_id']}", "/turns", f"/sessions/{live.session_id}"):
             await page.open(path)
@@ -196,7 +167,7 @@ async def test_every_page_renders_with_no_error_in_the_browser(root: Path, opera
     what they are for, and the browser logs no error on any (no script error, nothing the
     Content-Security-Policy refused, no failed request)."""
     async with console_for(root, Pages(), operators) as live, browser(live.url) as page:
-        turn = await submit(live, "#every-page")
+        turn = await live.read("#every-page")
         await sign_in(page, "rita")
         checks = {
             "/": ("h1", "Overview"),

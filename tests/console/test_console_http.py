@@ -23,8 +23,6 @@ from supervisor.sdk import Executor, Instruction, Result
 from tests.console.live_console import PASSWORDS, LiveConsole, console_for
 from tests.live_daemon import WAIT_S
 
-_HOG = ["python3", "-c", "b = bytearray(512 << 20)"]  # over the demo package's memory limit
-
 
 class Echo(Executor):
     def __init__(self) -> None:
@@ -78,19 +76,6 @@ async def sign_in(
             "next": "/escalations",
         },
     )
-
-
-async def escalated_turn(live: LiveConsole) -> int:
-    submitted = await live.client.call(
-        "turn.submit",
-        session_id=live.session_id,
-        kind="process",
-        argv=_HOG,
-        declared_outputs=[],
-        wait_s=30,
-    )
-    assert submitted["turn"]["state"] == "escalated", submitted["turn"]
-    return int(submitted["turn"]["turn_id"])
 
 
 async def test_every_page_needs_a_sign_in(root: Path, operators: Path) -> None:
@@ -186,7 +171,7 @@ async def test_a_resolver_resolves_with_a_reason_recorded_in_the_ledger(
     """A resolver's terminate is the signed-in operator's decision: the turn's result and its
     evidence ledger entry name alice and the reason, and the turn page shows them."""
     async with started(root, operators) as live:
-        turn_id = await escalated_turn(live)
+        turn_id = await live.escalate()
         async with httpx.AsyncClient(base_url=live.url) as http:
             await sign_in(http, "alice")
             page = await http.get("/escalations")
@@ -217,7 +202,7 @@ async def test_a_resolver_resolves_with_a_reason_recorded_in_the_ledger(
 
 async def test_a_reader_may_look_but_not_decide(root: Path, operators: Path) -> None:
     async with started(root, operators) as live:
-        turn_id = await escalated_turn(live)
+        turn_id = await live.escalate()
         async with httpx.AsyncClient(base_url=live.url) as http:
             await sign_in(http, "rita")
             page = await http.get("/escalations")
@@ -240,7 +225,7 @@ async def test_forged_requests_are_refused(root: Path, operators: Path) -> None:
     """A POST without the CSRF token, with another sign-in's token, or from a foreign Origin
     changes nothing."""
     async with started(root, operators) as live:
-        turn_id = await escalated_turn(live)
+        turn_id = await live.escalate()
         async with httpx.AsyncClient(base_url=live.url) as other:
             await sign_in(other, "rita")
             foreign_token = csrf_of((await other.get("/")).text)
