@@ -102,14 +102,15 @@ async def time_turns_store(
                 turn_number=claim.turn.turn_number,
                 ledger_commit="sync" if runtime_syncs else "caller",
             )
+            lines = result.pending_lines
             await store.finish(
                 claim,
                 TurnEnding(state=TurnState.SUCCEEDED),
                 [AttemptRecord(attempt=1, started_us=0, decision="SUCCEED")],
-                ledger_lines=result.sealed_lines,
+                ledger_lines=() if lines is None else lines,
                 started=AttemptRecord(attempt=1, started_us=0),
             )
-            session.flush_ledgers()
+            session.flush_ledgers(() if lines is None else lines.lines)
             out.append(time.perf_counter() - t0)
             if result.status != "succeeded":
                 raise RuntimeError(f"turn failed: {result.to_dict()}")

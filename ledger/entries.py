@@ -9,7 +9,7 @@ required fields (`validate_record`). Unknown extra fields are allowed and hashed
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
@@ -109,6 +109,10 @@ class SealedLine:
     seq: int
     entry_hash: str
     line: bytes
+    #: the hash of the line it chains onto, when known without parsing *line* (sealed here or
+    #: read from a file; "" for a line read back from a store): a store checks the link. Not
+    #: compared: it is in *line* already.
+    previous_hash: str = field(default="", compare=False)
 
 
 def _int(value: object) -> int:

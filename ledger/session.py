@@ -25,6 +25,7 @@ from ledger.entries import (
 )
 from ledger.errors import IntegrityError, LedgerRecordError
 from ledger.files import make_dirs
+from ledger.pending import PendingLines
 from ledger.syncer import InlineSyncer, Syncable, Syncer, await_durable
 from ledger.verify import session_ledger_paths
 from ledger.writer import Clock, LedgerWriter, wall_clock_us
@@ -330,13 +331,44 @@ class SessionLedgers:
         exec_extra: Mapping[str, object] | None = None,
         evidence_extra: Mapping[str, object] | None = None,
     ) -> tuple[SealedLine, SealedLine]:
-        """Seal and queue the turn's exec and evidence entries *without* making them durable.
+        """Seal and hold the turn's exec and evidence entries now (`turn_lines`, sealed at
+        once); the caller releases them after its commit."""
+        exec_line, evidence_line = self.turn_lines(
+            turn_number=turn_number,
+            query_hash=query_hash,
+            result_hash=result_hash,
+            status=status,
+            declared_reads=declared_reads,
+            declared_writes=declared_writes,
+            external_calls=external_calls,
+            capability_violations=capability_violations,
+            exec_extra=exec_extra,
+            evidence_extra=evidence_extra,
+        ).seal()
+        return exec_line, evidence_line
 
-        For a caller whose own store commits the two lines in its transaction (the daemon's turn
-        store): the pair is durable once that commit is; the files catch up with `sync`, and
-        after a crash from the store (`LedgerWriter.restore`). The two lines are held out of
-        the files until the caller's `release` (after its commit), so the files only ever hold
-        what the store committed: a crash leaves both lines of a turn or neither.
+    def turn_lines(
+        self,
+        *,
+        turn_number: int,
+        query_hash: str,
+        result_hash: str,
+        status: str,
+        declared_reads: Iterable[object] = (),
+        declared_writes: Iterable[object] = (),
+        external_calls: Iterable[object] = (),
+        capability_violations: Iterable[Mapping[str, object]] = (),
+        exec_extra: Mapping[str, object] | None = None,
+        evidence_extra: Mapping[str, object] | None = None,
+    ) -> PendingLines:
+        """The turn's exec and evidence entries, checked but *not* sealed: for a caller whose
+        own store commits the two lines in its transaction (the daemon's turn store). The store
+        seals them (`PendingLines.seal`) only once the ending's fence has held, in the
+        transaction that commits it, and withdraws them if that transaction fails; a refused
+        ending never takes a seq. Sealed lines are held out of the files until the caller's
+        `release` (after the commit), so the files only ever hold what the store committed: a
+        crash leaves both lines of a turn or neither. The files catch up with `sync`, and after
+        a crash from the store (`LedgerWriter.restore`).
         """
         exec_record, evidence_record = self._turn_records(
             turn_number=turn_number,
@@ -351,17 +383,21 @@ class SessionLedgers:
             exec_extra=exec_extra,
             evidence_extra=evidence_extra,
         )
-        exec_fields = self.exec.prepare(exec_record)
-        evidence_fields = self.evidence.prepare(evidence_record)
-        return (
-            self.exec.seal_prepared(exec_fields, hold=True)[1],
-            self.evidence.seal_prepared(evidence_fields, hold=True)[1],
+        return PendingLines(
+            (
+                (self.exec, self.exec.prepare(exec_record)),
+                (self.evidence, self.evidence.prepare(evidence_record)),
+            )
         )
 
     def seal_evidence(self, record: Mapping[str, object]) -> SealedLine:
-        """Seal and hold one evidence entry (as `seal_turn` does a pair): for a turn whose exec
-        entry survived a crash without its evidence entry, rebuilt by the caller."""
-        return self.evidence.seal_prepared(self.evidence.prepare(record), hold=True)[1]
+        """Seal and hold one evidence entry now (`evidence_lines`, sealed at once)."""
+        return self.evidence_lines(record).seal()[0]
+
+    def evidence_lines(self, record: Mapping[str, object]) -> PendingLines:
+        """One evidence entry, checked and not sealed (as `turn_lines` does a pair): for a turn
+        whose exec entry survived a crash without its evidence entry, rebuilt by the caller."""
+        return PendingLines(((self.evidence, self.evidence.prepare(record)),))
 
     def _let_exec_out(self) -> int:
         """Release the exec ledger's held lines; the seq to make durable before an evidence

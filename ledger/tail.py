@@ -43,5 +43,10 @@ def read_sealed_lines(path: Path, ledger_id: str, offset: int = 0) -> tuple[list
         seq, digest = entry.get("seq"), entry.get("entry_hash")
         if entry.get("ledger_id") != ledger_id or type(seq) is not int or type(digest) is not str:
             raise IntegrityError(path, number, None, f"not a sealed entry of ledger {ledger_id}")
-        lines.append(SealedLine(ledger_id, seq, digest, bytes(raw)))
+        previous = entry.get("previous_hash")
+        lines.append(
+            SealedLine(
+                ledger_id, seq, digest, bytes(raw), previous if type(previous) is str else ""
+            )
+        )
     return lines, offset + end

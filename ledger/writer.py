@@ -279,10 +279,11 @@ class LedgerWriter:
             self._check_usable()
             seq = self._seq + 1
             ts = max(self._clock(), self._last_ts)
+            previous = self._hash
             fields["v"] = FORMAT_VERSION
             fields["ledger_id"] = self.ledger_id
             fields["seq"] = seq
-            fields["previous_hash"] = self._hash
+            fields["previous_hash"] = previous
             fields["ts_us"] = ts
             line, digest = seal(fields)
             if hold:
@@ -291,7 +292,9 @@ class LedgerWriter:
             self._seq = seq
             self._hash = digest
             self._last_ts = ts
-        return LedgerEntry.from_dict(fields), SealedLine(self.ledger_id, seq, digest, line)
+        return LedgerEntry.from_dict(fields), SealedLine(
+            self.ledger_id, seq, digest, line, previous
+        )
 
     def release(self, seqs: Iterable[int]) -> None:
         """Let held lines (`seal_prepared` with *hold*) go to the file with the next flush or
@@ -299,6 +302,35 @@ class LedgerWriter:
         with self._lock:
             if self._held:
                 self._held.difference_update(seqs)
+
+    def withdraw(self, seqs: Iterable[int]) -> None:
+        """Take back held lines (`seal_prepared` with *hold*) whose commit was refused or rolled
+        back: they leave the chain as if they had never been sealed, and the next line takes
+        their seq. They must be the chain's last lines, still held and still queued; anything
+        else (a line sealed after them, or one already let out) would leave a line in the file
+        that chains onto them, so the ledger fails instead (`LedgerSyncError`): it is reopened
+        from its file and the store, never continued over a hole."""
+        wanted = set(seqs)
+        if not wanted:
+            return
+        with self._lock:
+            self._check_usable()
+            count = len(wanted)
+            marks = self._pending_marks
+            tail = {seq for seq, _ in marks[-count:]} if len(marks) >= count else set()
+            if tail != wanted or not wanted <= self._held or marks[-1][0] != self._seq:
+                cause = (
+                    f"lines {sorted(wanted)} cannot be withdrawn: they are not the chain's last"
+                    f" held lines (head seq {self._seq})"
+                )
+                dispatch(self._fail_locked(cause))
+                raise LedgerSyncError(self._path, cause)
+            removed = self._pending[-count:]
+            del self._pending[-count:]
+            del marks[-count:]
+            self._pending_bytes -= sum(len(line) for line in removed)
+            self._held.difference_update(wanted)
+            self._seq, self._hash = marks[-1] if marks else self._written
 
     def release_all(self) -> None:
         """Let every held line go to the file with the next flush or sync (a line that must be

@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import anyio
 import structlog
 
-from ledger import LedgerEntry, SealedLine
+from ledger import LedgerEntry
 from ledger.chain import content_hash
+from ledger.pending import PendingLines
 from sandbox.capabilities import resolve_command
 from sandbox.enumerate import RealizedWrite
 from sandbox.errors import (
@@ -124,9 +125,10 @@ class TurnResult:
     enforcement: Mapping[str, str] = field(default_factory=dict)
     stdout: str = ""
     stderr: str = ""
-    #: the turn's exec and evidence lines when the caller commits them (``ledger_commit=
-    #: "caller"``): sealed into the chains and queued, not yet durable
-    sealed_lines: tuple[SealedLine, ...] = ()
+    #: the turn's exec and evidence entries when the caller commits them (``ledger_commit=
+    #: "caller"``): checked, not yet sealed; the caller's store seals them once the ending's
+    #: fence held, in the transaction that commits it
+    pending_lines: PendingLines | None = None
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form (``hunter turn --json``)."""
@@ -417,8 +419,8 @@ class ProcessTurn:
         sealed = await self._record(
             turn, request, result, recorded, declared=(), header=None, seal_only=self.caller_commits
         )
-        if sealed:  # the caller commits them with the ending (held out of the files until then)
-            result = dataclasses.replace(result, sealed_lines=sealed)
+        if sealed is not None:  # the caller seals and commits them with the ending
+            result = dataclasses.replace(result, pending_lines=sealed)
         _log.warning(
             "turn_rejected",
             session_id=self.session.session_id,
@@ -474,9 +476,9 @@ class ProcessTurn:
         declared: Sequence[DeclaredOutput],
         header: PromptHeader | None,
         seal_only: bool = False,
-    ) -> tuple[SealedLine, ...]:
-        """Write the turn's two entries (durable on return), or with *seal_only* seal and queue
-        them and return their lines for the caller's store to commit."""
+    ) -> PendingLines | None:
+        """Write the turn's two entries (durable on return), or with *seal_only* check them and
+        return them unsealed, for the caller's store to seal and commit with the ending."""
         summary = {
             "status": result.status,
             "exit_code": result.exit_code,
@@ -512,11 +514,11 @@ class ProcessTurn:
             },
             "evidence_extra": evidence_extra,
         }
+        lines: PendingLines | None = None
         if seal_only:
-            lines: tuple[SealedLine, ...] = self.session.ledgers.seal_turn(**fields)
+            lines = self.session.ledgers.turn_lines(**fields)
         else:
             await self.session.ledgers.arecord_turn(**fields)
-            lines = ()
         self.progress.written = True
         return lines
 
@@ -753,8 +755,8 @@ class ProcessTurn:
             header=header,
             seal_only=self.caller_commits,
         )
-        if sealed:
-            result = dataclasses.replace(result, sealed_lines=sealed)
+        if sealed is not None:
+            result = dataclasses.replace(result, pending_lines=sealed)
         _log.info(
             "turn_finished",
             session_id=self.session.session_id,

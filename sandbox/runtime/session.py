@@ -20,6 +20,7 @@ from typing import Literal
 import anyio
 
 from ledger import LedgerEntry, SealedLine, SessionLedgers
+from ledger.pending import PendingLines
 from sandbox.errors import CapabilityViolation
 from sandbox.packages import Package
 from sandbox.policy.attempts import AgentPhase, RetryOptions
@@ -186,9 +187,10 @@ class Session:
         log events and ledger entries and the policy's count (``options.max_attempts`` is the
         turn's whole budget) go on from it.
 
-        ``ledger_commit="caller"``: the normal ending's two entries are sealed and queued but
-        not synced; they are in ``TurnResult.sealed_lines`` for the caller's store to commit with
-        the turn's ending (the daemon's one durable step), a rejection's as well
+        ``ledger_commit="caller"``: the normal ending's two entries are checked but not
+        sealed; they are in ``TurnResult.pending_lines`` for the caller's store to seal once the
+        ending's fence held and commit with it (the daemon's one durable step), a rejection's
+        as well
         (``SandboxUnavailableError`` too becomes a rejected result); a turn cut short
         (cancelled, an error) is not recorded here: the caller records its ending.
 
@@ -257,10 +259,10 @@ class Session:
     def exec_ledger_path(self) -> Path:
         return self.ledgers.exec_path
 
-    def seal_evidence(self, record: Mapping[str, object]) -> SealedLine:
-        """Seal and hold one evidence entry for the caller's store to commit (see
-        `SessionLedgers.seal_evidence`)."""
-        return self.ledgers.seal_evidence(record)
+    def evidence_lines(self, record: Mapping[str, object]) -> PendingLines:
+        """One evidence entry, checked, for the caller's store to seal and commit (see
+        `SessionLedgers.evidence_lines`)."""
+        return self.ledgers.evidence_lines(record)
 
     def release_ledgers(self, committed: Iterable[SealedLine]) -> None:
         """The caller's store committed these sealed lines: they may go to the files (with the

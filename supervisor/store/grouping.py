@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Generic, Protocol, TypeVar
 
-from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from supervisor.store.protocol import Claim, NewTurn, TurnEnding
+from supervisor.store.sealing import LineSeal
 
 __all__ = ["NEW_TURN", "Accept", "Finish", "Groupable", "Plan", "plan"]
 
@@ -42,7 +42,8 @@ class Finish:
     claim: Claim
     ending: TurnEnding
     attempts: tuple[AttemptRecord, ...]
-    ledger_lines: tuple[SealedLine, ...]
+    #: the ending's ledger lines, sealed by the engine once the fence held
+    lines: LineSeal
     started: AttemptRecord | None
 
 

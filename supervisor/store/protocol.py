@@ -24,8 +24,9 @@ Ownership, written for the shared engine and kept by the embedded one:
 * Acceptance is idempotent per ``(session_id, idempotency_key)``: a resubmission returns the
   first turn with ``created=False`` and writes nothing.
 * Every method returns only after its change is durable.
-* **A turn's durable step.** `finish` takes the turn's sealed ledger lines (exec and evidence)
-  and commits them with the ending in one transaction: the turn is never final without its
+* **A turn's durable step.** `finish` takes the turn's ledger lines (exec and evidence), seals
+  them once the ending's fence has held (`supervisor.store.sealing`) and commits them with the
+  ending in one transaction: a refused ending never takes a seq; the turn is never final without its
   entries, and never has entries without being final. The JSONL files are written from the
   lines and synced later in rounds; `trim_ledger_lines` drops what the files hold durably, and
   after a crash `ledger_lines` gives back what they may have lost.
@@ -42,6 +43,7 @@ from typing import Protocol, TypeVar
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import FINAL_STATES, TurnKind, TurnState
+from supervisor.store.sealing import LineSeal
 from supervisor.wire.turn_spec import TurnSpec, spec_to_dict
 
 __all__ = [
@@ -376,13 +378,15 @@ class TurnStore(Protocol):
         ending: TurnEnding,
         attempts: Sequence[AttemptRecord] = (),
         *,
-        ledger_lines: Sequence[SealedLine] = (),
+        ledger_lines: Sequence[SealedLine] | LineSeal = (),
         started: AttemptRecord | None = None,
     ) -> TurnRecord:
         """Record *attempts* and move the turn to ``ending.state`` (final or ``escalated``);
-        releases the claim. *ledger_lines* commit in the same transaction (a line kept before
-        under the same ledger and seq must be the same line, else `ValueError`); so does
-        *started*, an attempt start not written before (as by `start_attempt`)."""
+        releases the claim. *ledger_lines* commit in the same transaction; a `LineSeal` is
+        sealed there only once the fence has held (`supervisor.store.sealing`), and withdrawn
+        if the transaction fails. A line must continue its chain: a line kept before under the
+        same ledger and seq must be the same line, else `ValueError`. So does *started*, an
+        attempt start not written before (as by `start_attempt`), commit with it."""
         ...
 
     def record_attempt_soon(
@@ -402,7 +406,7 @@ class TurnStore(Protocol):
         ending: TurnEnding,
         attempts: Sequence[AttemptRecord] = (),
         *,
-        ledger_lines: Sequence[SealedLine] = (),
+        ledger_lines: Sequence[SealedLine] | LineSeal = (),
         started: AttemptRecord | None = None,
     ) -> PendingWrite[TurnRecord]:
         """`finish`, queued without waiting: the endings of one pass of the turn core are
@@ -431,7 +435,7 @@ class TurnStore(Protocol):
         turn_id: int,
         resolution: Resolution,
         *,
-        ledger_lines: Sequence[SealedLine] = (),
+        ledger_lines: Sequence[SealedLine] | LineSeal = (),
         result: Mapping[str, object] | None = None,
     ) -> TurnRecord:
         """An escalated turn: RETRY -> ``accepted`` (attempt budget restarts), TERMINATE ->

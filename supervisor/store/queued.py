@@ -9,7 +9,7 @@ its own ``execute``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 import anyio
@@ -17,8 +17,9 @@ import anyio
 from supervisor.errors import IntakeClosedError
 from supervisor.logging import get_logger
 from supervisor.store.grouping import Accept, Finish
+from supervisor.store.sealing import LineSeal, withdraw_all
 
-__all__ = ["PendingOp", "QueuedOp"]
+__all__ = ["PendingOp", "QueuedOp", "withdraw_batch"]
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -37,6 +38,7 @@ class QueuedOp(Generic[T_co]):
         "error",
         "finish",
         "finished",
+        "lines",
         "on_commit",
         "stage",
         "touches",
@@ -50,6 +52,7 @@ class QueuedOp(Generic[T_co]):
         accept: Accept | None = None,
         finish: Finish | None = None,
         touches: int | None = None,
+        lines: LineSeal | None = None,
     ) -> None:
         #: called on the event loop once the op committed (not when it failed)
         self.on_commit = on_commit
@@ -71,6 +74,8 @@ class QueuedOp(Generic[T_co]):
         #: the turn it writes (`grouping.NEW_TURN`: only a turn it creates; None: unknown),
         #: which says whether the batch's endings may run after it
         self.touches = touches
+        #: the ledger lines the op seals once its fence held (an ending's, a resolution's)
+        self.lines = finish.lines if finish is not None else lines
 
     def settle(self, outcome: object) -> None:
         """The outcome of the op as run in a group: its value, or the error that refused it."""
@@ -116,6 +121,12 @@ class QueuedOp(Generic[T_co]):
         self._result = None
         self.error = None
 
+    def withdraw(self) -> None:
+        """The op's transaction (or its savepoint) was rolled back: an ending takes back the
+        ledger lines it sealed (`supervisor.store.sealing`); a rerun seals them again."""
+        if self.lines is not None:
+            withdraw_all((self.lines,))
+
     def committed(self) -> None:
         if self.on_commit is not None and self.error is None and self._result is not None:
             try:
@@ -133,6 +144,12 @@ class QueuedOp(Generic[T_co]):
         if self._result is None:
             raise IntakeClosedError("turn store stopped before this write committed")
         return self._result[0]
+
+
+def withdraw_batch(batch: Sequence[QueuedOp[object]]) -> None:
+    """A batch's transaction was rolled back: its endings take back the lines they sealed,
+    last first (a line leaves its chain only from the end)."""
+    withdraw_all(op.lines for op in batch)
 
 
 class PendingOp(Generic[T_co]):

@@ -13,7 +13,7 @@ harmless.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +24,7 @@ from ledger.entries import SealedLine
 from ledger.errors import IntegrityError
 from ledger.tail import read_sealed_lines
 from supervisor.store.fleet import FleetStore
+from supervisor.store.sealing import Chained, LineSeal
 from supervisor.turns.sessions import SessionLike
 
 __all__ = ["LedgerAnchors", "Tail"]
@@ -166,11 +167,11 @@ class LedgerAnchors:
         return len(tail.lines)
 
     async def with_pending(
-        self, session: SessionLike | None, lines: Sequence[SealedLine]
-    ) -> tuple[Sequence[SealedLine], Tail | None]:
-        """*lines* (an ending's) with the lines the files hold that the store may not have yet:
-        they commit together."""
+        self, session: SessionLike | None, lines: LineSeal
+    ) -> tuple[LineSeal, Tail | None]:
+        """*lines* (an ending's, sealed by the store after its fence) after the lines the
+        files hold that the store may not have yet: they commit together."""
         if session is None:
             return lines, None
         tail = await self.pending(session)
-        return (*tail.lines, *lines), tail
+        return Chained(tail.lines, lines), tail

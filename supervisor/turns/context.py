@@ -12,13 +12,13 @@ from pathlib import Path
 
 import anyio
 
-from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.attempts import AttemptDecision, RetryOptions
 from sandbox.policy.budget import BudgetLimits, RetryBudget
 from sandbox.policy.lifecycle import TurnState
 from supervisor.logging import get_logger
 from supervisor.store.protocol import Claim, PendingWrite, TurnEnding, TurnRecord, TurnStore
+from supervisor.store.sealing import LineSeal
 from supervisor.turns.anchors import LedgerAnchors, Tail
 from supervisor.turns.sessions import DaemonSessions
 from supervisor.turns.starts import DeferredStarts
@@ -297,14 +297,15 @@ async def end_turn(
     ending: TurnEnding,
     attempts: Sequence[AttemptRecord] = (),
     *,
-    sealed: Sequence[SealedLine] | None = None,
+    pending: LineSeal | None = None,
     started: AttemptRecord | None = None,
 ) -> TurnRecord:
     """End (or park) *turn* under its claim in one durable step: the turn's exec and evidence
-    lines are sealed here, or come *sealed* from the sandbox runtime, and commit with the ending
-    in one store transaction; then the tracker and the log. Sealed lines stay out of the files
-    until the commit is done (`SessionLedgers.seal_turn`), so a crash leaves both of a turn's
-    lines in the files, or neither.
+    entries are made here, or come *pending* from the sandbox runtime; the store seals them
+    once the ending's fence held and commits them with it in one transaction (a refused ending
+    never takes a seq: `supervisor.store.sealing`); then the tracker and the log. Sealed lines
+    stay out of the files until the commit is done, so a crash leaves both of a turn's lines in
+    the files, or neither.
 
     The files get the lines from their writers and are synced later in rounds
     (`DaemonSessions.sync_ledgers`); after a crash the store gives back what they lost.
@@ -313,29 +314,17 @@ async def end_turn(
     if claim is None:
         msg = f"turn {turn.turn_id} has no claim to end it with"
         raise RuntimeError(msg)
-    if sealed is None:
-        lines: Sequence[SealedLine] = deps.sessions.record_end(with_ending(turn, ending, attempts))
-    else:  # the sandbox runtime sealed them
-        lines = sealed
+    if pending is None:
+        seal = deps.sessions.record_end(with_ending(turn, ending, attempts))
+    else:  # the sandbox runtime made them
+        seal = pending
     tail: Tail | None = None
-    try:
-        if deps.anchors is not None and sealed is not None:
-            # In a fleet the runtime's own lines (violations) go with it.
-            lines, tail = await deps.anchors.with_pending(deps.sessions.get(turn.session_id), lines)
-        finished = await deps.store.finish(
-            claim, ending, attempts, ledger_lines=lines, started=started
-        )
-    except BaseException:
-        if lines:  # sealed but not committed: the file may get them ahead of the store
-            get_logger("supervisor.turns").error(
-                "ledger_lines_uncommitted",
-                turn_id=turn.turn_id,
-                seqs=[x.seq for x in lines],
-                reason="the store refused or failed the turn's ending",
-            )
-            # Held, they would stop every later line of the session from reaching its files.
-            deps.sessions.flush(turn.session_id, lines)
-        raise
+    if deps.anchors is not None and pending is not None:
+        # In a fleet the runtime's own lines (violations) go with it.
+        seal, tail = await deps.anchors.with_pending(deps.sessions.get(turn.session_id), seal)
+    # A refused or failed ending raises here with nothing sealed (or its lines withdrawn).
+    finished = await deps.store.finish(claim, ending, attempts, ledger_lines=seal, started=started)
+    lines = seal.lines
     if deps.anchors is not None:
         if tail is not None:
             deps.anchors.advance(tail)

@@ -17,7 +17,6 @@ from collections.abc import Callable
 
 import anyio
 
-from ledger.entries import SealedLine
 from sandbox.policy.lifecycle import TurnState
 from supervisor.errors import NotEscalatedError, RequestError
 from supervisor.logging import get_logger
@@ -29,6 +28,7 @@ from supervisor.store.protocol import (
     TurnPage,
     TurnRecord,
 )
+from supervisor.store.sealing import EMPTY, LineSeal
 from supervisor.turns.context import TurnDeps, with_ending
 from supervisor.turns.decisions import Decision
 
@@ -95,7 +95,7 @@ class Escalations:
         if decided:
             kept = turn.result if state is not None and turn.result is not None else {}
             result = {**kept, **decided}
-        lines: tuple[SealedLine, ...] = ()
+        lines: LineSeal = EMPTY
         if state is not None:
             code, why = RESOLUTION_REASONS[resolution]
             ending = TurnEnding(
@@ -106,14 +106,10 @@ class Escalations:
             resolved = await deps.store.resolve_escalation(
                 turn.turn_id, resolution, ledger_lines=lines, result=result
             )
-        except NotEscalatedError as exc:
-            deps.sessions.flush(turn.session_id, lines)  # held, they would stop later lines
+        except NotEscalatedError as exc:  # never sealed: the ledgers hold nothing of it
             raise _not_escalated(turn.turn_id, exc.state) from None
-        except BaseException:
-            deps.sessions.flush(turn.session_id, lines)
-            raise
-        if lines:  # committed: the files may have them now
-            deps.sessions.flush(turn.session_id, lines)
+        if lines.lines:  # committed: the files may have them now
+            deps.sessions.flush(turn.session_id, lines.lines)
         self._log.info(
             "escalation_resolved",
             turn_id=turn.turn_id,
@@ -126,7 +122,7 @@ class Escalations:
         deps.tracker.escalation_resolved(resolved, resolution.value)
         if resolved.final:
             deps.tracker.remember(resolved)
-            deps.tracker.ended(resolved, ledger_lines=lines)
+            deps.tracker.ended(resolved, ledger_lines=lines.lines)
             return resolved
         # retry: claim it again and run it here with a fresh attempt budget
         if self._fleet:

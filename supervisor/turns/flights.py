@@ -11,12 +11,13 @@ scope or an event of its own:
 2. The executor's answer reaches `_answered` from the connection's reader: the outcome is
    decided by the pure attempt policy (`attempt_loop.decide_outcome`, the same step the attempt
    loop takes).
-3. An ending (success, a terminal fault, an escalation) is sealed there too (the turn's exec
-   and evidence lines) and queued (`TurnStore.finish_soon`): the endings queued in one pass of
-   the event loop commit in one transaction. When the store is done with it, its callback
-   (`PendingWrite.when_done`) lets the lines into the files, and the tracker and the waiters
-   hear of it. Only an answer with evidence bytes goes through a task (`run`), which writes
-   them to the session first.
+3. An ending (success, a terminal fault, an escalation) is queued there too
+   (`TurnStore.finish_soon`) with its exec and evidence entries, checked but not sealed: the
+   store seals them once the ending's fence held, in the transaction that commits it, so a
+   refused ending never takes a seq. The endings queued in one pass of the event loop commit in
+   one transaction. When the store is done with it, its callback (`PendingWrite.when_done`)
+   lets the lines into the files, and the tracker and the waiters hear of it. Only an answer
+   with evidence bytes goes through a task (`run`), which writes them to the session first.
 
 4. A RETRY is recorded the same way (`TurnStore.record_attempt_soon`), its backoff waits on one
    timer heap (`supervisor.timers.Timers`), and the next attempt is launched as in 1.
@@ -49,6 +50,7 @@ from supervisor.logging import get_logger, info_enabled
 from supervisor.stages import stage_costs
 from supervisor.store.fleet import StaleHomeError
 from supervisor.store.protocol import Claim, PendingWrite, TurnEnding, TurnRecord
+from supervisor.store.sealing import LineSeal
 from supervisor.timers import Timers
 from supervisor.traces import attempt_traceparent
 from supervisor.turns.context import TurnDeps, log_fault, now_us, waited_ms, with_ending
@@ -418,26 +420,25 @@ class InstructionFlights:
         log_fault(item.decided, **_labels(flight.turn))
         try:
             sealing = _COSTS.clock()
-            sealed = deps.sessions.record_end(with_ending(flight.turn, ending, [item.decided]))
+            # checked now, sealed by the store once the fence held (`store.sealing`)
+            lines = deps.sessions.record_end(with_ending(flight.turn, ending, [item.decided]))
             _COSTS.add("seal", _COSTS.clock() - sealing)
             pending = deps.store.finish_soon(
-                claim, ending, [item.decided], ledger_lines=sealed, started=item.started
+                claim, ending, [item.decided], ledger_lines=lines, started=item.started
             )
         except Exception as exc:  # a broken ledger or store: this turn, not the pass
             deps.tracker.attempt_ended()
             self._owner.end_failed_later(flight.turn, active, exc)
             return
-        pending.when_done(functools.partial(self._committed, item, sealed, pending))
+        pending.when_done(functools.partial(self._committed, item, lines, pending))
 
-    def _committed(
-        self, item: _Ending, lines: Sequence[SealedLine], pending: PendingWrite[TurnRecord]
-    ) -> None:
+    def _committed(self, item: _Ending, lines: LineSeal, pending: PendingWrite[TurnRecord]) -> None:
         try:
             finished = pending.outcome()
         except Exception as exc:
-            self._not_ended(item, lines, exc)
+            self._not_ended(item, exc)
             return
-        self._ended(item, lines, finished)
+        self._ended(item, lines.lines, finished)
 
     def _ended(self, item: _Ending, lines: Sequence[SealedLine], finished: TurnRecord) -> None:
         started = _COSTS.clock()
@@ -474,19 +475,13 @@ class InstructionFlights:
         _COSTS.add("commit", _COSTS.clock() - started, 0)
         self._owner.released(active)  # the waiters' answers count as "reply"
 
-    def _not_ended(self, item: _Ending, lines: Sequence[SealedLine], exc: Exception) -> None:
+    def _not_ended(self, item: _Ending, exc: Exception) -> None:
+        """The store refused or failed the ending: its lines were never sealed (or were
+        withdrawn with the transaction), so the ledgers hold nothing of it."""
         deps = self._deps
         flight = item.flight
         active = flight.active
         labels = _labels(flight.turn)
-        if lines:  # sealed, not committed: held, they would stop every later line
-            self._log.error(
-                "ledger_lines_uncommitted",
-                seqs=[x.seq for x in lines],
-                reason="the store refused or failed the turn's ending",
-                **labels,
-            )
-            deps.sessions.flush(flight.turn.session_id, lines)
         deps.tracker.attempt_ended()
         if isinstance(exc, StaleClaimError):
             self._log.warning(

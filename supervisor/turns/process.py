@@ -186,10 +186,8 @@ async def run_process_turn(
             )
             for record in records:
                 hooks.log_fault(record)
-            # The runtime sealed both ledger lines of this ending (a rejection's too): they
-            # commit with the ending, one durable step.
-            return await end_turn(
-                deps, turn, active, ending, records, sealed=tuple(result.sealed_lines)
-            )
+            # The runtime made both ledger entries of this ending (a rejection's too): the
+            # store seals them once the fence held and commits them with it, one durable step.
+            return await end_turn(deps, turn, active, ending, records, pending=result.pending_lines)
         finally:
             hooks.stop_counting()

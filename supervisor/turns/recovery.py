@@ -28,12 +28,13 @@ from pathlib import Path
 import anyio.to_thread
 import orjson
 
-from ledger import KIND_TURN, SealedLine
+from ledger import KIND_TURN
 from ledger.verify import session_ledger_paths
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import FINAL_STATES, LEGAL_MOVES, TurnState
 from supervisor.logging import get_logger
 from supervisor.store.protocol import Claim, TurnEnding, TurnStore
+from supervisor.store.sealing import EMPTY, LineSeal
 from supervisor.turns.sessions import DaemonSessions, SessionLike
 
 __all__ = ["LedgerEnding", "catch_up_ledgers", "endings_in_ledger", "roll_forward"]
@@ -327,9 +328,9 @@ async def _end_from_ledger(
         # Its start had not been written (it rides with the outcome): the entry proves the
         # attempt ran, so the ending carries its start.
         started = AttemptRecord(attempt=attempts[0].attempt, started_us=attempts[0].started_us)
-    lines: tuple[SealedLine, ...] = ()
+    lines: LineSeal = EMPTY
     if not found.evidence_found:
-        lines = (session.seal_evidence(found.evidence_record(session.session_id)),)
+        lines = session.evidence_lines(found.evidence_record(session.session_id))
         log.error(
             "evidence_entry_rebuilt",
             session_id=session.session_id,
@@ -347,9 +348,8 @@ async def _end_from_ledger(
             error=f"{type(exc).__name__}: {exc}",
         )
         return
-    finally:
-        if lines:  # committed, or (failed) they must not stop the session's later lines
-            sessions.flush(session.session_id, lines)
+    if lines.lines:  # committed (a refused ending's were withdrawn or never sealed)
+        sessions.flush(session.session_id, lines.lines)
     log.warning(
         "turn_rolled_forward",
         session_id=session.session_id,

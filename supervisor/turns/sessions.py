@@ -3,10 +3,11 @@
 Process turns write their own exec and evidence entries inside the sandbox runtime (one sync for
 both). Every other ending is the daemon's own: instruction turns, and the decisions the runtime
 never saw (a cancel, an operator's terminate, an interrupted attempt that ends the turn after a
-restart). `DaemonSessions.record_end` seals those lines, for either kind, from the store's
-record, in the session's ledgers themselves (`ledger.SessionLedgers.seal_turn`: an instruction
-turn never passes through the sandbox runtime); the store commits them with the ending (the
-turn's one durable step), `sync_ledgers` syncs the files in rounds, and `restore` writes back
+restart). `DaemonSessions.record_end` builds those lines, for either kind, from the store's
+record, for the session's ledgers themselves (`ledger.SessionLedgers.turn_lines`: an
+instruction turn never passes through the sandbox runtime); the store seals them once the
+ending's fence held and commits them with it (the turn's one durable step, never a seq for a
+refused ending), `sync_ledgers` syncs the files in rounds, and `restore` writes back
 after a crash what the files lost.
 
 The sandbox runtime is reached through the `RuntimeLike` / `SessionLike` protocols, so tests can
@@ -30,6 +31,7 @@ from sandbox.policy.attempts import AgentPhase, RetryOptions
 from sandbox.policy.lifecycle import TurnState
 from supervisor.logging import get_logger
 from supervisor.store.protocol import SessionRecord, TurnRecord
+from supervisor.store.sealing import EMPTY, LineSeal
 from supervisor.turns.fairness import Share, share_of
 from supervisor.wire.turn_spec import spec_to_dict
 
@@ -64,8 +66,8 @@ class ProcessResultLike(Protocol):
     @property
     def attempts(self) -> Sequence[ProcessAttemptLike]: ...
     @property
-    def sealed_lines(self) -> Sequence[SealedLine]:
-        """The ending's two lines, when the caller commits them (else empty)."""
+    def pending_lines(self) -> LineSeal | None:
+        """The ending's two entries, unsealed, when the caller commits them (else None)."""
         ...
 
     def to_dict(self) -> Mapping[str, object]: ...
@@ -116,8 +118,8 @@ class SessionLike(Protocol):
     @property
     def exec_ledger_path(self) -> Path: ...
 
-    def seal_evidence(self, record: Mapping[str, object]) -> SealedLine:
-        """Seal one evidence entry, held for the store's commit (a rebuilt one, after a
+    def evidence_lines(self, record: Mapping[str, object]) -> LineSeal:
+        """One evidence entry for the store to seal and commit (a rebuilt one, after a
         crash)."""
         ...
 
@@ -270,9 +272,10 @@ class DaemonSessions:
         self._locks.clear()
         self._shares.clear()
 
-    def record_end(self, turn: TurnRecord) -> tuple[SealedLine, ...]:
-        """Seal the turn's exec and evidence lines for an ending the daemon decided; the caller
-        commits them with the ending (`TurnStore.finish`), which makes them durable.
+    def record_end(self, turn: TurnRecord) -> LineSeal:
+        """The turn's exec and evidence entries for an ending the daemon decided, checked and
+        not sealed: the caller's store seals them once the ending's fence held and commits them
+        with it (`TurnStore.finish`, `supervisor.store.sealing`), which makes them durable.
 
         The exec entry also carries the decision (``verdict``, ``reason_code``), so that a turn
         whose entries reached the file but whose ending did not reach the store (a crash in
@@ -283,7 +286,7 @@ class DaemonSessions:
             self._log.error(
                 "ledger_write_skipped", turn_id=turn.turn_id, reason="session not loaded"
             )
-            return ()
+            return EMPTY
         calls = [
             {
                 "executor_id": a.executor_id,
@@ -312,7 +315,7 @@ class DaemonSessions:
         decided_by = result.get("decided_by")
         if isinstance(decided_by, Mapping):
             evidence_extra["decided_by"] = dict(decided_by)
-        return session.ledgers.seal_turn(
+        return session.ledgers.turn_lines(
             turn_number=turn.turn_number,
             query_hash=content_hash(spec_to_dict(turn.spec)),
             result_hash=content_hash(result),

@@ -28,7 +28,8 @@ import asyncpg
 
 from supervisor.logging import get_logger
 from supervisor.store.grouping import Accept, Finish, Plan, plan
-from supervisor.store.queued import PendingOp, QueuedOp
+from supervisor.store.queued import PendingOp, QueuedOp, withdraw_batch
+from supervisor.store.sealing import LineSeal
 
 __all__ = [
     "BatchAttempt",
@@ -74,8 +75,9 @@ class Op(QueuedOp[T_co]):
         accept: Accept | None = None,
         finish: Finish | None = None,
         touches: int | None = None,
+        lines: LineSeal | None = None,
     ) -> None:
-        super().__init__(on_commit, accept=accept, finish=finish, touches=touches)
+        super().__init__(on_commit, accept=accept, finish=finish, touches=touches, lines=lines)
         self._fn = fn
 
     async def execute(self, conn: asyncpg.Connection) -> bool:
@@ -88,6 +90,7 @@ class Op(QueuedOp[T_co]):
             if batch_error(exc, conn):
                 raise
             self.error = exc
+            self.withdraw()  # its savepoint (or the batch) rolls back: so do its lines
             return False
         return True
 
@@ -153,6 +156,7 @@ async def try_batch(
             failed = not await _in_order(conn, batch)
         if failed:
             await tx.rollback()
+            withdraw_batch(batch)  # the rerun seals again what it commits
             attempt.seen_xid = None  # that transaction's id: the rerun gets another
             if len(batch) == 1:
                 return
@@ -176,6 +180,8 @@ async def try_batch(
             # a connection that goes meanwhile is rolled back by the server
             with contextlib.suppress(Exception):
                 await tx.rollback()
+        if attempt.xid is None:  # COMMIT never sent: nothing was written, nor are its lines
+            withdraw_batch(batch)
         raise
     finally:
         _RUNNING.reset(running)

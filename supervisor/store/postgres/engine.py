@@ -94,6 +94,8 @@ from supervisor.store.protocol import (
     TurnPage,
     TurnRecord,
 )
+from supervisor.store.queued import withdraw_batch
+from supervisor.store.sealing import LineSeal, as_seal
 
 __all__ = ["PostgresTurnStore", "describe_dsn", "migrate_database", "open_postgres_store"]
 
@@ -291,17 +293,23 @@ class PostgresTurnStore:
         accept: Accept | None = None,
         finish: Finish | None = None,
         touches: int | None = None,
+        lines: LineSeal | None = None,
     ) -> Op[T]:
         self._check_open()
-        op = Op(fn, on_commit, accept=accept, finish=finish, touches=touches)
+        op = Op(fn, on_commit, accept=accept, finish=finish, touches=touches, lines=lines)
         try:
             self._send.send_nowait(op)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             raise IntakeClosedError(f"turn store {self.where} is closed") from None
         return op
 
-    async def _write(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
-        return await PendingOp(self._enqueue(fn)).result()
+    async def _write(
+        self,
+        fn: Callable[[asyncpg.Connection], Awaitable[T]],
+        *,
+        lines: LineSeal | None = None,
+    ) -> T:
+        return await PendingOp(self._enqueue(fn, lines=lines)).result()
 
     async def _commit_loop(self) -> None:
         async for first in self._receive:
@@ -344,6 +352,7 @@ class PostgresTurnStore:
             try:
                 await try_batch(conn, batch, attempt, run_grouped=run_grouped)
             except asyncpg.TransactionRollbackError:
+                withdraw_batch(batch)  # rolled back (at its COMMIT too): the rerun seals again
                 retries += 1
                 if retries == _BATCH_RETRIES:
                     raise
@@ -354,11 +363,13 @@ class PostgresTurnStore:
                 continue
             except Exception as exc:
                 if not connection_lost(exc, conn):
+                    withdraw_batch(batch)  # the server refused the batch: nothing committed
                     raise
                 self._writer_lost(conn, exc)
                 if attempt.xid is not None and await self._committed(attempt.xid):
                     self._writer_up()
                     return  # the COMMIT landed; only its answer was lost
+                withdraw_batch(batch)  # it did not: the lines it sealed leave their chains
                 for op in batch:
                     op.reset()
                 continue
@@ -581,7 +592,7 @@ class PostgresTurnStore:
         ending: TurnEnding,
         attempts: Sequence[AttemptRecord] = (),
         *,
-        ledger_lines: Sequence[SealedLine] = (),
+        ledger_lines: Sequence[SealedLine] | LineSeal = (),
         started: AttemptRecord | None = None,
     ) -> TurnRecord:
         pending = self.finish_soon(
@@ -595,18 +606,16 @@ class PostgresTurnStore:
         ending: TurnEnding,
         attempts: Sequence[AttemptRecord] = (),
         *,
-        ledger_lines: Sequence[SealedLine] = (),
+        ledger_lines: Sequence[SealedLine] | LineSeal = (),
         started: AttemptRecord | None = None,
     ) -> PendingWrite[TurnRecord]:
         check_ending(ending)
         records = tuple(attempts)
-        lines = tuple(ledger_lines)
+        seal = as_seal(ledger_lines)
         return PendingOp(
             self._enqueue(
-                lambda c: ops.finish(
-                    c, claim, ending, records, ledger_lines=lines, started=started
-                ),
-                finish=Finish(claim, ending, records, lines, started),
+                lambda c: ops.finish(c, claim, ending, records, seal=seal, started=started),
+                finish=Finish(claim, ending, records, seal, started),
             )
         )
 
@@ -632,11 +641,13 @@ class PostgresTurnStore:
         turn_id: int,
         resolution: Resolution,
         *,
-        ledger_lines: Sequence[SealedLine] = (),
+        ledger_lines: Sequence[SealedLine] | LineSeal = (),
         result: Mapping[str, object] | None = None,
     ) -> TurnRecord:
-        lines = tuple(ledger_lines)
-        return await self._write(lambda c: ops.resolve(c, turn_id, resolution, lines, result))
+        seal = as_seal(ledger_lines)
+        return await self._write(
+            lambda c: ops.resolve(c, turn_id, resolution, seal, result), lines=seal
+        )
 
     # -- reads ----------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from supervisor.store.postgres.operations import (
 from supervisor.store.postgres.schema import SESSION_COLUMNS, TURN_COLUMNS
 from supervisor.store.protocol import Resolution, TurnRecord
 from supervisor.store.rows import dumps, loads, session_from_row, turn_from_row
+from supervisor.store.sealing import sessions_of
 
 __all__ = [
     "anchor_ledger_lines",
@@ -191,7 +192,7 @@ async def release_home(conn: Conn, home: SessionHome, reserve_ms: int | None = N
 
 
 async def anchor_ledger_lines(conn: Conn, owner: str, lines: tuple[SealedLine, ...]) -> None:
-    await check_homes(conn, owner, lines)
+    await check_homes(conn, owner, sessions_of(x.ledger_id for x in lines))
     await put_ledger_lines(conn, lines)
 
 

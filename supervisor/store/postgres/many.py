@@ -11,7 +11,9 @@ holds. The checks are those of `one_trip`, per row:
   unclaimed ones announced, all in the statement.
 * endings: each turn's ``UPDATE`` is its fence (owner, token, the states from which the ending
   is legal, and no other daemon homing the session of its ledger lines, read ``FOR SHARE``);
-  the attempts, ledger lines and heads are written only for the turns that update returned.
+  the attempts are written only for the turns that update returned, and only their ledger
+  lines are sealed, after it, and kept by one more statement (`operations.put_ledger_lines`,
+  which refuses a line that does not continue its chain): a refused ending never takes a seq.
 
 A row the statement did not write (a closed session, a stale claim, an illegal move) is the
 op's, not the batch's: the caller runs that op the long way (`operations`), which raises the
@@ -40,12 +42,13 @@ from supervisor.store.postgres.one_trip import (
 from supervisor.store.postgres.operations import (
     WORK_CHANNEL,
     attempts_after,
+    put_ledger_lines,
     row_values,
-    same_lines,
 )
 from supervisor.store.postgres.schema import ATTEMPT_COLUMNS, TURN_COLUMNS
 from supervisor.store.protocol import Accepted, TurnRecord
 from supervisor.store.rows import accepted, claim_of, ending_values, turn_from_row
+from supervisor.store.sealing import sessions_of
 from supervisor.wire.turn_spec import InstructionSpec, encode_spec
 
 __all__ = ["accept_many", "finish_many", "run_grouped"]
@@ -97,20 +100,8 @@ _FINISH_MANY: Final = (
     + ", ".join(f"${16 + i}::{kind}[]" for i, kind in enumerate(ATTEMPT_TYPES))
     + ") AS u(turn_id, attempt, started_us, executor_id, instruction_id, finished_us,"
     " outcome, fault_type, exit_code, decision, reason_code, reason, detail, duration_ms,"
-    f" delay_ms, extra) JOIN t ON t.turn_id = u.turn_id{ATTEMPT_UPSERT} RETURNING 1),"
-    " l AS (INSERT INTO ledger_lines(ledger_id, seq, entry_hash, line)"
-    " SELECT x.ledger_id, x.seq, x.entry_hash, x.line FROM unnest($31::bigint[], $32::text[],"
-    " $33::bigint[], $34::text[], $35::bytea[]) AS x(turn_id, ledger_id, seq, entry_hash, line)"
-    " WHERE x.turn_id IN (SELECT turn_id FROM t)"
-    " ON CONFLICT (ledger_id, seq) DO NOTHING RETURNING 1),"
-    " hd AS (INSERT INTO ledger_heads(ledger_id, seq, entry_hash)"
-    " SELECT DISTINCT ON (y.ledger_id) y.ledger_id, y.seq, y.entry_hash"
-    " FROM unnest($31::bigint[], $32::text[], $33::bigint[], $34::text[])"
-    " AS y(turn_id, ledger_id, seq, entry_hash) WHERE y.turn_id IN (SELECT turn_id FROM t)"
-    " ORDER BY y.ledger_id, y.seq DESC ON CONFLICT (ledger_id) DO UPDATE SET seq = excluded.seq,"
-    " entry_hash = excluded.entry_hash WHERE ledger_heads.seq < excluded.seq RETURNING 1)"
-    " SELECT t.*, (SELECT count(*) FROM a), (SELECT count(*) FROM l), (SELECT count(*) FROM hd),"
-    " txid_current() FROM t"
+    f" delay_ms, extra) JOIN t ON t.turn_id = u.turn_id{ATTEMPT_UPSERT} RETURNING 1)"
+    " SELECT t.*, (SELECT count(*) FROM a), txid_current() FROM t"
 )
 
 
@@ -170,22 +161,21 @@ async def accept_many(conn: Conn, items: Sequence[Accept]) -> list[Accepted | No
 def _home_session(item: Finish) -> str | bool | None:
     """The one session the ending's ledger lines append to (None: no lines); False when they
     span several (such an ending runs the long way)."""
-    sessions = {x.ledger_id.rsplit("/", 1)[0] for x in item.ledger_lines}
+    sessions = sessions_of(item.lines.ledger_ids)
     if len(sessions) > 1:
         return False
-    return next(iter(sessions), None)
+    return sessions[0] if sessions else None
 
 
 async def finish_many(conn: Conn, items: Sequence[Finish]) -> list[TurnRecord | None]:
-    """End every turn of *items* (distinct turns) in one statement; per item, its record, or
-    None when the statement wrote nothing for it (the long way decides). Raises ValueError
-    when a ledger line differs from the one kept at its seq (the batch runs op by op)."""
+    """End every turn of *items* (distinct turns) in one statement, then seal the ledger lines
+    of those whose fence held and keep them in one more; per item, its record, or None when
+    the statement wrote nothing for it (the long way decides). Raises ValueError when a ledger
+    line does not continue its chain (the batch runs op by op)."""
     now = time.time_ns() // 1000
     turns: list[list[object]] = [[] for _ in range(13)]
     attempt_turns: list[int] = []
     written_all: list[AttemptRecord] = []
-    line_turns: list[int] = []
-    lines: list[SealedLine] = []
     wrote: dict[int, tuple[AttemptRecord, ...]] = {}
     for item in items:
         states = finish_from(item.ending.state, item.started is not None)
@@ -210,30 +200,19 @@ async def finish_many(conn: Conn, items: Sequence[Finish]) -> list[TurnRecord | 
             column.append(value)
         attempt_turns.extend(claim.turn_id for _ in written)
         written_all.extend(written)
-        line_turns.extend(claim.turn_id for _ in item.ledger_lines)
-        lines.extend(item.ledger_lines)
         wrote[claim.turn_id] = written
     if not wrote:
         return [None] * len(items)
-    rows = await conn.fetch(
-        _FINISH_MANY,
-        *turns,
-        now,
-        attempt_turns,
-        *attempt_arrays(written_all),
-        line_turns,
-        [x.ledger_id for x in lines],
-        [x.seq for x in lines],
-        [x.entry_hash for x in lines],
-        [x.line for x in lines],
-    )
+    rows = await conn.fetch(_FINISH_MANY, *turns, now, attempt_turns, *attempt_arrays(written_all))
     ended: dict[int, asyncpg.Record] = {int(r[0]): r for r in rows}
     if rows:
-        note_xid(int(rows[0][24]))
-        kept_lines = int(rows[0][22])
-        new_lines = [x for t, x in zip(line_turns, lines, strict=True) if t in ended]
-        if kept_lines < len(new_lines):
-            await same_lines(conn, new_lines)
+        note_xid(int(rows[0][22]))
+        # the fences held for these: their lines take their seqs now, in the items' order
+        lines: list[SealedLine] = []
+        for item in items:
+            if item.claim.turn_id in ended:
+                lines.extend(item.lines.seal())
+        await put_ledger_lines(conn, lines)
     out: list[TurnRecord | None] = []
     for item in items:
         done = ended.get(item.claim.turn_id)

@@ -11,8 +11,9 @@ right to make it:
 * finish: the turn's ``UPDATE`` is the fence (its ``WHERE`` holds owner, token and the states
   from which the ending is a legal move, and that no session of the ledger lines is homed by
   another daemon, read ``FOR SHARE`` first: the same locks in the same order as the accept of a
-  turn of that session). The attempts, ledger lines and heads are written only from the rows
-  that update returned.
+  turn of that session). The attempts are written only from the row that update returned; the
+  ledger lines are sealed after it came back, and kept by a second statement
+  (`operations.put_ledger_lines`): a refused ending never takes a seq.
 * retry: the same fenced ``UPDATE`` to waiting_retry feeds the attempt rows.
 * start (an attempt that outlived the deferral, `supervisor/turns/starts.py`): the same
   fenced ``UPDATE`` to running feeds the attempt's row.
@@ -31,7 +32,6 @@ from typing import Final
 
 import asyncpg
 
-from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import TurnState
 from supervisor.store.fencing import finish_from
@@ -107,18 +107,8 @@ _FINISH: Final = (
     " WHERE turn_id = $10 AND owner = $11 AND token = $12 AND state = ANY($13::text[])"
     " AND NOT EXISTS (SELECT 1 FROM h WHERE h.home IS NOT NULL AND h.home <> $11)"
     f" RETURNING {TURN_COLUMNS}),"
-    f" {_attempt_rows(14)},"
-    " l AS (INSERT INTO ledger_lines(ledger_id, seq, entry_hash, line)"
-    " SELECT x.* FROM unnest($30::text[], $31::bigint[], $32::text[], $33::bytea[]) AS x"
-    " WHERE EXISTS (SELECT 1 FROM t) ON CONFLICT (ledger_id, seq) DO NOTHING RETURNING 1),"
-    " hd AS (INSERT INTO ledger_heads(ledger_id, seq, entry_hash)"
-    " SELECT DISTINCT ON (y.ledger_id) y.ledger_id, y.seq, y.entry_hash"
-    " FROM unnest($30::text[], $31::bigint[], $32::text[]) AS y(ledger_id, seq, entry_hash)"
-    " WHERE EXISTS (SELECT 1 FROM l) ORDER BY y.ledger_id, y.seq DESC"
-    " ON CONFLICT (ledger_id) DO UPDATE SET seq = excluded.seq,"
-    " entry_hash = excluded.entry_hash WHERE ledger_heads.seq < excluded.seq RETURNING 1)"
-    " SELECT t.*, (SELECT count(*) FROM a), (SELECT count(*) FROM l), (SELECT count(*) FROM hd),"
-    " txid_current() FROM t"
+    f" {_attempt_rows(14)}"
+    " SELECT t.*, (SELECT count(*) FROM a), txid_current() FROM t"
 )
 
 _START: Final = (
@@ -150,17 +140,18 @@ async def finish_row(
     *,
     attempts: tuple[AttemptRecord, ...],
     written: tuple[AttemptRecord, ...],
-    ledger_lines: tuple[SealedLine, ...],
+    sessions: Sequence[str],
     started: bool,
     now: int,
-) -> tuple[asyncpg.Record, int] | None:
-    """The finished turn's row (`TURN_COLUMNS`) and how many ledger lines were new, or None
-    when nothing was written (the long way decides). *written*: the attempt rows to upsert;
-    *started*: an attempt start not written before comes with the ending."""
+) -> asyncpg.Record | None:
+    """The finished turn's row (`TURN_COLUMNS`), or None when nothing was written (the long
+    way decides). *written*: the attempt rows to upsert; *sessions*: those the ending's ledger
+    lines append to (none of them may be homed by another daemon); *started*: an attempt start
+    not written before comes with the ending. The caller seals and keeps the ledger lines once
+    this row came back: the fence held."""
     states = finish_from(ending.state, started)
     if not states:
         return None
-    sessions = sorted({x.ledger_id.rsplit("/", 1)[0] for x in ledger_lines})
     row = await conn.fetchrow(
         _FINISH,
         *ending_values(ending, attempts, now),
@@ -169,16 +160,12 @@ async def finish_row(
         claim.token,
         list(states),
         *attempt_arrays(written),
-        sessions,
-        [x.ledger_id for x in ledger_lines],
-        [x.seq for x in ledger_lines],
-        [x.entry_hash for x in ledger_lines],
-        [x.line for x in ledger_lines],
+        list(sessions),
     )
     if row is None:
         return None
-    note_xid(int(row[24]))
-    return row, int(row[22])
+    note_xid(int(row[22]))
+    return row
 
 
 async def start_row(

@@ -82,6 +82,7 @@ from supervisor.store.rows import (
     session_from_row,
     turn_from_row,
 )
+from supervisor.store.sealing import EMPTY, LineSeal, sessions_of
 from supervisor.wire.turn_spec import InstructionSpec, encode_spec
 
 __all__ = [
@@ -106,7 +107,6 @@ __all__ = [
     "renew",
     "resolve",
     "row_values",
-    "same_lines",
     "start_attempt",
     "trim_ledger_lines",
     "with_start",
@@ -454,36 +454,37 @@ async def finish(
     ending: TurnEnding,
     attempts: tuple[AttemptRecord, ...],
     *,
-    ledger_lines: tuple[SealedLine, ...] = (),
+    seal: LineSeal = EMPTY,
     started: AttemptRecord | None = None,
 ) -> TurnRecord:
+    """End the turn under *claim*; its ledger lines are sealed once the fence held (the turn's
+    row updated under owner and token, its sessions' homes read ``FOR SHARE``), in this
+    transaction, and kept only if they continue their chains."""
     written = with_start(attempts, started)
     now = _now_us()
-    done = await finish_row(
+    ended = await finish_row(
         conn,
         claim,
         ending,
         attempts=attempts,
         written=written,
-        ledger_lines=ledger_lines,
+        sessions=sessions_of(seal.ledger_ids),
         started=started is not None,
         now=now,
     )
-    if done is not None:
-        ended, kept = done
-        if kept < len(ledger_lines):
-            await same_lines(conn, ledger_lines)
+    if ended is not None:
+        await put_ledger_lines(conn, seal.seal())
         return turn_from_row(
             row_values(ended), await attempts_after(conn, ended, written), spec=claim.turn.spec
         )
-    # the long way: the precise error, or the write the one statement would not make
+    # the long way: the precise error, or the write the one statement would not make (the
+    # sessions lock first, then the turn: the order of every writer)
+    await check_homes(conn, claim.owner, sessions_of(seal.ledger_ids))
     state, round_ = await _fence(conn, claim)
     state = started_move(state, started, claim.turn_id)
     check_move(state, ending.state, turn_id=claim.turn_id)
     await _put_attempts(conn, claim.turn_id, round_, written)
-    if ledger_lines:
-        await check_homes(conn, claim.owner, ledger_lines)
-        await put_ledger_lines(conn, ledger_lines)
+    await put_ledger_lines(conn, seal.seal())
     row = await conn.fetchrow(
         "UPDATE turns SET state = $1, attempt = greatest(attempt, $2), updated_us = $3,"
         " finished_us = $4, next_attempt_us = NULL, verdict = $5, reason_code = $6,"
@@ -501,66 +502,75 @@ async def finish(
 # -- ledger lines ---------------------------------------------------------------------------------
 
 
-async def put_ledger_lines(conn: Conn, lines: Sequence[SealedLine]) -> None:
-    """Keep sealed ledger lines in one statement; a line already kept under the same seq must
-    be the same line (two different lines for one seq would fork the chain)."""
-    kept = await conn.fetch(
-        "INSERT INTO ledger_lines(ledger_id, seq, entry_hash, line)"
-        " SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bytea[])"
-        " ON CONFLICT (ledger_id, seq) DO NOTHING RETURNING ledger_id, seq",
+#: Keep lines that continue their chains, in one statement: a line already kept under its seq
+#: must be the same line (an anchoring round re-sends lines the store has: kept once), and a line
+#: whose predecessor is kept, or comes in the same call, must link to it by its previous hash.
+#: Nothing is written when one line fails (the caller raises); the heads move forward only.
+_PUT_LINES: Final = (
+    "WITH w AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bytea[],"
+    " $5::text[]) AS w(ledger_id, seq, entry_hash, line, previous_hash)),"
+    " k AS (SELECT l.ledger_id, l.seq, l.entry_hash FROM ledger_lines l JOIN w"
+    " ON l.ledger_id = w.ledger_id AND l.seq IN (w.seq, w.seq - 1)),"
+    " known AS (SELECT ledger_id, seq, entry_hash FROM k"
+    " UNION ALL SELECT ledger_id, seq, entry_hash FROM w),"
+    " bad AS (SELECT w.ledger_id, w.seq, 'fork' AS why"
+    " FROM w JOIN k ON k.ledger_id = w.ledger_id AND k.seq = w.seq"
+    " AND k.entry_hash <> w.entry_hash"
+    " UNION ALL SELECT w.ledger_id, w.seq, 'link'"
+    " FROM w JOIN known p ON p.ledger_id = w.ledger_id AND p.seq = w.seq - 1"
+    " WHERE w.previous_hash <> '' AND p.entry_hash <> w.previous_hash),"
+    " ins AS (INSERT INTO ledger_lines(ledger_id, seq, entry_hash, line)"
+    " SELECT ledger_id, seq, entry_hash, line FROM w WHERE NOT EXISTS (SELECT 1 FROM bad)"
+    " ON CONFLICT (ledger_id, seq) DO NOTHING RETURNING ledger_id, seq, entry_hash),"
+    " hd AS (INSERT INTO ledger_heads(ledger_id, seq, entry_hash)"
+    " SELECT DISTINCT ON (ledger_id) ledger_id, seq, entry_hash FROM ins"
+    " ORDER BY ledger_id, seq DESC ON CONFLICT (ledger_id) DO UPDATE"
+    " SET seq = excluded.seq, entry_hash = excluded.entry_hash"
+    " WHERE ledger_heads.seq < excluded.seq RETURNING 1)"
+    " SELECT b.ledger_id, b.seq, b.why, (SELECT count(*) FROM ins), (SELECT count(*) FROM hd)"
+    " FROM (SELECT * FROM bad UNION ALL SELECT NULL, NULL, NULL) b"
+    " ORDER BY b.ledger_id NULLS LAST, b.seq LIMIT 1"
+)
+
+
+async def put_ledger_lines(conn: Conn, lines: Sequence[SealedLine]) -> int:
+    """Keep sealed ledger lines in one statement (see `_PUT_LINES`); how many were new.
+    ValueError, with nothing written, when a line does not continue its chain: a different
+    line at its seq (a fork) or a previous hash other than its predecessor's."""
+    if not lines:
+        return 0
+    row = await conn.fetchrow(
+        _PUT_LINES,
         [x.ledger_id for x in lines],
         [x.seq for x in lines],
         [x.entry_hash for x in lines],
         [x.line for x in lines],
+        [x.previous_hash for x in lines],
     )
-    if kept:
-        await conn.execute(
-            "INSERT INTO ledger_heads(ledger_id, seq, entry_hash)"
-            " SELECT DISTINCT ON (ledger_id) ledger_id, seq, entry_hash"
-            " FROM unnest($1::text[], $2::bigint[], $3::text[]) AS l(ledger_id, seq, entry_hash)"
-            " ORDER BY ledger_id, seq DESC ON CONFLICT (ledger_id) DO UPDATE"
-            " SET seq = excluded.seq, entry_hash = excluded.entry_hash"
-            " WHERE ledger_heads.seq < excluded.seq",
-            [x.ledger_id for x in lines],
-            [x.seq for x in lines],
-            [x.entry_hash for x in lines],
-        )
-    if len(kept) == len(lines):
+    assert row is not None
+    if row[0] is not None:
+        if row[2] == "fork":
+            msg = f"ledger {row[0]} already has a different line at seq {row[1]}"
+        else:
+            msg = (
+                f"ledger {row[0]} refuses the line at seq {row[1]}: its previous hash is not"
+                " the hash of the line before it (it does not continue the chain)"
+            )
+        raise ValueError(msg)
+    return int(row[3])
+
+
+async def check_homes(conn: Conn, owner: str, sessions: Sequence[str]) -> None:
+    """Lock the rows of *sessions* (sorted: the order every writer locks them in; ``FOR
+    SHARE``: a home cannot change hands meanwhile, and appends to one session are serialised
+    across daemons); `StaleHomeError` when one is homed by another daemon. A session nobody
+    homes (a store used without a fleet, or a home released) passes."""
+    if not sessions:
         return
-    written = {(str(r[0]), int(r[1])) for r in kept}
-    await same_lines(conn, [x for x in lines if (x.ledger_id, x.seq) not in written])
-
-
-async def same_lines(conn: Conn, lines: Sequence[SealedLine]) -> None:
-    """Each of *lines* is the line kept under its seq (ValueError: a fork of the chain); one
-    statement however many (an anchoring round may re-send hundreds already kept)."""
-    if not lines:
-        return
-    rows = await conn.fetch(
-        "SELECT k.ledger_id, k.seq, k.entry_hash FROM ledger_lines k"
-        " JOIN unnest($1::text[], $2::bigint[]) AS w(ledger_id, seq)"
-        " ON k.ledger_id = w.ledger_id AND k.seq = w.seq",
-        [x.ledger_id for x in lines],
-        [x.seq for x in lines],
-    )
-    kept = {(str(r[0]), int(r[1])): str(r[2]) for r in rows}
-    for x in lines:
-        digest = kept.get((x.ledger_id, x.seq))
-        if digest is not None and digest != x.entry_hash:
-            msg = f"ledger {x.ledger_id} already has a different line at seq {x.seq}"
-            raise ValueError(msg)
-
-
-async def check_homes(conn: Conn, owner: str, lines: Sequence[SealedLine]) -> None:
-    """Lock the rows of the sessions *lines* append to (``FOR SHARE``: a home cannot change
-    hands meanwhile, and appends to one session are serialised across daemons);
-    `StaleHomeError` when one is homed by another daemon. A session nobody homes (a store used
-    without a fleet, or a home released) passes."""
-    sessions = sorted({x.ledger_id.rsplit("/", 1)[0] for x in lines})
     rows = await conn.fetch(
         "SELECT session_id, home FROM sessions WHERE session_id = ANY($1::text[])"
         " ORDER BY session_id FOR SHARE",
-        sessions,
+        sorted(sessions),
     )
     for row in rows:
         home = row[1]
@@ -595,7 +605,7 @@ async def resolve(
     conn: Conn,
     turn_id: int,
     resolution: Resolution,
-    ledger_lines: tuple[SealedLine, ...] = (),
+    seal: LineSeal = EMPTY,
     result: Mapping[str, object] | None = None,
 ) -> TurnRecord:
     """Carry out a decision on an escalated turn (the reasons recorded: `RESOLUTION_REASONS`;
@@ -641,8 +651,7 @@ async def resolve(
             stored,
         )
     assert row is not None
-    if ledger_lines:
-        await put_ledger_lines(conn, ledger_lines)
+    await put_ledger_lines(conn, seal.seal())  # the turn moved: its lines take their seqs now
     return turn_from_row(row_values(row), await _attempts_of(conn, turn_id))
 
 

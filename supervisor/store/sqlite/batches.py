@@ -152,7 +152,7 @@ def finish_many(conn: sqlite3.Connection, items: Sequence[Finish]) -> list[TurnR
             ended.append(len(results))
         results.append(None)  # the record, once built or read back
         attempt_rows.extend(attempt_row(claim.turn_id, round_, a) for a in written)
-        lines.extend(f.ledger_lines)
+        lines.extend(f.lines.seal())  # its fence held: its lines take their seqs now
         updates.append(values)
     if attempt_rows:
         conn.executemany(PUT_ATTEMPT, attempt_rows)

@@ -89,7 +89,8 @@ from supervisor.store.protocol import (
     TurnPage,
     TurnRecord,
 )
-from supervisor.store.queued import PendingOp, QueuedOp
+from supervisor.store.queued import PendingOp, QueuedOp, withdraw_batch
+from supervisor.store.sealing import LineSeal, as_seal
 from supervisor.store.sqlite.batches import accept_many, finish_many
 from supervisor.store.sqlite.schema import open_connections
 
@@ -121,8 +122,11 @@ class _Op(QueuedOp[T_co]):
         accept: Accept | None = None,
         finish: Finish | None = None,
         touches: int | None = None,
+        lines: LineSeal | None = None,
     ) -> None:
-        super().__init__(on_commit, stage, accept=accept, finish=finish, touches=touches)
+        super().__init__(
+            on_commit, stage, accept=accept, finish=finish, touches=touches, lines=lines
+        )
         self._fn = fn
 
     def execute(self, conn: sqlite3.Connection) -> bool:
@@ -132,6 +136,7 @@ class _Op(QueuedOp[T_co]):
             self._result = (self._fn(conn),)
         except Exception as exc:  # handed to this op's caller, never to its neighbours
             self.error = exc
+            self.withdraw()  # its savepoint (or the batch) rolls back: so do its lines
             return False
         finally:
             _COSTS.add(self.stage, _COSTS.clock() - started)
@@ -261,17 +266,20 @@ class SqliteTurnStore:
         accept: Accept | None = None,
         finish: Finish | None = None,
         touches: int | None = None,
+        lines: LineSeal | None = None,
     ) -> _Op[T]:
         self._check_open()
-        op = _Op(fn, on_commit, stage, accept=accept, finish=finish, touches=touches)
+        op = _Op(fn, on_commit, stage, accept=accept, finish=finish, touches=touches, lines=lines)
         try:
             self._send.send_nowait(op)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             raise IntakeClosedError(f"turn store {self.path} is closed") from None
         return op
 
-    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        return await PendingOp(self._enqueue(fn)).result()
+    async def _write(
+        self, fn: Callable[[sqlite3.Connection], T], *, finish_lines: LineSeal | None = None
+    ) -> T:
+        return await PendingOp(self._enqueue(fn, lines=finish_lines)).result()
 
     async def _commit_loop(self) -> None:
         async for first in self._receive:
@@ -352,6 +360,7 @@ class SqliteTurnStore:
             if grouped is not None:
                 if not self._run_grouped(conn, grouped.accepts, grouped.others, grouped.endings):
                     conn.execute("ROLLBACK")
+                    withdraw_batch(batch)
                     conn.execute("BEGIN IMMEDIATE")
                     self._run_one_by_one(conn, batch)
             elif len(batch) == 1:
@@ -360,6 +369,7 @@ class SqliteTurnStore:
                     return True
             elif not all(op.execute(conn) for op in batch):
                 conn.execute("ROLLBACK")
+                withdraw_batch(batch)
                 conn.execute("BEGIN IMMEDIATE")
                 self._run_one_by_one(conn, batch)
             started = _COSTS.clock()
@@ -368,6 +378,7 @@ class SqliteTurnStore:
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            withdraw_batch(batch)  # nothing of the batch was written: nor are its lines
             raise
         return True
 
@@ -541,7 +552,7 @@ class SqliteTurnStore:
         ending: TurnEnding,
         attempts: Sequence[AttemptRecord] = (),
         *,
-        ledger_lines: Sequence[SealedLine] = (),
+        ledger_lines: Sequence[SealedLine] | LineSeal = (),
         started: AttemptRecord | None = None,
     ) -> TurnRecord:
         pending = self.finish_soon(
@@ -555,19 +566,17 @@ class SqliteTurnStore:
         ending: TurnEnding,
         attempts: Sequence[AttemptRecord] = (),
         *,
-        ledger_lines: Sequence[SealedLine] = (),
+        ledger_lines: Sequence[SealedLine] | LineSeal = (),
         started: AttemptRecord | None = None,
     ) -> PendingWrite[TurnRecord]:
         check_ending(ending)
         records = tuple(attempts)
-        lines = tuple(ledger_lines)
+        seal = as_seal(ledger_lines)
         return PendingOp(
             self._enqueue(
-                lambda c: ops.finish(
-                    c, claim, ending, records, ledger_lines=lines, started=started
-                ),
+                lambda c: ops.finish(c, claim, ending, records, seal=seal, started=started),
                 stage="commit",
-                finish=Finish(claim, ending, records, lines, started),
+                finish=Finish(claim, ending, records, seal, started),
             )
         )
 
@@ -595,11 +604,13 @@ class SqliteTurnStore:
         turn_id: int,
         resolution: Resolution,
         *,
-        ledger_lines: Sequence[SealedLine] = (),
+        ledger_lines: Sequence[SealedLine] | LineSeal = (),
         result: Mapping[str, object] | None = None,
     ) -> TurnRecord:
-        lines = tuple(ledger_lines)
-        return await self._write(lambda c: ops.resolve(c, turn_id, resolution, lines, result))
+        seal = as_seal(ledger_lines)
+        return await self._write(
+            lambda c: ops.resolve(c, turn_id, resolution, seal, result), finish_lines=seal
+        )
 
     # -- reads ----------------------------------------------------------------------------
 

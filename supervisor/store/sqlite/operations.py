@@ -57,6 +57,7 @@ from supervisor.store.rows import (
     session_from_row,
     turn_from_row,
 )
+from supervisor.store.sealing import EMPTY, LineSeal
 from supervisor.store.sqlite.new_turns import INSERT_TURN, take_numbers, turn_values
 from supervisor.store.sqlite.schema import (
     ATTEMPT_COLUMNS,
@@ -371,15 +372,16 @@ def finish(
     ending: TurnEnding,
     attempts: tuple[AttemptRecord, ...],
     *,
-    ledger_lines: tuple[SealedLine, ...] = (),
+    seal: LineSeal = EMPTY,
     started: AttemptRecord | None = None,
 ) -> TurnRecord:
     state, round_ = _fence(conn, claim)
     state = started_move(state, started, claim.turn_id)
     check_move(state, ending.state, turn_id=claim.turn_id)
     _put_attempts(conn, claim.turn_id, round_, with_start(attempts, started))
-    if ledger_lines:
-        put_ledger_lines(conn, ledger_lines)
+    lines = seal.seal()  # the fence held: the lines take their seqs now, in this transaction
+    if lines:
+        put_ledger_lines(conn, lines)
     now = now_us()
     rows = conn.execute(
         "UPDATE turns SET state = ?, attempt = max(attempt, ?), updated_us = ?, finished_us = ?,"
@@ -437,7 +439,7 @@ def resolve(
     conn: sqlite3.Connection,
     turn_id: int,
     resolution: Resolution,
-    ledger_lines: tuple[SealedLine, ...] = (),
+    seal: LineSeal = EMPTY,
     result: Mapping[str, object] | None = None,
 ) -> TurnRecord:
     """Carry out a decision on an escalated turn (the reasons recorded: `RESOLUTION_REASONS`;
@@ -470,8 +472,9 @@ def resolve(
         )
         args = (target.value, now, now, code, why, stored, turn_id)
     rows = conn.execute(sql, args).fetchall()
-    if ledger_lines:
-        put_ledger_lines(conn, ledger_lines)
+    lines = seal.seal()  # the turn was escalated and moves: its lines take their seqs now
+    if lines:
+        put_ledger_lines(conn, lines)
     return turn_from_row(rows[0], _attempts_of(conn, turn_id))
 
 

@@ -179,15 +179,22 @@ async def test_caller_commits_the_ledger_lines(session: Session) -> None:
         ledger_commit="caller",
     )
     assert result.status == "succeeded", result.stderr
-    exec_line, evidence_line = result.sealed_lines
+    pending = result.pending_lines
+    assert pending is not None
+    head_before = session.ledgers.exec.head
+    assert pending.lines == ()  # not sealed: the caller's store seals once its fence held
+    assert session.ledgers.exec.head == head_before
+    exec_line, evidence_line = pending.seal()
     assert (exec_line.ledger_id, evidence_line.ledger_id) == session.ledger_ids
+    assert exec_line.seq == head_before[0] + 1
+    assert exec_line.previous_hash == head_before[1]
     assert session.ledgers.exec.durable_seq == durable_before  # nothing synced for the turn
     assert json.loads(exec_line.line)["status"] == "succeeded"
-    assert "sealed_lines" not in result.to_dict()
+    assert "pending_lines" not in result.to_dict()
     session.flush_ledgers()  # not committed yet: a flush (another turn's) leaves them out
     session.sync_ledgers()
     assert session.exec_ledger_path.stat().st_size == size_before
-    session.flush_ledgers(result.sealed_lines)  # the caller's store committed them
+    session.flush_ledgers(pending.lines)  # the caller's store committed them
     assert session.exec_ledger_path.read_bytes().endswith(exec_line.line)
     session.sync_ledgers()
     assert [r.entries for r in verify_session_dir(session.exec_ledger_path.parent.parent)] == [2, 2]
@@ -196,9 +203,11 @@ async def test_caller_commits_the_ledger_lines(session: Session) -> None:
         ["/no/such/program"], declared_outputs=[], ledger_commit="caller"
     )
     assert rejected.status == "rejected"
-    assert [json.loads(x.line)["status"] for x in rejected.sealed_lines[:1]] == ["rejected"]
+    assert rejected.pending_lines is not None
+    sealed = rejected.pending_lines.seal()
+    assert [json.loads(x.line)["status"] for x in sealed[:1]] == ["rejected"]
     assert session.ledgers.exec.durable_seq == durable_before
-    session.flush_ledgers(rejected.sealed_lines)
+    session.flush_ledgers(sealed)
     session.sync_ledgers()
     assert session.ledgers.exec.durable_seq == session.ledgers.exec.head[0]
 

@@ -24,6 +24,7 @@ import orjson
 import pytest
 
 from ledger import GroupSyncer, SealedLine, SessionLedgers, verify_session_dir
+from ledger.pending import PendingLines
 from sandbox.policy.attempts import AttemptOutcome
 from sandbox.policy.envelopes import ExecutorCommandType, ExecutorInstructionEnvelope
 from sandbox.policy.faults import ExecutionFaultType
@@ -122,7 +123,7 @@ class FakeTurnResult:
     reason_code: str = "SUCCESS"
     reason: str = "the process exited 0"
     fault_type: str | None = None
-    sealed_lines: tuple[SealedLine, ...] = ()
+    pending_lines: PendingLines | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {"status": self.status, "exit_code": self.exit_code}
@@ -186,15 +187,15 @@ class FakeSession:
             "result_hash": _h(self.process_status),
             "status": self.process_status,
         }
-        sealed: tuple[SealedLine, ...] = ()
-        if kwargs.get("ledger_commit") == "caller":  # the daemon commits them with the ending
-            sealed = self.ledgers.seal_turn(**entry)
+        pending: PendingLines | None = None
+        if kwargs.get("ledger_commit") == "caller":  # the daemon's store seals and commits them
+            pending = self.ledgers.turn_lines(**entry)
         else:
             await self.ledgers.arecord_turn(**entry)
         return FakeTurnResult(
             status=self.process_status,
             attempts=(FakeAttempt({"outcome": "SUCCESS", "exit_code": 0, "verdict": "SUCCEED"}),),
-            sealed_lines=sealed,
+            pending_lines=pending,
         )
 
     async def store_evidence(self, data: bytes) -> FakeEvidence:
@@ -208,8 +209,8 @@ class FakeSession:
     def exec_ledger_path(self) -> Path:
         return self.ledgers.exec_path
 
-    def seal_evidence(self, record: Mapping[str, object]) -> SealedLine:
-        return self.ledgers.seal_evidence(record)
+    def evidence_lines(self, record: Mapping[str, object]) -> PendingLines:
+        return self.ledgers.evidence_lines(record)
 
     def release_ledgers(self, committed: Iterable[SealedLine]) -> None:
         self.ledgers.release(committed)
