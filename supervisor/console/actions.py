@@ -12,7 +12,16 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
 from supervisor.client import ConnectionLost, HunterError
-from supervisor.console.guard import FormTooLarge, authenticate, post_refused, read_form, state_of
+from supervisor.console import ids
+from supervisor.console.errors import BadId
+from supervisor.console.guard import (
+    FormRefused,
+    authenticate,
+    post_refused,
+    read_form,
+    refusal,
+    state_of,
+)
 from supervisor.console.render import page
 from supervisor.logging import get_logger
 
@@ -21,16 +30,21 @@ __all__ = ["ROUTES"]
 _LOG: Final = get_logger("supervisor.console")
 
 
-async def _decision(request: Request) -> tuple[dict[str, str], str, str] | Response:
-    """The checked form of a decision: (form, operator, reason), or the refusal to answer."""
+async def _decision(request: Request) -> tuple[int, dict[str, str], str, str] | Response:
+    """The checked decision: (turn id, form, operator, reason), or the refusal to answer (a
+    turn id no turn can have is 404 here: the daemon is not asked)."""
     signin = authenticate(request)
     if isinstance(signin, Response):
         return signin
     request.state.signin = signin
     try:
+        turn_id = ids.turn_id(request.path_params["turn_id"])
+    except BadId as exc:
+        return page(request, "error.html", exc.status, title="not found", message=str(exc))
+    try:
         form = await read_form(request)
-    except FormTooLarge:
-        return PlainTextResponse("request body too large", 413)
+    except FormRefused as exc:
+        return refusal(exc)
     refused = post_refused(request, signin, form)
     if refused is not None:
         _LOG.warning(
@@ -49,7 +63,7 @@ async def _decision(request: Request) -> tuple[dict[str, str], str, str] | Respo
     reason = form.get("reason", "").strip()
     if not reason:
         return PlainTextResponse("a reason is required: say why, in words", 400)
-    return form, signin.operator, reason[:1000]
+    return turn_id, form, signin.operator, reason[:1000]
 
 
 def _unreachable(request: Request) -> Response:
@@ -61,8 +75,7 @@ async def resolve(request: Request) -> Response:
     checked = await _decision(request)
     if isinstance(checked, Response):
         return checked
-    form, operator, reason = checked
-    turn_id = int(request.path_params["turn_id"])
+    turn_id, form, operator, reason = checked
     action = form.get("action", "")
     if action not in {"retry", "terminate"}:
         return PlainTextResponse("action: must be retry or terminate", 400)
@@ -83,8 +96,7 @@ async def cancel(request: Request) -> Response:
     checked = await _decision(request)
     if isinstance(checked, Response):
         return checked
-    _form, operator, reason = checked
-    turn_id = int(request.path_params["turn_id"])
+    turn_id, _form, operator, reason = checked
     client = state_of(request).link.client
     if client is None:
         return _unreachable(request)
@@ -99,6 +111,6 @@ async def cancel(request: Request) -> Response:
 
 
 ROUTES: Final = (
-    ("/escalations/{turn_id:int}/resolve", resolve),
-    ("/turns/{turn_id:int}/cancel", cancel),
+    ("/escalations/{turn_id}/resolve", resolve),
+    ("/turns/{turn_id}/cancel", cancel),
 )

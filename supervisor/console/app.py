@@ -1,19 +1,27 @@
 """The console's ASGI application: Starlette routes over the pages, the decisions, signing in
-and the live stream, behind `SecurityHeaders`. `build_app` is what `hunter console` serves
-(`supervisor.console.server`) and what the tests drive."""
+and the live stream, behind `HostCheck` (a request must name this console) and
+`SecurityHeaders`. `build_app` is what `hunter console` serves (`supervisor.console.server`)
+and what the tests drive.
+
+Every redirect is a path (``Location: /turns/7``), never a URL built from the request's
+``Host``: Starlette's own trailing-slash redirect is off, and `elsewhere` does it instead."""
 
 from __future__ import annotations
 
 from importlib.resources import files
+from urllib.parse import quote
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Mount, Route
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Match, Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocketClose
 
 from supervisor.console import actions, pages, signin_pages, stream
-from supervisor.console.guard import SecurityHeaders, state_of
+from supervisor.console.guard import HostCheck, SecurityHeaders, state_of
+from supervisor.console.render import page
 from supervisor.console.state import ConsoleState
 
 __all__ = ["build_app"]
@@ -24,6 +32,37 @@ async def healthz(request: Request) -> Response:
     nothing else is told."""
     up = state_of(request).link.client is not None
     return JSONResponse({"daemon": "up" if up else "down"}, status_code=200 if up else 503)
+
+
+def _routed(routes: list[BaseRoute], scope: Scope, path: str) -> bool:
+    target = {**scope, "path": path}
+    return any(route.matches(target)[0] is not Match.NONE for route in routes)
+
+
+async def elsewhere(scope: Scope, receive: Receive, send: Send) -> None:
+    """What a path with no route gets: one that names a page but for its trailing slashes
+    goes there (307, to a path of ours: the same path without the slashes, the same query),
+    anything else the console's own 404 page."""
+    if scope["type"] != "http":
+        await WebSocketClose()(scope, receive, send)
+        return
+    path = str(scope["path"])
+    bare = path.rstrip("/")
+    if (
+        bare != path
+        and bare.startswith("/")
+        and not bare.startswith("//")  # a Location of //host is another site
+        and "\\" not in bare
+        and _routed(scope["router"].routes, scope, bare)
+    ):
+        query = bytes(scope.get("query_string", b"")).decode("latin-1")
+        location = quote(bare, safe="/") + (f"?{query}" if query else "")
+        response: Response = RedirectResponse(location, 307)
+    else:
+        response = page(
+            Request(scope), "error.html", 404, title="not found", message="No such page."
+        )
+    await response(scope, receive, send)
 
 
 def build_app(state: ConsoleState) -> Starlette:
@@ -37,6 +76,9 @@ def build_app(state: ConsoleState) -> Starlette:
         Mount("/static", app=static, name="static"),
     ]
     app = Starlette(routes=routes)
+    app.router.redirect_slashes = False  # its redirect is an absolute URL from the Host header
+    app.router.default = elsewhere
     app.state.console = state
-    app.add_middleware(SecurityHeaders)
+    app.add_middleware(HostCheck, hosts=state.hosts)
+    app.add_middleware(SecurityHeaders)  # the outer one: its headers on HostCheck's 400 too
     return app

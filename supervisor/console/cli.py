@@ -1,6 +1,7 @@
 """``hunter console``: serve the operators' console, and manage its operators file.
 
-    hunter console --operators FILE [--listen 127.0.0.1:8470] [--root DIR | --socket PATH]
+    hunter console --operators FILE [--listen 127.0.0.1:8470] [--allow-host NAME[:PORT]]
+                   [--root DIR | --socket PATH]
     hunter console add-operator NAME --role reader|resolver --operators FILE
     hunter console hash-password
 
@@ -59,6 +60,15 @@ def add_parser(subparsers: Subparsers) -> None:
         metavar="HEADER",
         help="trust this header of an authenticating reverse proxy for the operator's name"
         " (only with --listen unix:PATH)",
+    )
+    parser.add_argument(
+        "--allow-host",
+        metavar="NAME[:PORT]",
+        action="append",
+        default=[],
+        help="answer requests that name this host too (a reverse proxy's or DNS name; any port"
+        " unless one is given; repeatable). Without it only the listen address answers (and"
+        " localhost on loopback); on unix:PATH, any name unless this is given",
     )
     parser.add_argument("--certfile", metavar="FILE", type=Path, help="serve HTTPS: certificate")
     parser.add_argument("--keyfile", metavar="FILE", type=Path, help="serve HTTPS: private key")
@@ -214,6 +224,7 @@ def _serve(args: argparse.Namespace) -> int:
         operators=operators,
         user_header=args.user_header,
         secure_cookies=args.secure_cookies,
+        allowed_hosts=tuple(args.allow_host),
     )
     try:
         anyio.run(

@@ -1,7 +1,8 @@
-"""What stands between a browser and the daemon: who is signed in (the cookie, or the proxy's
-user header), what a POST must carry (the sign-in's CSRF token, a same-origin ``Origin``), how
-big a form may be, and the headers every answer has (a strict Content-Security-Policy among
-them).
+"""What stands between a browser and the daemon: which names the console answers to (the
+``Host`` header, `supervisor.console.hosts`), who is signed in (the cookie, or the proxy's user
+header), what a POST must carry (the sign-in's CSRF token, a same-origin ``Origin``, a
+url-encoded form), how big a form may be, and the headers every answer has (a strict
+Content-Security-Policy among them).
 """
 
 from __future__ import annotations
@@ -15,16 +16,23 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from supervisor.console.hosts import AllowedHosts
+from supervisor.console.render import page
 from supervisor.console.signins import SignIn
 from supervisor.console.state import ConsoleState
 
 __all__ = [
     "COOKIE",
+    "FORM_TYPE",
+    "FormRefused",
     "FormTooLarge",
+    "HostCheck",
+    "NotAForm",
     "SecurityHeaders",
     "authenticate",
     "post_refused",
     "read_form",
+    "refusal",
     "safe_next",
     "set_cookie",
     "state_of",
@@ -33,6 +41,8 @@ __all__ = [
 COOKIE: Final = "supervisor.console"
 #: a form is a few short fields; more than this is refused before it is read
 MAX_FORM_BYTES: Final = 16 * 1024
+#: what every form of ours sends (none has a file, so none is multipart)
+FORM_TYPE: Final = "application/x-www-form-urlencoded"
 
 #: No script but our own file, no inline style or script, no frames, no plugins, forms only to
 #: ourselves: a `<script>` that slipped into a page could not run.
@@ -52,8 +62,63 @@ _HEADERS: Final = (
 )
 
 
-class FormTooLarge(Exception):
-    """Raised by `read_form` for a body over `MAX_FORM_BYTES`."""
+class FormRefused(Exception):
+    """Raised by `read_form` for a body that is none of our forms; ``status`` is the answer's
+    code and the message says why (`refusal` makes the answer)."""
+
+    status: int = 400
+
+
+class FormTooLarge(FormRefused):
+    """Raised by `read_form` for a body over `MAX_FORM_BYTES` (413)."""
+
+    status = 413
+
+    def __init__(self, message: str = "request body too large") -> None:
+        super().__init__(message)
+
+
+class NotAForm(FormRefused):
+    """Raised by `read_form` for a body that is not `FORM_TYPE` (415): a script's
+    ``text/plain`` or JSON body is never taken for a form, whatever it holds."""
+
+    status = 415
+
+
+def refusal(exc: FormRefused) -> Response:
+    """The answer to a body `read_form` refused."""
+    return PlainTextResponse(str(exc), exc.status)
+
+
+class HostCheck:
+    """ASGI middleware: a request whose ``Host`` header does not name this console
+    (`AllowedHosts`) is answered 400 with the console's error page, before anything else
+    reads it; so nothing the console builds (an ``Origin`` to compare) comes from another
+    name."""
+
+    def __init__(self, app: ASGIApp, *, hosts: AllowedHosts) -> None:
+        self.app = app
+        self.hosts = hosts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = [value for name, value in scope["headers"] if name == b"host"]
+        host = given[0].decode("latin-1") if len(given) == 1 else None
+        if len(given) > 1 or not self.hosts.permits(host):
+            shown = "no name" if host is None else repr(host[:100])
+            refused = page(
+                Request(scope),
+                "error.html",
+                400,
+                title="unknown host",
+                message=f"This console does not answer to {shown}. Open it by the address it"
+                " listens on, or by a name given to it with --allow-host.",
+            )
+            await refused(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 class SecurityHeaders:
@@ -166,18 +231,27 @@ def post_refused(request: Request, signin: SignIn, form: Mapping[str, str]) -> R
 
 
 async def read_form(request: Request) -> dict[str, str]:
-    """The url-encoded form of a POST, at most `MAX_FORM_BYTES` (`FormTooLarge`); a field given
-    twice keeps its first value."""
+    """The url-encoded form of a POST: `NotAForm` for another content type, `FormTooLarge`
+    past `MAX_FORM_BYTES`; a field given twice keeps its first value."""
+    given = request.headers.get("content-type", "")
+    form = given.partition(";")[0].strip().lower() == FORM_TYPE
     body = bytearray()
+    # read even a body we refuse (at most MAX_FORM_BYTES): the connection then stays usable and
+    # the client reads our answer, instead of a reset while it is still sending
     async for chunk in request.stream():
         body.extend(chunk)
         if len(body) > MAX_FORM_BYTES:
-            raise FormTooLarge
+            break
+    if not form:
+        shown = repr(given[:100]) if given else "no content type"
+        raise NotAForm(f"refused: the body is {shown}, not a form of this console ({FORM_TYPE})")
+    if len(body) > MAX_FORM_BYTES:
+        raise FormTooLarge
     text = body.decode("utf-8", errors="replace")
     try:
         fields = parse_qs(text, keep_blank_values=True, max_num_fields=20)
     except ValueError:  # more fields than any form of ours has
-        raise FormTooLarge from None
+        raise FormTooLarge("too many form fields") from None
     return {k: v[0] for k, v in fields.items()}
 
 

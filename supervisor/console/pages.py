@@ -1,6 +1,8 @@
 """The pages an operator reads: overview, sessions, a session, turns, a turn (its timeline),
 escalations, executors, and a turn's evidence bytes. Each reads the daemon through the client
-library (`supervisor.client`) over the console's one connection; lists are paged.
+library (`supervisor.client`) over the console's one connection; lists are paged. An id in a
+path or a parameter is checked first (`supervisor.console.ids`): one that nothing can have is
+404 (in the path) or 400 (a parameter), and the daemon is not asked.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from supervisor.client import (
     UnknownSession,
     UnknownTurn,
 )
+from supervisor.console import ids
 from supervisor.console.charts import throughput_svg
+from supervisor.console.errors import BadId
 from supervisor.console.guard import authenticate, state_of
 from supervisor.console.render import page
 from supervisor.console.timeline import timeline
@@ -49,6 +53,9 @@ def signed_in(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
             )
         try:
             return await handler(request, client)
+        except BadId as exc:
+            title = "not found" if exc.in_path else "bad request"
+            return page(request, "error.html", exc.status, title=title, message=str(exc))
         except (UnknownTurn, UnknownSession, NoEvidence) as exc:
             return page(request, "error.html", 404, title="not found", message=str(exc))
         except HunterError as exc:
@@ -61,8 +68,9 @@ def signed_in(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
 
 
 def _int(value: str | None, default: int = 0) -> int:
+    """A list's offset (the console's own, never sent to the daemon): garbage is the start."""
     try:
-        return max(0, int(value)) if value is not None else default
+        return max(0, int(value)) if value is not None and len(value) <= 19 else default
     except ValueError:
         return default
 
@@ -109,9 +117,9 @@ async def sessions(request: Request, client: Client) -> Response:
 
 @signed_in
 async def session(request: Request, client: Client) -> Response:
-    session_id = request.path_params["session_id"]
+    session_id = ids.session_id(request.path_params["session_id"])
+    after = ids.after_turn(request.query_params.get("after"))
     info = await client.session(session_id)
-    after = _int(request.query_params.get("after"))
     size = state_of(request).settings.page_size
     turns = await client.turn_page(after=after, limit=size, session_id=session_id)
     check = await client.verify_ledgers(session_id=session_id)
@@ -131,7 +139,7 @@ async def session(request: Request, client: Client) -> Response:
 
 @signed_in
 async def turns(request: Request, client: Client) -> Response:
-    after = _int(request.query_params.get("after"))
+    after = ids.after_turn(request.query_params.get("after"))
     found = await client.turn_page(after=after, limit=state_of(request).settings.page_size)
     return page(
         request,
@@ -145,7 +153,7 @@ async def turns(request: Request, client: Client) -> Response:
 
 @signed_in
 async def turn(request: Request, client: Client) -> Response:
-    turn_id = _int(request.path_params["turn_id"])
+    turn_id = ids.turn_id(request.path_params["turn_id"])
     record = await client.decision_record(turn_id)
     result = record.turn.result or {}
     spec = record.turn.spec or {}
@@ -165,7 +173,7 @@ async def turn(request: Request, client: Client) -> Response:
 @signed_in
 async def escalations(request: Request, client: Client) -> Response:
     size = state_of(request).settings.page_size
-    after = _int(request.query_params.get("after"))
+    after = ids.after_turn(request.query_params.get("after"))
     found = await client.escalation_page(after=after, limit=size)
     return page(
         request,
@@ -181,7 +189,7 @@ async def escalations(request: Request, client: Client) -> Response:
 @signed_in
 async def executors(request: Request, client: Client) -> Response:
     size = state_of(request).settings.page_size
-    after = request.query_params.get("after", "")
+    after = ids.after_executor(request.query_params.get("after"))
     found = await client.executor_page(after=after, limit=size)
     return page(
         request,
@@ -197,7 +205,7 @@ async def executors(request: Request, client: Client) -> Response:
 @signed_in
 async def evidence(request: Request, client: Client) -> Response:
     """The evidence bytes of a turn, as a download, read from the daemon a slice at a time."""
-    turn_id = _int(request.path_params["turn_id"])
+    turn_id = ids.turn_id(request.path_params["turn_id"])
     first = await client.evidence(turn_id)
 
     async def chunks() -> AsyncIterator[bytes]:
@@ -223,8 +231,8 @@ ROUTES: Final = (
     ("/sessions", sessions),
     ("/sessions/{session_id}", session),
     ("/turns", turns),
-    ("/turns/{turn_id:int}", turn),
-    ("/turns/{turn_id:int}/evidence", evidence),
+    ("/turns/{turn_id}", turn),
+    ("/turns/{turn_id}/evidence", evidence),
     ("/escalations", escalations),
     ("/executors", executors),
 )

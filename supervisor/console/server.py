@@ -3,7 +3,9 @@ until SIGTERM or SIGINT (then open streams are closed within `GRACE_S`).
 
 It listens on loopback by default (``127.0.0.1:8470``). ``unix:PATH`` listens on a Unix socket
 (mode 0660: for a reverse proxy in the socket's group); only there may ``user_header`` name the
-proxy's authenticated-user header, since anyone who can reach a TCP port could send it.
+proxy's authenticated-user header, since anyone who can reach a TCP port could send it. It
+answers only requests whose ``Host`` names it (`supervisor.console.hosts`): the address it is
+bound to, and the settings' ``allowed_hosts``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from hypercorn.utils import wrap_app
 
 from supervisor.console.app import build_app
 from supervisor.console.errors import ConsoleError
+from supervisor.console.hosts import AllowedHosts, allowed_hosts
 from supervisor.console.state import ConsoleSettings, ConsoleState
 from supervisor.logging import get_logger
 from supervisor.sdnotify import notify
@@ -104,14 +107,16 @@ async def run_console(
             " --listen unix:PATH, a socket that only the reverse proxy can reach"
         )
     log = get_logger("supervisor.console")
-    state = ConsoleState.create(settings)
-    app = wrap_app(build_app(state), 16 * 1024, "asgi")  # type: ignore[arg-type]
+    allowed_hosts(extra=settings.allowed_hosts)  # a bad --allow-host is named before binding
     config = _config(listen, certfile=certfile, keyfile=keyfile)
     try:
         sockets = config.create_sockets()
     except OSError as exc:
         raise ConsoleError(f"cannot listen on {listen.bind}: {exc}") from None
     where = _where(sockets, config.ssl_enabled)
+    hosts = _hosts(listen, sockets, settings, tls=config.ssl_enabled)
+    state = ConsoleState.create(settings, hosts=hosts)
+    app = wrap_app(build_app(state), 16 * 1024, "asgi")  # type: ignore[arg-type]
     stop = stop if stop is not None else anyio.Event()
     async with anyio.create_task_group() as tg:
         await tg.start(state.link.run)
@@ -131,13 +136,26 @@ async def run_console(
                 "console_not_loopback",
                 listen=where,
                 detail="reachable from other hosts: serve it over TLS (--certfile) or behind a"
-                " proxy",
+                " proxy; browsers must use the address it listens on, or a name given with"
+                " --allow-host",
             )
         notify("READY=1", f"STATUS=serving on {where}")
         task_status.started(where)
         await stop.wait()
         log.info("console_stopping")
         notify("STOPPING=1")
+
+
+def _hosts(
+    listen: Listen, sockets: Sockets, settings: ConsoleSettings, *, tls: bool
+) -> AllowedHosts:
+    """The ``Host`` names the console answers to, now that its socket is bound."""
+    if listen.path is not None:
+        return allowed_hosts(extra=settings.allowed_hosts)
+    sock = (sockets.secure_sockets or sockets.insecure_sockets)[0]
+    address, port = sock.getsockname()[:2]
+    listening = [str(address)] if listen.host is None else [listen.host, str(address)]
+    return allowed_hosts(listening=listening, port=port, tls=tls, extra=settings.allowed_hosts)
 
 
 def _where(sockets: Sockets, tls: bool) -> str:

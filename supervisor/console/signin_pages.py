@@ -16,8 +16,9 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
 from supervisor.console.guard import (
     COOKIE,
-    FormTooLarge,
+    FormRefused,
     read_form,
+    refusal,
     safe_next,
     set_cookie,
     state_of,
@@ -56,8 +57,8 @@ async def login(request: Request) -> Response:
         return PlainTextResponse("this console signs people in through its proxy", 404)
     try:
         form = await read_form(request)
-    except FormTooLarge:
-        return PlainTextResponse("request body too large", 413)
+    except FormRefused as exc:
+        return refusal(exc)
     expected = request.cookies.get(_PRE, "")
     if not expected or not secrets.compare_digest(expected, form.get("form_token", "")):
         return await login_form(request, message="The form expired; sign in again.", status=403)
@@ -98,8 +99,8 @@ async def logout(request: Request) -> Response:
     signin = state.signins.find(token, time.monotonic())
     try:
         form = await read_form(request)
-    except FormTooLarge:
-        return PlainTextResponse("request body too large", 413)
+    except FormRefused as exc:
+        return refusal(exc)
     if signin is not None and signin.csrf_ok(form.get("csrf")):
         state.signins.end(token)
         _LOG.info("console_signed_out", operator=signin.operator)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import anyio
 
+from supervisor.console.hosts import AllowedHosts
 from supervisor.console.live import DaemonLink, LiveFeed
 from supervisor.console.operators import Operators
 from supervisor.console.signins import SignInLimit, SignIns
@@ -26,6 +27,9 @@ class ConsoleSettings:
     user_header: str | None = None
     #: mark cookies Secure: None, when the request came over TLS
     secure_cookies: bool | None = None
+    #: names (``NAME`` or ``NAME:PORT``) the console answers to beside the address it listens
+    #: on (``--allow-host``): a reverse proxy's or DNS name; `supervisor.console.hosts`
+    allowed_hosts: tuple[str, ...] = ()
     #: rows per page of every list
     page_size: int = 50
 
@@ -35,6 +39,8 @@ class ConsoleState:
     settings: ConsoleSettings
     feed: LiveFeed
     link: DaemonLink
+    #: the ``Host`` headers a request may carry (known once the console's socket is bound)
+    hosts: AllowedHosts
     signins: SignIns = field(default_factory=SignIns)
     limit: SignInLimit = field(default_factory=SignInLimit)
     #: the daemon's status, shared by every overview for a second
@@ -43,6 +49,7 @@ class ConsoleState:
     checks: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(2))
 
     @classmethod
-    def create(cls, settings: ConsoleSettings) -> ConsoleState:
+    def create(cls, settings: ConsoleSettings, *, hosts: AllowedHosts) -> ConsoleState:
         feed = LiveFeed()
-        return cls(settings=settings, feed=feed, link=DaemonLink(str(settings.socket), feed))
+        link = DaemonLink(str(settings.socket), feed)
+        return cls(settings=settings, feed=feed, link=link, hosts=hosts)

@@ -20,6 +20,8 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 
+from supervisor.console import ids
+from supervisor.console.errors import BadId
 from supervisor.console.guard import COOKIE, authenticate, state_of
 from supervisor.console.live import MAX_STREAMS, TooManyStreams
 
@@ -34,12 +36,17 @@ async def events(request: Request) -> Response:
     signin = authenticate(request)
     if isinstance(signin, Response):
         return signin
-    turn = request.query_params.get("turn")
-    session = request.query_params.get("session")
-    if turn is not None and (not turn.isdigit() or len(turn) > 19):
-        return PlainTextResponse("turn: must be a turn id", 400)
-    if session is not None and not 0 < len(session) <= 256:
-        return PlainTextResponse("session: must be a session id", 400)
+    turn_text = request.query_params.get("turn")
+    session_text = request.query_params.get("session")
+    try:
+        turn = None if turn_text is None else ids.turn_id(turn_text, field="turn", in_path=False)
+        session = (
+            None
+            if session_text is None
+            else ids.session_id(session_text, field="session", in_path=False)
+        )
+    except BadId as exc:
+        return PlainTextResponse(f"{exc.field}: {exc}", 400)
     state = state_of(request)
     token = request.cookies.get(COOKIE)
     feed = state.feed
@@ -48,9 +55,7 @@ async def events(request: Request) -> Response:
 
     async def lines() -> AsyncIterator[bytes]:
         try:
-            async with feed.listen(
-                turn=int(turn) if turn is not None else None, session=session
-            ) as follow:
+            async with feed.listen(turn=turn, session=session) as follow:
                 seen = follow.generation
                 yield b": live\n\n"
                 while True:

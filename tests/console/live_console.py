@@ -92,12 +92,14 @@ async def console_for(
     *,
     listen: str = "127.0.0.1:0",
     user_header: str | None = None,
+    allowed_hosts: tuple[str, ...] = (),
 ) -> AsyncIterator[LiveConsole]:
     async with serving(root, executor) as (client, sid):
         settings = ConsoleSettings(
             socket=root / "run" / "control.sock",
             operators=load_operators(operators),
             user_header=user_header,
+            allowed_hosts=allowed_hosts,
         )
         stop = anyio.Event()
         async with anyio.create_task_group() as tg:

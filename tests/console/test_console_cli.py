@@ -143,6 +143,11 @@ def test_bad_flags_exit_2_naming_the_problem(tmp_path: Path, root: Path) -> None
     listen = hunter("console", "--root", str(root), "--operators", str(ops), "--listen", "nowhere")
     assert listen.returncode == 2
     assert "give HOST:PORT" in listen.stderr
+    host = hunter(
+        "console", "--root", str(root), "--operators", str(ops), "--allow-host", "http://x/"
+    )
+    assert host.returncode == 2
+    assert "--allow-host 'http://x/': give a host name" in host.stderr
     env = {k: v for k, v in os.environ.items() if k != "HUNTER_CONSOLE_OPERATORS"}
     none = subprocess.run(
         [*HUNTER, "console", "--root", str(root)],

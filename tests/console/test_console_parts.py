@@ -1,6 +1,7 @@
 """The console's pure parts: sign-ins and their expiry, the sign-in limit's window, the live
 feed's fan-out (a browser that does not read is dropped, the others are not held up) and its
-figures, the shared status snapshot, the timeline of a turn and the chart."""
+figures, the shared status snapshot, the timeline of a turn and the chart, the ``Host`` names
+it answers to, and the ids it checks before the daemon sees them."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import anyio
 import pytest
 
 from supervisor.client import Attempt, Turn
+from supervisor.console import ids
 from supervisor.console.charts import throughput_svg
+from supervisor.console.errors import BadId, ConsoleError
+from supervisor.console.hosts import allowed_hosts, parse_host
 from supervisor.console.live import BUCKET_S, LiveFeed
 from supervisor.console.operators import Role
 from supervisor.console.signins import SignInLimit, SignIns
@@ -205,3 +209,116 @@ def test_the_timeline_shows_waits_decisions_and_backoffs() -> None:
         reason_code="RESOURCE_EXHAUSTED_ESCALATE",
     )
     assert timeline(escalated)[-1].title == "escalated: waiting for an operator"
+
+
+def test_host_headers_parse_as_name_and_port() -> None:
+    assert parse_host("Console.Example:8470") == ("console.example", 8470)
+    assert parse_host("localhost") == ("localhost", None)
+    assert parse_host("[::1]:80") == ("::1", 80)
+    assert parse_host("[::1]") == ("::1", None)
+    for bad in (
+        "",
+        ":80",
+        "::1",
+        "[::1",
+        "[::1]x",
+        "[nope]:1",
+        "a b",
+        "a:",
+        "a:0",
+        "a:65536",
+        "a:1:2",
+        "a:+1",
+        "a:\u0661",  # an Arabic-Indic digit one
+        "évil.example",
+        "a_b",
+        "localhost.",
+    ):
+        assert parse_host(bad) is None, bad
+
+
+def test_a_loopback_console_answers_its_address_and_localhost_names_only() -> None:
+    hosts = allowed_hosts(listening=["127.0.0.1", "127.0.0.1"], port=8470)
+    for ok in ("127.0.0.1:8470", "localhost:8470", "[::1]:8470", "LocalHost:8470"):
+        assert hosts.permits(ok), ok
+    for bad in (
+        None,
+        "127.0.0.1",
+        "localhost",
+        "127.0.0.1:8471",
+        "evil.example:8470",
+        "[::2]:8470",
+    ):
+        assert not hosts.permits(bad), bad
+
+
+def test_the_schemes_own_port_may_be_left_out() -> None:
+    plain = allowed_hosts(listening=["10.0.0.5"], port=80)
+    assert plain.permits("10.0.0.5")
+    assert plain.permits("10.0.0.5:80")
+    assert not plain.permits("localhost")  # not loopback: its names are not ours
+    tls = allowed_hosts(listening=["10.0.0.5"], port=443, tls=True)
+    assert tls.permits("10.0.0.5")
+    assert not allowed_hosts(listening=["10.0.0.5"], port=443).permits("10.0.0.5")
+
+
+def test_every_address_means_loopback_names_and_the_given_ones() -> None:
+    hosts = allowed_hosts(
+        listening=["0.0.0.0"], port=8470, extra=["console.example", "b.example:1"]
+    )
+    assert hosts.permits("localhost:8470")
+    assert hosts.permits("console.example:8470")
+    assert hosts.permits("console.example")
+    assert hosts.permits("b.example:1")
+    assert not hosts.permits("b.example:8470")
+    assert not hosts.permits("0.0.0.0:8470")
+    assert not hosts.permits("evil.example:8470")
+
+
+def test_a_unix_socket_answers_the_given_names_or_any() -> None:
+    assert allowed_hosts().permits("anything.example")
+    assert allowed_hosts().permits(None)
+    named = allowed_hosts(extra=["console.example"])
+    assert named.permits("console.example")
+    assert not named.permits("localhost")
+    assert not named.permits(None)
+
+
+def test_a_bad_allowed_host_is_named() -> None:
+    with pytest.raises(ConsoleError, match=r"^--allow-host 'http://x': give a host name"):
+        allowed_hosts(extra=["http://x"])
+
+
+def test_the_id_grammars_are_the_daemons() -> None:
+    """The console restates the daemon's id grammars; they must agree."""
+    from sandbox.session_ids import SESSION_ID_RE, new_session_id
+    from supervisor.wire.control import MAX_TURN_ID
+
+    assert ids.MAX_TURN_ID == MAX_TURN_ID
+    assert ids._SESSION_ID.pattern == SESSION_ID_RE.pattern.strip("^$")
+    fresh = new_session_id()
+    assert ids.session_id(fresh) == fresh
+
+
+def test_turn_ids_and_cursors() -> None:
+    assert ids.turn_id("1") == 1
+    assert ids.turn_id(str(ids.MAX_TURN_ID)) == ids.MAX_TURN_ID
+    assert ids.turn_id("007") == 7
+    for bad in ("0", str(ids.MAX_TURN_ID + 1), "9" * 5000, "-1", "+1", " 1", "²", "1e3", ""):
+        with pytest.raises(BadId, match=r"^no turn ") as caught:
+            ids.turn_id(bad)
+        assert caught.value.status == 404
+    with pytest.raises(BadId, match=r"^no turn '9{40}…'") as long:
+        ids.turn_id("9" * 5000, in_path=False)
+    assert long.value.status == 400
+    assert ids.after_turn(None) == 0
+    assert ids.after_turn("") == 0
+    assert ids.after_turn("0") == 0
+    with pytest.raises(BadId, match=r"^after: '-1' is not a turn id") as after:
+        ids.after_turn("-1")
+    assert after.value.status == 400
+    assert ids.after_executor("echo-1.a@b:c") == "echo-1.a@b:c"
+    assert ids.after_executor(None) == ""
+    for bad in ("x" * 129, "-x", "a b", "é"):
+        with pytest.raises(BadId, match=r"is not an executor id"):
+            ids.after_executor(bad)
