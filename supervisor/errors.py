@@ -31,6 +31,7 @@ __all__ = [
     "SchemaVersionError",
     "SessionClosedError",
     "StaleClaimError",
+    "ClaimLostError",
     "StoreError",
     "StoreIntegrityError",
     "StoreUnavailableError",
@@ -208,6 +209,24 @@ class StaleClaimError(StoreError):
         self.token = token
         self.current_token = current_token
         self.owner = owner
+
+
+class ClaimLostError(StaleClaimError):
+    """Raised by the daemon itself (not the store) when a turn would start an attempt, or end,
+    after this daemon lost its claim: a renewal round found it taken over, or the session's
+    home moved (in a fleet, after a pause past the lease). Nothing is written or started; the
+    late result is dropped and logged once (``stale_result_refused``), never recorded.
+
+    ``turn_id`` and ``reason`` say which and why.
+    """
+
+    def __init__(self, turn_id: int, *, reason: str) -> None:
+        StoreError.__init__(self, f"turn {turn_id}: {reason}; nothing of it was recorded here")
+        self.turn_id = turn_id
+        self.token = -1
+        self.current_token = -1
+        self.owner = ""
+        self.reason = reason
 
 
 class NotEscalatedError(StoreError):

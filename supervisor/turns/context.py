@@ -16,10 +16,12 @@ from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.attempts import AttemptDecision, RetryOptions
 from sandbox.policy.budget import BudgetLimits, RetryBudget
 from sandbox.policy.lifecycle import TurnState
+from supervisor.errors import ClaimLostError
 from supervisor.logging import get_logger
 from supervisor.store.protocol import Claim, PendingWrite, TurnEnding, TurnRecord, TurnStore
 from supervisor.store.sealing import LineSeal
 from supervisor.turns.anchors import LedgerAnchors, Tail
+from supervisor.turns.leases import LeaseClock
 from supervisor.turns.sessions import DaemonSessions
 from supervisor.turns.starts import DeferredStarts
 from supervisor.turns.tracker import ActiveTurn, Tracker
@@ -112,6 +114,8 @@ class TurnDeps:
     traced: bool = False
     #: first attempts and retries of instruction turns in the budget's window
     retry_budget: RetryBudget = field(default_factory=RetryBudget)
+    #: this daemon's leases by its own clock (enforced in a fleet): no work without one
+    leases: LeaseClock = field(default_factory=LeaseClock.unenforced)
 
     @property
     def settings(self) -> CoreSettings:
@@ -183,6 +187,9 @@ class LoopHooks:
         """Process turns: the start is durable before the attempt runs. Instruction turns
         (``overlap_start``): only noted (`starts.DeferredStarts`); it is written if the attempt
         outlives a short delay, else it rides with the outcome (`take_unwritten_start`)."""
+        # No attempt without a live lease: after a pause, the next renewal round says whether
+        # the claim still holds (`ClaimLostError` when it does not; nothing starts).
+        await self._deps.leases.until_live(self._active)
         # Counted from here: a drain waits for an attempt whose envelope may be on its way.
         self._deps.tracker.attempt_started(self._active, attempt.attempt, process=self._process)
         self.counting = True
@@ -310,10 +317,12 @@ async def end_turn(
     The files get the lines from their writers and are synced later in rounds
     (`DaemonSessions.sync_ledgers`); after a crash the store gives back what they lost.
     """
+    # No ending queued without a live lease; a claim lost meanwhile (a renewal round found it
+    # taken over, the session's home moved) refuses the ending here, once: `ClaimLostError`.
+    await deps.leases.until_live(active)
     claim = active.claim
     if claim is None:
-        msg = f"turn {turn.turn_id} has no claim to end it with"
-        raise RuntimeError(msg)
+        raise ClaimLostError(turn.turn_id, reason="its claim was lost before it could end")
     if pending is None:
         seal = deps.sessions.record_end(with_ending(turn, ending, attempts))
     else:  # the sandbox runtime made them

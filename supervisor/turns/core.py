@@ -28,11 +28,12 @@ Design notes
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import anyio
 import anyio.abc
@@ -72,11 +73,12 @@ from supervisor.turns.escalations import Escalations
 from supervisor.turns.fleet import Fleet, FleetHooks
 from supervisor.turns.instruction import HubLike, monotonic_ms
 from supervisor.turns.intake import Answer, Intake, SessionGate
+from supervisor.turns.leases import LeaseClock, renew_claims
 from supervisor.turns.recovery import catch_up_ledgers, roll_forward
 from supervisor.turns.requests import TurnRequest, idempotency_conflict
 from supervisor.turns.runner import TurnRunner, error_code
 from supervisor.turns.sessions import DaemonSessions, RuntimeLike, SessionLike, verify_ledgers
-from supervisor.turns.tracker import Tracker, TrackerStatistics, TurnEvents
+from supervisor.turns.tracker import ActiveTurn, Tracker, TrackerStatistics, TurnEvents
 
 __all__ = ["Answer", "CoreStatistics", "TurnCore", "error_code"]
 
@@ -138,6 +140,7 @@ class TurnCore:
             process_limiter=anyio.CapacityLimiter(max(1, settings.process_slots)),
             anchors=LedgerAnchors(fleet, owner) if fleet is not None else None,
             traced=traced,
+            leases=LeaseClock(settings.lease_ms, enforced=fleet is not None),
         )
         self._log = get_logger("supervisor.turns")
         # Submissions past their session check but not yet started, and sessions being closed:
@@ -176,6 +179,7 @@ class TurnCore:
     @settings.setter
     def settings(self, settings: CoreSettings) -> None:
         self._deps.live.current = settings
+        self._deps.leases.set_lease(settings.lease_ms)
 
     @property
     def feed(self) -> Feed | None:
@@ -225,7 +229,19 @@ class TurnCore:
                     await tg.start(self._fleet.run)
                 else:
                     await self._recover()
-                tg.start_soon(self._renew_leases, name="lease-renewal")
+                tg.start_soon(
+                    functools.partial(
+                        renew_claims,
+                        self._deps.store,
+                        self._deps.tracker,
+                        self._deps.leases,
+                        lease_ms=lambda: self.settings.lease_ms,
+                        owner=self._deps.owner,
+                        lost=self._claim_lost,
+                        lapsed=self._lapsed,
+                    ),
+                    name="lease-renewal",
+                )
                 tg.start_soon(self._sync_ledgers, name="ledger-sync")
                 tg.start_soon(self._deps.sessions.run_flusher, name="ledger-flush")
                 tg.start_soon(self._deps.starts.run, name="attempt-starts")
@@ -267,32 +283,18 @@ class TurnCore:
             ),
         )
 
-    async def _renew_leases(self) -> None:
-        interval = max(0.05, self.settings.lease_ms / 3000)
-        while True:
-            await anyio.sleep(interval)
-            held = self._deps.tracker.claims()
-            if not held:
-                continue
-            kept = {
-                c.turn_id: c
-                for c in await self._deps.store.renew(held, lease_ms=self.settings.lease_ms)
-            }
-            for claim in held:
-                active = self._deps.tracker.get(claim.turn_id)
-                if active is None or active.claim is None:
-                    continue
-                renewed = kept.get(claim.turn_id)
-                if renewed is not None:
-                    if active.claim.token == renewed.token:
-                        active.claim = replace(active.claim, lease_until_us=renewed.lease_until_us)
-                    continue
-                if active.claim is claim:  # lost meanwhile: another daemon owns it now
-                    self._log.warning("claim_lost", turn_id=claim.turn_id, token=claim.token)
-                    active.claim = None
-                    active.interrupt()
-                    if self._runner.unpark(claim.turn_id):
-                        self._deps.tracker.remove(active)
+    def _claim_lost(self, active: ActiveTurn) -> None:
+        """A renewal round found the turn's claim taken over: stop what runs it (a process is
+        killed by the cancellation); its late result is refused (`ClaimLostError`)."""
+        active.claim = None
+        active.interrupt()
+        if self._runner.unpark(active.turn_id):
+            self._deps.tracker.remove(active)
+
+    async def _lapsed(self, late_s: float) -> None:
+        """The leases' account ran out (a pause): the fleet reads its homes first."""
+        if self._fleet is not None:
+            await self._fleet.lapsed(late_s)
 
     def _served(self) -> frozenset[str]:
         return frozenset(c.value for c in ExecutorCommandType if self._hub.serving(c) > 0)

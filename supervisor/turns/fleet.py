@@ -51,6 +51,7 @@ from supervisor.store.protocol import Claim, ClaimFilter, NewTurn, Resolution, T
 from supervisor.turns.anchors import LedgerAnchors
 from supervisor.turns.context import TurnDeps
 from supervisor.turns.decisions import Decision
+from supervisor.turns.leases import LeaseClock
 from supervisor.turns.requests import TurnRequest
 from supervisor.turns.sessions import SessionLike
 
@@ -127,6 +128,8 @@ class Fleet:
         #: their last heartbeats (what each serves, its packages, whether it drains)
         self._alive: dict[str, DaemonRecord] = {}
         self._peer_serves: frozenset[str] = frozenset()
+        #: until when the homes renewed last hold, by this daemon's clock (`leases`)
+        self._home_clock = LeaseClock(deps.settings.lease_ms)
 
     # -- views ------------------------------------------------------------------------------
 
@@ -196,9 +199,8 @@ class Fleet:
             self._log.warning("fleet_leave_failed", error=str(exc))
 
     async def _keep_alive(self) -> None:
-        interval = max(0.05, self._deps.settings.lease_ms / 3000)
         while True:
-            await anyio.sleep(interval)
+            await anyio.sleep(max(0.05, self._deps.settings.lease_ms / 3000))
             try:
                 await self._renew()
                 await self._heartbeat()
@@ -256,20 +258,34 @@ class Fleet:
             feed.publish("daemon.lost", daemon=owner, detail=detail)
 
     async def _renew(self) -> None:
+        """Renew the homes held here; a home the store did not renew moved to another daemon
+        while this one was paused or cut off: its session is dropped here."""
+        clock = self._home_clock
+        clock.set_lease(self._deps.settings.lease_ms)
+        started = clock.now()
         held = list(self._homes.values())
-        if not held:
-            return
-        kept = {
-            h.session_id: h
-            for h in await self._store.renew_homes(held, lease_ms=self._deps.settings.lease_ms)
-        }
-        for home in held:
-            renewed = kept.get(home.session_id)
-            if renewed is not None:
-                if self._homes.get(home.session_id) is home:
-                    self._homes[home.session_id] = renewed
-            elif self._homes.get(home.session_id) is home:
-                await self._drop(home.session_id, reason="home lost")
+        if held:
+            kept = {
+                h.session_id: h
+                for h in await self._store.renew_homes(held, lease_ms=self._deps.settings.lease_ms)
+            }
+            for home in held:
+                renewed = kept.get(home.session_id)
+                if renewed is not None:
+                    if self._homes.get(home.session_id) is home:
+                        self._homes[home.session_id] = renewed
+                elif self._homes.get(home.session_id) is home:
+                    await self._drop(home.session_id, reason="home lost")
+        clock.renewed(started)
+
+    async def lapsed(self, late_s: float) -> None:
+        """This daemon's leases ran out by its own clock (it was paused or starved): read from
+        the store which homes it still holds, drop the others (their turns stop, their claims
+        are released in the store) before any work goes on."""
+        self._log.warning(
+            "fleet_lease_lapsed", late_ms=round(late_s * 1000), homes=len(self._homes)
+        )
+        await self._renew()
 
     async def _claim_loop(self) -> None:
         while True:
@@ -337,7 +353,12 @@ class Fleet:
 
     async def _drop(self, session_id: str, *, reason: str) -> None:
         self._homes.pop(session_id, None)
-        self._stop_turns(session_id)
+        for claim in self._stop_turns(session_id):
+            # given up in the store at once: the new home need not wait for the lease
+            try:
+                await self._deps.store.release(claim)
+            except Exception as exc:  # taken over already, or the store is down: it lapses
+                self._log.info("claim_not_released", turn_id=claim.turn_id, error=str(exc))
         session = self._deps.sessions.get(session_id)
         if session is not None:
             self._anchors.forget(session)
@@ -347,10 +368,12 @@ class Fleet:
             await anyio.to_thread.run_sync(_move_aside, self._deps.settings.root, tier, session_id)
         self._log.warning("session_home_lost", session_id=session_id, reason=reason)
 
-    def _stop_turns(self, session_id: str) -> None:
+    def _stop_turns(self, session_id: str) -> list[Claim]:
         """The session's home moved to another daemon: its turns here stop (the store would
-        refuse their writes)."""
+        refuse their writes; a process is killed by the cancellation); the claims they held,
+        for the caller to release."""
         tracker = self._deps.tracker
+        dropped: list[Claim] = []
         for turn_id in tracker.in_session(session_id):
             active = tracker.get(turn_id)
             if active is None:
@@ -362,10 +385,12 @@ class Fleet:
                     token=active.claim.token,
                     reason="the session's home moved to another daemon",
                 )
+                dropped.append(active.claim)
             active.claim = None
             active.interrupt()
             if self._hooks.unpark(turn_id):
                 tracker.remove(active)
+        return dropped
 
     async def _hand_over(self) -> None:
         """Hand the sessions homed here over to a daemon that can run their waiting turns:
@@ -552,6 +577,8 @@ class Fleet:
         deps = self._deps
         if deps.draining:
             return
+        if not self._home_clock.live():  # woke from a pause: what is still homed here?
+            await self.lapsed(self._home_clock.late_s())
         for home in await self._store.claim_homes(
             deps.owner,
             lease_ms=deps.settings.lease_ms,
@@ -583,8 +610,18 @@ class Fleet:
             active = deps.tracker.get(claim.turn_id)
             if active is None:
                 self._hooks.start(claim.turn, claim)
-            else:  # its lease ran out while this daemon was paused: carry on under the new one
-                active.claim = claim
+                continue
+            # Its claim lapsed here (this daemon was paused or starved past the lease) and
+            # the store handed it back: never a takeover of its own turn. What ran under the
+            # old claim stops (its ending would be refused); the new claim goes back to the
+            # store, and a later round claims the turn afresh once nothing of it runs here.
+            self._log.warning("own_claim_lapsed", turn_id=claim.turn_id, token=claim.token)
+            if active.claim is not None:
+                active.claim = None
+                active.interrupt()
+                if self._hooks.unpark(claim.turn_id):
+                    deps.tracker.remove(active)
+            await deps.store.release(claim)
 
 
 def _move_aside(root: Path, tier: str, session_id: str) -> None:

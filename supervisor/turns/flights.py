@@ -45,7 +45,7 @@ from sandbox.policy.attempts import AttemptDecision, Verdict
 from sandbox.policy.envelopes import ExecutorInstructionEnvelope
 from sandbox.policy.lifecycle import TurnState, final_state
 from sandbox.policy.safety import instruction_to_wire
-from supervisor.errors import StaleClaimError
+from supervisor.errors import ClaimLostError, StaleClaimError
 from supervisor.logging import get_logger, info_enabled
 from supervisor.stages import stage_costs
 from supervisor.store.fleet import StaleHomeError
@@ -144,6 +144,9 @@ class InstructionFlights:
         self._owner = owner
         self._log = get_logger("supervisor.turns")
         self._with_evidence: list[_Ending] = []
+        #: endings reached while this daemon's leases had lapsed: queued once a renewal round
+        #: says whether their claims still hold
+        self._for_lease: list[tuple[_Ending, TurnEnding]] = []
         self._wake = anyio.Event()
         self._timers = Timers()
 
@@ -151,8 +154,8 @@ class InstructionFlights:
         """Start the turn's next attempt on the record path; False (nothing done) when the
         attempt cannot go straight to an executor (the caller runs the turn in a task)."""
         deps = self._deps
-        if deps.draining or active.claim is None:
-            return False
+        if deps.draining or active.claim is None or not deps.leases.live():
+            return False  # the task path waits for a live lease (`LoopHooks.attempt_started`)
         started = _COSTS.clock()
         number = turn.attempt + 1
         tid = turn.turn_id
@@ -289,10 +292,28 @@ class InstructionFlights:
             while True:
                 await self._wake.wait()
                 self._wake = anyio.Event()
-                while self._with_evidence:
+                while self._with_evidence or self._for_lease:
                     batch, self._with_evidence = self._with_evidence, []
                     for item in batch:
                         await self._end_with_evidence(item)
+                    held, self._for_lease = self._for_lease, []
+                    for item, ending in held:
+                        await self._end_when_live(item, ending)
+
+    async def _end_when_live(self, item: _Ending, ending: TurnEnding) -> None:
+        """An ending reached while the leases had lapsed: queued once they hold again, or
+        refused (once, logged) when the renewal round found its claim lost."""
+        active = item.flight.active
+        try:
+            await self._deps.leases.until_live(active)
+        except ClaimLostError as exc:
+            self._log.warning(
+                "stale_result_refused", reason=exc.reason, **_labels(item.flight.turn)
+            )
+            self._deps.tracker.attempt_ended()
+            self._owner.released(active)
+            return
+        self._end(item, ending)
 
     async def _end_with_evidence(self, item: _Ending) -> None:
         assert item.evidence is not None
@@ -416,6 +437,10 @@ class InstructionFlights:
         if claim is None:  # lost meanwhile: another daemon owns the turn now
             deps.tracker.attempt_ended()
             self._owner.released(active)
+            return
+        if not deps.leases.live():  # paused past the margin: does the claim still hold?
+            self._for_lease.append((item, ending))
+            self._wake.set()
             return
         log_fault(item.decided, **_labels(flight.turn))
         try:

@@ -168,6 +168,8 @@ async def run_process_turn(
                 options=options,
                 ledger_commit="caller",
                 first_attempt=first,
+                # each retry waits for a live lease and refuses to go on without the claim
+                delay=deps.leases.sleeper(active),
             )
             records = _records(result, first, started_us)
             # The runtime's retries keep the lock and the slot: they wait for neither.

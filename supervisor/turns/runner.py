@@ -22,7 +22,7 @@ import structlog.contextvars
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.envelopes import ExecutorCommandType, ExecutorInstructionEnvelope
 from sandbox.policy.lifecycle import TurnState
-from supervisor.errors import StaleClaimError
+from supervisor.errors import ClaimLostError, StaleClaimError
 from supervisor.logging import get_logger
 from supervisor.store.fleet import StaleHomeError
 from supervisor.store.protocol import Claim, TurnEnding, TurnRecord
@@ -346,6 +346,8 @@ class TurnRunner:
             active.scope = None
             if active.cancel_requested and active.claim is not None:
                 await self.end_cancelled(turn, active)
+        except ClaimLostError as exc:  # this daemon lost the claim (a pause past its lease)
+            self._log.warning("stale_result_refused", reason=exc.reason)
         except StaleClaimError as exc:
             self._log.warning(
                 "stale_result_refused", token=exc.token, current_token=exc.current_token

@@ -17,7 +17,7 @@ run the turn core with a runtime of their own.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -101,6 +101,7 @@ class SessionLike(Protocol):
         options: RetryOptions | None = None,
         ledger_commit: Literal["sync", "caller"] = "sync",
         first_attempt: int = 1,
+        delay: Callable[[float], Awaitable[None]] = ...,
     ) -> ProcessResultLike: ...
 
     async def store_evidence(self, data: bytes) -> EvidenceRefLike:
