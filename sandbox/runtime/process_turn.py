@@ -297,6 +297,7 @@ class ProcessTurn:
         delay: Callable[[float], Awaitable[None]],
         entropy_detector: EntropyDetector | None,
         first_attempt: int = 1,
+        before_promote: Callable[[], Awaitable[None]] | None = None,
     ) -> TurnResult:
         """Run the turn (see `Session.run_process_turn`); a turn cut short is still recorded.
         *first_attempt*: the turn's number for the first attempt run here."""
@@ -315,6 +316,7 @@ class ProcessTurn:
                 delay=delay,
                 entropy_detector=entropy_detector,
                 first_attempt=first_attempt,
+                before_promote=before_promote,
             )
         except BaseException as exc:
             # A caller that commits the entries also writes them for a turn cut short (it
@@ -536,6 +538,7 @@ class ProcessTurn:
         delay: Callable[[float], Awaitable[None]],
         entropy_detector: EntropyDetector | None,
         first_attempt: int = 1,
+        before_promote: Callable[[], Awaitable[None]] | None = None,
     ) -> TurnResult:
         start_ns = time.monotonic_ns()
         request: dict[str, object] = {
@@ -660,6 +663,10 @@ class ProcessTurn:
             if decision.verdict is not Verdict.SUCCEED:
                 break
             realized = ran.surface.in_area("output")
+            if before_promote is not None:
+                # the caller's last word (the daemon: is its lease on the turn still live?);
+                # raising stops the turn before anything reaches the workspace
+                await before_promote()
             # The promoted files go onto `progress` once all are in place, also when the
             # turn is cancelled meanwhile: the record of what reached the workspace is kept.
             try:

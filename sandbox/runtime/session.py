@@ -176,6 +176,7 @@ class Session:
         turn_number: int | None = None,
         options: RetryOptions | None = None,
         delay: Callable[[float], Awaitable[None]] = anyio.sleep,
+        before_promote: Callable[[], Awaitable[None]] | None = None,
         entropy_detector: EntropyDetector | None = None,
         ledger_commit: Literal["sync", "caller"] = "sync",
         first_attempt: int = 1,
@@ -186,6 +187,10 @@ class Session:
         attempts (the daemon runs it again after a restart or a takeover): the attempts, their
         log events and ledger entries and the policy's count (``options.max_attempts`` is the
         turn's whole budget) go on from it.
+
+        ``delay`` sleeps a retry's backoff (it may refuse to go on by raising);
+        ``before_promote`` is awaited right before the declared outputs are promoted into the
+        workspace (raising stops the turn there: the daemon checks its lease on the turn).
 
         ``ledger_commit="caller"``: the normal ending's two entries are checked but not
         sealed; they are in ``TurnResult.pending_lines`` for the caller's store to seal once the
@@ -214,6 +219,7 @@ class Session:
                 delay=delay,
                 entropy_detector=entropy_detector,
                 first_attempt=first_attempt,
+                before_promote=before_promote,
             )
 
     async def record_instruction_turn(

@@ -15,6 +15,7 @@ events and ledger entries give each attempt the number the turn's records give i
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 
 import anyio
@@ -168,8 +169,10 @@ async def run_process_turn(
                 options=options,
                 ledger_commit="caller",
                 first_attempt=first,
-                # each retry waits for a live lease and refuses to go on without the claim
+                # each retry waits for a live lease and refuses to go on without the claim, and
+                # so does the promotion of the outputs into the workspace
                 delay=deps.leases.sleeper(active),
+                before_promote=functools.partial(deps.leases.until_live, active),
             )
             records = _records(result, first, started_us)
             # The runtime's retries keep the lock and the slot: they wait for neither.

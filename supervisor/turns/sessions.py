@@ -102,6 +102,7 @@ class SessionLike(Protocol):
         ledger_commit: Literal["sync", "caller"] = "sync",
         first_attempt: int = 1,
         delay: Callable[[float], Awaitable[None]] = ...,
+        before_promote: Callable[[], Awaitable[None]] | None = None,
     ) -> ProcessResultLike: ...
 
     async def store_evidence(self, data: bytes) -> EvidenceRefLike:

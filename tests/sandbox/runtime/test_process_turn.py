@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 import structlog
 
@@ -226,3 +227,32 @@ async def test_caller_records_a_turn_cut_short(session: Session) -> None:
         )
     assert (session.ledgers.exec.head, session.ledgers.evidence.head) == heads
     assert_empty_sandbox(session)
+
+
+async def test_a_closed_promotion_gate_keeps_the_workspace_untouched(session: Session) -> None:
+    """The caller's last word before promotion (the daemon's lease check) raises: the turn
+    stops there, and nothing of its outputs reaches the workspace."""
+
+    class LeaseLost(Exception):
+        pass
+
+    async def gate() -> None:
+        raise LeaseLost
+
+    with pytest.raises(LeaseLost):
+        await session.run_process_turn(
+            ["/bin/sh", "-c", "echo done > gated.txt"],
+            declared_outputs=["gated.txt"],
+            timeout_ms=30_000,
+            ledger_commit="caller",
+            before_promote=gate,
+        )
+    assert not (session.workspace / "gated.txt").exists()
+    opened = await session.run_process_turn(
+        ["/bin/sh", "-c", "echo done > gated.txt"],
+        declared_outputs=["gated.txt"],
+        timeout_ms=30_000,
+        before_promote=anyio.lowlevel.checkpoint,
+    )
+    assert opened.status == "succeeded", opened.stderr
+    assert (session.workspace / "gated.txt").read_text() == "done\n"
