@@ -6,7 +6,7 @@ through which the one attempt loop's steps become durable (fenced store writes) 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -116,6 +116,8 @@ class TurnDeps:
     retry_budget: RetryBudget = field(default_factory=RetryBudget)
     #: this daemon's leases by its own clock (enforced in a fleet): no work without one
     leases: LeaseClock = field(default_factory=LeaseClock.unenforced)
+    #: in a fleet: whether a session is still homed here under a live home lease
+    homed: Callable[[str], Awaitable[bool]] | None = None
 
     @property
     def settings(self) -> CoreSettings:
@@ -124,6 +126,18 @@ class TurnDeps:
     @property
     def draining(self) -> bool:
         return self.drain.begun
+
+
+async def lease_gate(deps: TurnDeps, active: ActiveTurn) -> None:
+    """No attempt, promotion or ending without a live lease: wait, after a pause past the
+    margin, for the renewal round that says whether the turn's claim still holds, and (in a
+    fleet) whether its session is still homed here. `ClaimLostError` when either was lost:
+    nothing of the turn is started or recorded here."""
+    await deps.leases.until_live(active)
+    if deps.homed is not None and not await deps.homed(active.session_id):
+        raise ClaimLostError(
+            active.turn_id, reason=f"its session {active.session_id} is homed by another daemon"
+        )
 
 
 def merge_attempts(
@@ -189,7 +203,7 @@ class LoopHooks:
         outlives a short delay, else it rides with the outcome (`take_unwritten_start`)."""
         # No attempt without a live lease: after a pause, the next renewal round says whether
         # the claim still holds (`ClaimLostError` when it does not; nothing starts).
-        await self._deps.leases.until_live(self._active)
+        await lease_gate(self._deps, self._active)
         # Counted from here: a drain waits for an attempt whose envelope may be on its way.
         self._deps.tracker.attempt_started(self._active, attempt.attempt, process=self._process)
         self.counting = True
@@ -319,7 +333,7 @@ async def end_turn(
     """
     # No ending queued without a live lease; a claim lost meanwhile (a renewal round found it
     # taken over, the session's home moved) refuses the ending here, once: `ClaimLostError`.
-    await deps.leases.until_live(active)
+    await lease_gate(deps, active)
     claim = active.claim
     if claim is None:
         raise ClaimLostError(turn.turn_id, reason="its claim was lost before it could end")

@@ -141,6 +141,7 @@ class TurnCore:
             anchors=LedgerAnchors(fleet, owner) if fleet is not None else None,
             traced=traced,
             leases=LeaseClock(settings.lease_ms, enforced=fleet is not None),
+            homed=self._homed if fleet is not None else None,
         )
         self._log = get_logger("supervisor.turns")
         # Submissions past their session check but not yet started, and sessions being closed:
@@ -290,6 +291,10 @@ class TurnCore:
         active.interrupt()
         if self._runner.unpark(active.turn_id):
             self._deps.tracker.remove(active)
+
+    async def _homed(self, session_id: str) -> bool:
+        """In a fleet: the session is still homed here under a live home lease."""
+        return self._fleet is not None and await self._fleet.homed(session_id)
 
     async def _lapsed(self, late_s: float) -> None:
         """The leases' account ran out (a pause): the fleet reads its homes first."""

@@ -42,6 +42,7 @@ import anyio.abc
 import anyio.to_thread
 
 from ledger import IntegrityError, session_dir_for
+from ledger.heads import HEADS_DIR
 from ledger.session import SessionLedgers
 from sandbox.policy.envelopes import ExecutorCommandType
 from sandbox.policy.lifecycle import TurnState
@@ -130,6 +131,7 @@ class Fleet:
         self._peer_serves: frozenset[str] = frozenset()
         #: until when the homes renewed last hold, by this daemon's clock (`leases`)
         self._home_clock = LeaseClock(deps.settings.lease_ms)
+        self._renewing = anyio.Lock()
 
     # -- views ------------------------------------------------------------------------------
 
@@ -278,6 +280,15 @@ class Fleet:
                     await self._drop(home.session_id, reason="home lost")
         clock.renewed(started)
 
+    async def homed(self, session_id: str) -> bool:
+        """Whether this daemon still homes *session_id* under a live home lease by its own
+        clock; after a pause past the margin the store is asked first (`lapsed`)."""
+        if not self._home_clock.live():
+            async with self._renewing:
+                if not self._home_clock.live():
+                    await self.lapsed(self._home_clock.late_s())
+        return session_id in self._homes and self._home_clock.live()
+
     async def lapsed(self, late_s: float) -> None:
         """This daemon's leases ran out by its own clock (it was paused or starved): read from
         the store which homes it still holds, drop the others (their turns stop, their claims
@@ -315,6 +326,12 @@ class Fleet:
         deps = self._deps
         record = home.session
         sid = record.session_id
+        if deps.sessions.get(sid) is not None:
+            # Its home lapsed here (this daemon was paused or cut off past the lease) and the
+            # store handed it back: never a takeover of its own session. What runs here stops
+            # and the files go aside; the session is rebuilt from the store like any other,
+            # since another daemon may have homed it and appended meanwhile.
+            await self._drop(sid, reason="its home lapsed here and was claimed again")
         lines = await deps.store.ledger_lines([f"{sid}/exec", f"{sid}/evidence"])
         root = deps.settings.root
 
@@ -626,10 +643,16 @@ class Fleet:
 
 def _move_aside(root: Path, tier: str, session_id: str) -> None:
     """Keep this host's copy of a session's files out of the way (`<root>/planes/<tier>/stale/`):
-    another daemon appended to the chain meanwhile."""
+    another daemon appended to the chain meanwhile. Their anchored heads go with them (to the
+    same place under `<root>/state/ledger-heads/`): a later takeover rebuilds the files from
+    the store, and must not find an anchor of the old copy saying they were truncated."""
+    stamp = f"{session_id}-{_now_us()}"
     session_dir = session_dir_for(root, tier, session_id)
-    if not session_dir.exists():
-        return
-    stale = session_dir.parent.parent / "stale"
-    stale.mkdir(parents=True, exist_ok=True)
-    session_dir.rename(stale / f"{session_id}-{_now_us()}")
+    heads = root.joinpath(*HEADS_DIR).joinpath(session_dir.relative_to(root))
+    for found, stale_dir in (
+        (session_dir, session_dir.parent.parent / "stale"),
+        (heads, heads.parent.parent / "stale"),
+    ):
+        if found.exists():
+            stale_dir.mkdir(parents=True, exist_ok=True)
+            found.rename(stale_dir / stamp)

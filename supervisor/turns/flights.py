@@ -39,6 +39,7 @@ from typing import Protocol, runtime_checkable
 import anyio
 
 from ledger.entries import SealedLine
+from ledger.errors import LedgerClosedError
 from sandbox.policy.attempt_loop import decide_outcome
 from sandbox.policy.attempt_record import QUEUED_MS, AttemptRecord
 from sandbox.policy.attempts import AttemptDecision, Verdict
@@ -451,6 +452,11 @@ class InstructionFlights:
             pending = deps.store.finish_soon(
                 claim, ending, [item.decided], ledger_lines=lines, started=item.started
             )
+        except ClaimLostError as exc:  # its session was dropped here: its home moved
+            self._log.warning("stale_result_refused", reason=exc.reason, **_labels(flight.turn))
+            deps.tracker.attempt_ended()
+            self._owner.released(active)
+            return
         except Exception as exc:  # a broken ledger or store: this turn, not the pass
             deps.tracker.attempt_ended()
             self._owner.end_failed_later(flight.turn, active, exc)
@@ -508,7 +514,11 @@ class InstructionFlights:
         active = flight.active
         labels = _labels(flight.turn)
         deps.tracker.attempt_ended()
-        if isinstance(exc, StaleClaimError):
+        if isinstance(exc, LedgerClosedError):  # its session was dropped here meanwhile
+            self._log.warning(
+                "stale_result_refused", reason="its session was unloaded here", **labels
+            )
+        elif isinstance(exc, StaleClaimError):
             self._log.warning(
                 "stale_result_refused", token=exc.token, current_token=exc.current_token, **labels
             )

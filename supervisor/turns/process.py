@@ -23,8 +23,16 @@ import anyio
 from sandbox.policy.attempt_loop import AttemptReport, run_attempts
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import TurnState
+from supervisor.errors import ClaimLostError
 from supervisor.store.protocol import TurnEnding, TurnRecord
-from supervisor.turns.context import LoopHooks, TurnDeps, end_turn, now_us, waited_ms
+from supervisor.turns.context import (
+    LoopHooks,
+    TurnDeps,
+    end_turn,
+    lease_gate,
+    now_us,
+    waited_ms,
+)
 from supervisor.turns.sessions import ProcessResultLike
 from supervisor.turns.tracker import ActiveTurn
 from supervisor.wire.turn_spec import ProcessSpec
@@ -110,9 +118,10 @@ async def run_process_turn(
 ) -> TurnRecord | None:
     """Run the turn to its ending; None when a drain stopped it before it started."""
     session = deps.sessions.get(turn.session_id)
-    if session is None:
-        msg = f"session {turn.session_id} is not loaded"
-        raise RuntimeError(msg)
+    if session is None:  # dropped here (in a fleet: its home moved)
+        raise ClaimLostError(
+            turn.turn_id, reason=f"its session {turn.session_id} is not loaded here"
+        )
     options = deps.settings.retry
     hooks = LoopHooks(deps, active, process=True)
     used = 0
@@ -171,8 +180,8 @@ async def run_process_turn(
                 first_attempt=first,
                 # each retry waits for a live lease and refuses to go on without the claim, and
                 # so does the promotion of the outputs into the workspace
-                delay=deps.leases.sleeper(active),
-                before_promote=functools.partial(deps.leases.until_live, active),
+                delay=functools.partial(_backoff, deps, active),
+                before_promote=functools.partial(lease_gate, deps, active),
             )
             records = _records(result, first, started_us)
             # The runtime's retries keep the lock and the slot: they wait for neither.
@@ -196,3 +205,10 @@ async def run_process_turn(
             return await end_turn(deps, turn, active, ending, records, pending=result.pending_lines)
         finally:
             hooks.stop_counting()
+
+
+async def _backoff(deps: TurnDeps, active: ActiveTurn, seconds: float) -> None:
+    """A retry's backoff between a process turn's attempts (the sandbox runtime's delay): then
+    the lease gate, so that the next attempt never starts without the claim and the home."""
+    await anyio.sleep(seconds)
+    await lease_gate(deps, active)

@@ -19,6 +19,7 @@ import anyio
 import anyio.abc
 import structlog.contextvars
 
+from ledger.errors import LedgerClosedError
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.envelopes import ExecutorCommandType, ExecutorInstructionEnvelope
 from sandbox.policy.lifecycle import TurnState
@@ -348,6 +349,8 @@ class TurnRunner:
                 await self.end_cancelled(turn, active)
         except ClaimLostError as exc:  # this daemon lost the claim (a pause past its lease)
             self._log.warning("stale_result_refused", reason=exc.reason)
+        except LedgerClosedError:  # the session was dropped here meanwhile (its home moved)
+            self._log.warning("stale_result_refused", reason="its session was unloaded here")
         except StaleClaimError as exc:
             self._log.warning(
                 "stale_result_refused", token=exc.token, current_token=exc.current_token

@@ -29,9 +29,10 @@ from ledger.chain import content_hash
 from ledger.entries import SealedLine
 from sandbox.policy.attempts import AgentPhase, RetryOptions
 from sandbox.policy.lifecycle import TurnState
+from supervisor.errors import ClaimLostError
 from supervisor.logging import get_logger
 from supervisor.store.protocol import SessionRecord, TurnRecord
-from supervisor.store.sealing import EMPTY, LineSeal
+from supervisor.store.sealing import LineSeal
 from supervisor.turns.fairness import Share, share_of
 from supervisor.wire.turn_spec import spec_to_dict
 
@@ -278,17 +279,19 @@ class DaemonSessions:
         """The turn's exec and evidence entries for an ending the daemon decided, checked and
         not sealed: the caller's store seals them once the ending's fence held and commits them
         with it (`TurnStore.finish`, `supervisor.store.sealing`), which makes them durable.
+        `ClaimLostError` when the session is not loaded here (in a fleet: its home moved):
+        a turn never ends without its two lines.
 
         The exec entry also carries the decision (``verdict``, ``reason_code``), so that a turn
         whose entries reached the file but whose ending did not reach the store (a crash in
         between) is ended from them after the restart, not run a second time.
         """
         session = self._sessions.get(turn.session_id)
-        if session is None:
-            self._log.error(
-                "ledger_write_skipped", turn_id=turn.turn_id, reason="session not loaded"
+        if session is None:  # dropped here (its home moved): no ending without its lines
+            raise ClaimLostError(
+                turn.turn_id,
+                reason=f"its session {turn.session_id} is not loaded here (its home moved)",
             )
-            return EMPTY
         calls = [
             {
                 "executor_id": a.executor_id,

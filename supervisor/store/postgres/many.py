@@ -158,13 +158,13 @@ async def accept_many(conn: Conn, items: Sequence[Accept]) -> list[Accepted | No
     return out
 
 
-def _home_session(item: Finish) -> str | bool | None:
-    """The one session the ending's ledger lines append to (None: no lines); False when they
-    span several (such an ending runs the long way)."""
-    sessions = sessions_of(item.lines.ledger_ids)
-    if len(sessions) > 1:
+def _home_session(item: Finish) -> str | bool:
+    """The turn's session, whose home must be the ending's daemon (lines or not); False when
+    the ending's ledger lines append to another session too (it runs the long way)."""
+    own = item.claim.turn.session_id
+    if any(sid != own for sid in sessions_of(item.lines.ledger_ids)):
         return False
-    return sessions[0] if sessions else None
+    return own
 
 
 async def finish_many(conn: Conn, items: Sequence[Finish]) -> list[TurnRecord | None]:
