@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from sandbox.policy.envelopes import ExecutorCommandType
 
 __all__ = [
+    "ClaimLostError",
     "ConfigError",
     "ConnectionLost",
     "ControlClientError",
@@ -24,6 +25,7 @@ __all__ = [
     "ExecutorRejected",
     "IntakeClosedError",
     "IntakeError",
+    "LedgerForkError",
     "NotEscalatedError",
     "ProtocolError",
     "QueueFullError",
@@ -31,7 +33,6 @@ __all__ = [
     "SchemaVersionError",
     "SessionClosedError",
     "StaleClaimError",
-    "ClaimLostError",
     "StoreError",
     "StoreIntegrityError",
     "StoreUnavailableError",
@@ -209,6 +210,21 @@ class StaleClaimError(StoreError):
         self.token = token
         self.current_token = current_token
         self.owner = owner
+
+
+class LedgerForkError(StoreError, ValueError):
+    """Raised by the store when a ledger line does not continue the chain it keeps: a different
+    line is kept at its seq, or its previous hash is not its predecessor's. Nothing of the
+    write was kept. In a fleet it means this daemon's copy of the session's chain is stale
+    (another daemon appended while it was away): the session is rebuilt from the store.
+
+    ``ledger_id`` and ``seq`` name the line.
+    """
+
+    def __init__(self, ledger_id: str, seq: int, detail: str) -> None:
+        super().__init__(f"ledger {ledger_id} {detail} at seq {seq}")
+        self.ledger_id = ledger_id
+        self.seq = seq
 
 
 class ClaimLostError(StaleClaimError):

@@ -215,7 +215,12 @@ async def open_store(config: Config) -> AsyncIterator[TurnStore]:
     async with contextlib.AsyncExitStack() as stack:
         try:
             pg = await stack.enter_async_context(
-                open_postgres_store(dsn, migrate=False, read_connections=config.store.pool_size)
+                open_postgres_store(
+                    dsn,
+                    migrate=False,
+                    read_connections=config.store.pool_size,
+                    lease_ms=config.store.lease_ms,
+                )
             )
         except errors as exc:
             raise connect_failure(where, exc) from None

@@ -278,7 +278,10 @@ class StoreSettings(_Table, frozen=True):
         "own mechanisms (PGPASSFILE, ~/.pgpass, PGPASSWORD).",
     ] = None
     pool_size: Annotated[
-        int, _k(ge=1, le=64), "PostgreSQL connections kept for reads (the writes use one more)."
+        int,
+        _k(ge=1, le=64),
+        "PostgreSQL connections kept for reads (three more: the writes, the lease renewals "
+        "and LISTEN).",
     ] = 2
     lease_ms: Annotated[
         int,

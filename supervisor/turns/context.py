@@ -118,6 +118,9 @@ class TurnDeps:
     leases: LeaseClock = field(default_factory=LeaseClock.unenforced)
     #: in a fleet: whether a session is still homed here under a live home lease
     homed: Callable[[str], Awaitable[bool]] | None = None
+    #: in a fleet: the store refused a session's line from here as another chain's (a fork)
+    #: or its ending as another home's: this daemon's copy is stale (`Fleet.stale`)
+    stale_session: Callable[[str], None] = field(default=lambda _sid: None)
 
     @property
     def settings(self) -> CoreSettings:

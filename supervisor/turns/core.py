@@ -142,6 +142,7 @@ class TurnCore:
             traced=traced,
             leases=LeaseClock(settings.lease_ms, enforced=fleet is not None),
             homed=self._homed if fleet is not None else None,
+            stale_session=self._stale_session,
         )
         self._log = get_logger("supervisor.turns")
         # Submissions past their session check but not yet started, and sessions being closed:
@@ -291,6 +292,10 @@ class TurnCore:
         active.interrupt()
         if self._runner.unpark(active.turn_id):
             self._deps.tracker.remove(active)
+
+    def _stale_session(self, session_id: str) -> None:
+        if self._fleet is not None:
+            self._fleet.stale(session_id)
 
     async def _homed(self, session_id: str) -> bool:
         """In a fleet: the session is still homed here under a live home lease."""

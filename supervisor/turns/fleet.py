@@ -46,8 +46,9 @@ from ledger.heads import HEADS_DIR
 from ledger.session import SessionLedgers
 from sandbox.policy.envelopes import ExecutorCommandType
 from sandbox.policy.lifecycle import TurnState
+from supervisor.errors import LedgerForkError
 from supervisor.logging import get_logger
-from supervisor.store.fleet import DaemonRecord, FleetStore, SessionHome
+from supervisor.store.fleet import DaemonRecord, FleetStore, SessionHome, StaleHomeError
 from supervisor.store.protocol import Claim, ClaimFilter, NewTurn, Resolution, TurnRecord
 from supervisor.turns.anchors import LedgerAnchors
 from supervisor.turns.context import TurnDeps
@@ -132,6 +133,9 @@ class Fleet:
         #: until when the homes renewed last hold, by this daemon's clock (`leases`)
         self._home_clock = LeaseClock(deps.settings.lease_ms)
         self._renewing = anyio.Lock()
+        #: sessions whose chain here went stale (the store refused a line as a fork, or an
+        #: anchor as another daemon's): dropped and given back at the next claim round
+        self._stale: set[str] = set()
 
     # -- views ------------------------------------------------------------------------------
 
@@ -279,6 +283,22 @@ class Fleet:
                 elif self._homes.get(home.session_id) is home:
                     await self._drop(home.session_id, reason="home lost")
         clock.renewed(started)
+
+    def stale(self, session_id: str) -> None:
+        """The store refused a line of *session_id* from here as not continuing its chain (or
+        the session as homed elsewhere): this daemon's copy is stale. The next claim round
+        drops it and gives its home back, so that it is rebuilt from the store (here or on
+        another daemon) before anything else is appended."""
+        if session_id in self._homes:
+            self._stale.add(session_id)
+
+    async def _resync(self) -> None:
+        stale, self._stale = self._stale, set()
+        for session_id in sorted(stale):
+            home = self._homes.get(session_id)
+            await self._drop(session_id, reason="its ledger chain went on without this daemon")
+            if home is not None:
+                await self._store.release_home(home)
 
     async def homed(self, session_id: str) -> bool:
         """Whether this daemon still homes *session_id* under a live home lease by its own
@@ -498,8 +518,13 @@ class Fleet:
         behind = {lid.rsplit("/", 1)[0] for lid, seq in marks.items() if anchors.behind(lid, seq)}
         for session_id in sorted(behind):
             session = self._deps.sessions.get(session_id)
-            if session is not None:
+            if session is None:
+                continue
+            try:
                 await anchors.anchor(session)
+            except (StaleHomeError, LedgerForkError) as exc:  # homed or appended elsewhere
+                self._log.warning("anchor_refused", session_id=session_id, reason=str(exc))
+                self.stale(session_id)
         self._deps.sessions.trimmed(marks)
 
     # -- turns of sessions homed elsewhere ---------------------------------------------------
@@ -596,6 +621,8 @@ class Fleet:
             return
         if not self._home_clock.live():  # woke from a pause: what is still homed here?
             await self.lapsed(self._home_clock.late_s())
+        if self._stale:
+            await self._resync()
         for home in await self._store.claim_homes(
             deps.owner,
             lease_ms=deps.settings.lease_ms,

@@ -46,7 +46,7 @@ from sandbox.policy.attempts import AttemptDecision, Verdict
 from sandbox.policy.envelopes import ExecutorInstructionEnvelope
 from sandbox.policy.lifecycle import TurnState, final_state
 from sandbox.policy.safety import instruction_to_wire
-from supervisor.errors import ClaimLostError, StaleClaimError
+from supervisor.errors import ClaimLostError, LedgerForkError, StaleClaimError
 from supervisor.logging import get_logger, info_enabled
 from supervisor.stages import stage_costs
 from supervisor.store.fleet import StaleHomeError
@@ -522,10 +522,9 @@ class InstructionFlights:
             self._log.warning(
                 "stale_result_refused", token=exc.token, current_token=exc.current_token, **labels
             )
-        elif isinstance(exc, StaleHomeError):
-            self._log.warning(
-                "stale_result_refused", session_home=exc.home, reason=str(exc), **labels
-            )
+        elif isinstance(exc, (StaleHomeError, LedgerForkError)):  # its session went on elsewhere
+            self._log.warning("stale_result_refused", reason=str(exc), **labels)
+            deps.stale_session(flight.turn.session_id)
         else:
             self._log.error("turn_failed", error_type=type(exc).__name__, error=str(exc), **labels)
             self._owner.end_failed_later(flight.turn, active, exc)

@@ -23,7 +23,7 @@ from ledger.errors import LedgerClosedError
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.envelopes import ExecutorCommandType, ExecutorInstructionEnvelope
 from sandbox.policy.lifecycle import TurnState
-from supervisor.errors import ClaimLostError, StaleClaimError
+from supervisor.errors import ClaimLostError, LedgerForkError, StaleClaimError
 from supervisor.logging import get_logger
 from supervisor.store.fleet import StaleHomeError
 from supervisor.store.protocol import Claim, TurnEnding, TurnRecord
@@ -295,8 +295,10 @@ class TurnRunner:
         )
         try:
             await step()
-        except (StaleClaimError, StaleHomeError) as exc:
+        except (StaleClaimError, StaleHomeError, LedgerForkError, LedgerClosedError) as exc:
             self._log.warning("stale_result_refused", reason=str(exc))
+            if isinstance(exc, (StaleHomeError, LedgerForkError)):
+                self._deps.stale_session(turn.session_id)
         except Exception as exc:  # the store or a ledger itself is broken: log, keep serving
             self._log.exception("turn_finish_failed", error=str(exc))
         finally:
@@ -355,8 +357,9 @@ class TurnRunner:
             self._log.warning(
                 "stale_result_refused", token=exc.token, current_token=exc.current_token
             )
-        except StaleHomeError as exc:  # in a fleet: the session moved to another daemon
-            self._log.warning("stale_result_refused", session_home=exc.home, reason=str(exc))
+        except (StaleHomeError, LedgerForkError) as exc:  # in a fleet: it went on elsewhere
+            self._log.warning("stale_result_refused", reason=str(exc))
+            self._deps.stale_session(turn.session_id)
         except Exception as exc:  # a bug or a broken dependency ends this turn, not the daemon
             self._log.exception("turn_failed", error_type=type(exc).__name__, error=str(exc))
             await self._end_error(turn, active, exc)
@@ -420,5 +423,9 @@ class TurnRunner:
                         reason=f"{type(exc).__name__}: {exc}",
                     ),
                 )
+        except (StaleClaimError, StaleHomeError, LedgerForkError, LedgerClosedError) as again:
+            self._log.warning("stale_result_refused", reason=str(again))
+            if isinstance(again, (StaleHomeError, LedgerForkError)):
+                self._deps.stale_session(turn.session_id)
         except Exception as again:  # the store or a ledger itself is broken: log, keep serving
             self._log.exception("turn_finish_failed", error=str(again))

@@ -25,12 +25,20 @@ Design notes
   fails, the transaction is rolled back and the batch runs again with a SAVEPOINT per op, so
   the failing op rolls back alone and raises to its own caller only.
 * **Other daemons** write the same rows through their own committers. Fenced writes lock the
-  turn's row, claims skip locked rows; a deadlock or serialization failure between two
-  daemons' batches (PostgreSQL aborts one transaction) makes this committer run the whole
-  batch again, a few times, before failing its ops.
+  turn's row, claims skip locked rows; every batch locks its rows in one order (sessions by
+  id, then turns by id: `batches`), so no two daemons' batches wait for each other in a cycle.
+  A lock timeout, a statement timeout, or a deadlock or serialization failure (PostgreSQL aborts
+  one transaction) makes this committer run the whole batch again: a lock or statement
+  timeout for up to two leases, the others a few times, before failing its ops.
+* **Renewals have a connection of their own** (`connections.RenewalConnection`): lease
+  renewals of turn claims and session homes and the heartbeat never queue behind the
+  committer's batches. Every connection runs with lock and idle-in-transaction timeouts below
+  the lease (`connections.Timeouts`, from *lease_ms*), so a paused daemon's locks go before
+  its leases lapse.
 * **Reads** use a few other connections (idle ones wait in a memory object stream), each
   read in one read-only ``REPEATABLE READ`` transaction (one snapshot), so they never wait
-  behind a commit.
+  behind a commit; a read that does not end (cancelled, failed) is rolled back before its
+  connection serves another (`connections.read_only`).
 * A caller cancelled while its op is still queued marks it abandoned and the committer skips
   it; once the op is in a batch the write happens or not as a whole, as ever.
 * **Outages.** A lost connection never fails a write: the committer reconnects with backoff
@@ -39,10 +47,11 @@ Design notes
   whether the server is reachable.
 * The SQL and its checks are in `operations` (the fleet's in `fleet_ops`); the tables and
   versions in `schema`; the queued ops and one batch's transaction in `batches`.
-* About 800 lines (the class about 640), past the usual 600/400: the `TurnStore` and
+* About 950 lines (the class about 750), past the usual 600/400: the `TurnStore` and
   `FleetStore` methods are one-line delegations kept in one class (one connection set, one
   committer); the committer and the connection handling around it (reconnects, the
-  lost-commit check) share its state.
+  lost-commit check, the renewal connection, the timeouts) share its state. What does not
+  need it is in `connections` and `batches`.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TypeVar
@@ -74,8 +84,18 @@ from supervisor.store.postgres.batches import (
     BatchAttempt,
     Op,
     PendingOp,
+    RowLocks,
     connection_lost,
+    rerun_error,
     try_batch,
+)
+from supervisor.store.postgres.connections import (
+    RenewalConnection,
+    Role,
+    SessionSettings,
+    Timeouts,
+    end_transaction,
+    read_only,
 )
 from supervisor.store.postgres.many import run_grouped
 from supervisor.store.postgres.schema import check_schema, migrate
@@ -95,7 +115,7 @@ from supervisor.store.protocol import (
     TurnRecord,
 )
 from supervisor.store.queued import withdraw_batch
-from supervisor.store.sealing import LineSeal, as_seal
+from supervisor.store.sealing import LineSeal, as_seal, sessions_of
 
 __all__ = ["PostgresTurnStore", "describe_dsn", "migrate_database", "open_postgres_store"]
 
@@ -126,6 +146,9 @@ class PostgresTurnStore:
     *migrate*: create or upgrade the schema when opening (the tests, an embedded setup); when
     False (a daemon in production) a database not yet migrated, or migrated by a newer hunter,
     raises `SchemaVersionError` from `run`, saying what to do.
+    *lease_ms*: the fleet's lease (``store.lease_ms``), from which the connections' lock, idle
+    and statement timeouts follow (`connections.Timeouts.for_lease`); None: the lease the
+    daemon claims and renews with (`connections.SessionSettings.learn`).
     Construct it inside the event loop; it does no I/O until `run`.
     """
 
@@ -137,8 +160,10 @@ class PostgresTurnStore:
         max_batch: int = 256,
         read_connections: int = 2,
         connect_timeout_s: float = 10.0,
+        lease_ms: int | None = None,
     ) -> None:
         self._dsn = dsn
+        self._settings = SessionSettings(lease_ms)
         self.where = describe_dsn(dsn)
         self._migrate = migrate
         self._max_batch = max_batch
@@ -165,6 +190,14 @@ class PostgresTurnStore:
         self._outages = 0
         self._last_error = ""
         self._round_trips = 0
+        #: turn -> this store's writes of it queued or in a batch (`renew` reads it)
+        self._writing: Counter[int] = Counter()
+        self._renewals = RenewalConnection(
+            lambda: self._connect("renewal"),
+            where=self.where,
+            is_open=lambda: self._state in {"starting", "open", "closing"},
+            prepare=lambda conn: self._settings.apply(conn, "renewal"),
+        )
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -177,16 +210,20 @@ class PostgresTurnStore:
             raise RuntimeError(f"turn store {self.where}: run() was already called")
         self._state = "starting"
         try:
-            self._writer = await self._connect()
+            self._writer = await self._connect("writer")
             if self._migrate:
+                # a migration may wait for another's (its advisory lock) and take long
+                await self._writer.execute("SET lock_timeout = 0; SET statement_timeout = 0")
                 await migrate(self._writer, self.where)
+                await self._writer.execute("RESET lock_timeout; RESET statement_timeout")
             else:
                 await check_schema(self._writer, self.where)
             for _ in range(self._read_connections):
-                reader = await self._connect()
+                reader = await self._connect("reader")
                 self._readers.append(reader)
                 self._idle_send.send_nowait(reader)
-            self._listener = await asyncpg.connect(self._dsn, timeout=self._connect_timeout_s)
+            await self._renewals.start()
+            self._listener = await self._connect("listener", counted=False)
             await self._listener.add_listener(ops.WORK_CHANNEL, self._notified)
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -234,12 +271,25 @@ class PostgresTurnStore:
                 await conn.close(timeout=5)
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
                 conn.terminate()
+        await self._renewals.aclose()
 
-    async def _connect(self) -> asyncpg.Connection:
-        """A writer or reader connection; its statements are counted (round trips)."""
-        conn = await asyncpg.connect(self._dsn, timeout=self._connect_timeout_s)
-        conn.add_query_logger(self._count_round_trip)
+    async def _connect(self, role: Role, *, counted: bool = True) -> asyncpg.Connection:
+        """A connection with the session settings of its *role* (`connections.Timeouts`);
+        its statements are counted (round trips) unless it is the ``LISTEN`` one."""
+        conn = await asyncpg.connect(
+            self._dsn,
+            timeout=self._connect_timeout_s,
+            server_settings=self._settings.for_connect(role),
+        )
+        self._settings.connected(conn)
+        if counted:
+            conn.add_query_logger(self._count_round_trip)
         return conn
+
+    @property
+    def timeouts(self) -> Timeouts:
+        """The connections' timeouts now (`connections.Timeouts`)."""
+        return self._settings.timeouts
 
     def _count_round_trip(self, _query: object) -> None:
         self._round_trips += 1
@@ -294,22 +344,34 @@ class PostgresTurnStore:
         finish: Finish | None = None,
         touches: int | None = None,
         lines: LineSeal | None = None,
+        locks: RowLocks | None = None,
     ) -> Op[T]:
         self._check_open()
-        op = Op(fn, on_commit, accept=accept, finish=finish, touches=touches, lines=lines)
+        op = Op(
+            fn, on_commit, accept=accept, finish=finish, touches=touches, lines=lines, locks=locks
+        )
         try:
             self._send.send_nowait(op)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             raise IntakeClosedError(f"turn store {self.where} is closed") from None
+        self._writing.update(op.locks.turns if op.locks is not None else ())
         return op
+
+    def _landed(self, op: Op[object]) -> None:
+        """The committer is done with *op* (or skipped it): its turns are no longer written."""
+        for turn_id in op.locks.turns if op.locks is not None else ():
+            self._writing[turn_id] -= 1
+            if self._writing[turn_id] <= 0:
+                del self._writing[turn_id]
 
     async def _write(
         self,
         fn: Callable[[asyncpg.Connection], Awaitable[T]],
         *,
         lines: LineSeal | None = None,
+        locks: RowLocks | None = None,
     ) -> T:
-        return await PendingOp(self._enqueue(fn, lines=lines)).result()
+        return await PendingOp(self._enqueue(fn, lines=lines, locks=locks)).result()
 
     async def _commit_loop(self) -> None:
         async for first in self._receive:
@@ -320,6 +382,9 @@ class PostgresTurnStore:
                 except (anyio.WouldBlock, anyio.EndOfStream):
                     break
             live = [op for op in batch if not op.abandoned]
+            for op in batch:
+                if op.abandoned:
+                    self._landed(op)
             if live:
                 with anyio.CancelScope(shield=True):
                     await self._commit(live)
@@ -337,31 +402,35 @@ class PostgresTurnStore:
             self._stale += sum(isinstance(op.error, StaleClaimError) for op in batch)
         finally:
             for op in batch:
+                self._landed(op)
                 op.complete()
                 op.committed()
         await anyio.lowlevel.checkpoint()
 
     async def _run_batch(self, batch: list[Op[object]]) -> None:
         """Run *batch* in one transaction, each op all-or-nothing; again, whole, after a
-        deadlock or serialization failure, and after a lost connection whose transaction did
-        not commit (`batches`: never lost, never applied twice)."""
+        deadlock or serialization failure, a lock or statement timeout, and after a lost
+        connection whose transaction did not commit (`batches`: never lost, never applied
+        twice)."""
         retries = 0
+        began = time.monotonic()
         while True:
             conn = await self._connected_writer()
             attempt = BatchAttempt()
             try:
+                await self._settings.apply(conn, "writer")
                 await try_batch(conn, batch, attempt, run_grouped=run_grouped)
-            except asyncpg.TransactionRollbackError:
-                withdraw_batch(batch)  # rolled back (at its COMMIT too): the rerun seals again
-                retries += 1
-                if retries == _BATCH_RETRIES:
-                    raise
-                self._retried_batches += 1
-                for op in batch:
-                    op.reset()
-                await anyio.sleep(0.001 * 2**retries)
-                continue
             except Exception as exc:
+                if rerun_error(exc):
+                    withdraw_batch(batch)  # rolled back (at its COMMIT too): the rerun seals again
+                    retries += 1
+                    if self._gives_up(exc, retries, began):
+                        raise
+                    self._retried_batches += 1
+                    for op in batch:
+                        op.reset()
+                    await anyio.sleep(0.001 * 2 ** min(retries, 8))
+                    continue
                 if not connection_lost(exc, conn):
                     withdraw_batch(batch)  # the server refused the batch: nothing committed
                     raise
@@ -376,6 +445,23 @@ class PostgresTurnStore:
             self._writer_up()
             return
 
+    def _gives_up(self, exc: Exception, retries: int, began: float) -> bool:
+        """Whether a batch stops running again after *exc* (`batches.rerun_error`): a lock or
+        statement timeout after two leases (another daemon paused inside a transaction loses
+        its connection after half of one), a deadlock or serialization failure after
+        `_BATCH_RETRIES` tries."""
+        if isinstance(exc, asyncpg.TransactionRollbackError):
+            return retries >= _BATCH_RETRIES
+        waited_s = time.monotonic() - began
+        _log.warning(
+            "store_batch_waited",
+            store=self.where,
+            error=f"{type(exc).__name__}: {exc}",
+            tries=retries,
+            waited_s=round(waited_s, 3),
+        )
+        return waited_s > 2 * self._settings.lease_ms / 1000 and retries >= _BATCH_RETRIES
+
     async def _connected_writer(self) -> asyncpg.Connection:
         """The writer's connection, reconnecting with backoff (50 ms doubling to 2 s) while
         the server is unreachable; the batch waits (nothing acknowledged is lost meanwhile)."""
@@ -384,7 +470,7 @@ class PostgresTurnStore:
             if self._state not in {"open", "closing"}:
                 raise IntakeClosedError(f"turn store {self.where} is closed")
             try:
-                self._writer = await self._connect()
+                self._writer = await self._connect("writer")
             except Exception as exc:  # still down: wait and try again
                 self._writer_lost(None, exc)
                 await anyio.sleep(delay)
@@ -431,7 +517,7 @@ class PostgresTurnStore:
             if self._listener is not None and not self._listener.is_closed():
                 continue
             try:
-                listener = await asyncpg.connect(self._dsn, timeout=self._connect_timeout_s)
+                listener = await self._connect("listener", counted=False)
                 await listener.add_listener(ops.WORK_CHANNEL, self._notified)
             except Exception as exc:  # still down
                 self._last_error = f"{type(exc).__name__}: {exc}"
@@ -448,14 +534,16 @@ class PostgresTurnStore:
         try:
             for tries in range(_READ_TRIES):
                 try:
-                    async with conn.transaction(isolation="repeatable_read", readonly=True):
-                        return await fn(conn)
+                    await self._settings.apply(conn, "reader")
+                    return await read_only(conn, fn)
                 except Exception as exc:
                     if not connection_lost(exc, conn) or tries == _READ_TRIES - 1:
                         raise
                     conn = await self._reconnect_reader(conn, exc)
             raise AssertionError("unreachable")
         finally:
+            if not conn.is_closed() and conn.is_in_transaction():
+                await end_transaction(conn)  # never handed on inside a transaction
             # when closing, the connection is being closed instead
             with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                 self._idle_send.send_nowait(conn)
@@ -470,7 +558,7 @@ class PostgresTurnStore:
         deadline = time.monotonic() + 10
         while True:
             try:
-                conn = await self._connect()
+                conn = await self._connect("reader")
             except Exception as again:
                 if time.monotonic() > deadline:
                     raise StoreUnavailableError(
@@ -488,7 +576,9 @@ class PostgresTurnStore:
         return await self._write(lambda c: ops.open_session(c, new))
 
     async def close_session(self, session_id: str) -> SessionRecord:
-        return await self._write(lambda c: ops.close_session(c, session_id))
+        return await self._write(
+            lambda c: ops.close_session(c, session_id), locks=RowLocks(sessions=(session_id,))
+        )
 
     async def get_session(self, session_id: str) -> SessionRecord:
         return await self._read(lambda c: ops.get_session(c, session_id))
@@ -511,6 +601,7 @@ class PostgresTurnStore:
             lambda c: ops.accept(c, new, claim_for, lease_ms),
             accept=None if new.idempotency_key is not None else Accept(new, claim_for, lease_ms),
             touches=NEW_TURN,
+            locks=RowLocks(sessions=(new.session_id,)),
         )
         return PendingOp(op)
 
@@ -523,18 +614,38 @@ class PostgresTurnStore:
         _check_lease(lease_ms)
         if limit <= 0:
             return []
+        self._settings.learn(lease_ms)
         return await self._write(lambda c: ops.claim_turns(c, owner, limit, lease_ms, only))
 
     async def renew(self, claims: Sequence[Claim], *, lease_ms: int) -> list[Claim]:
+        """On the renewal connection, never behind a batch; a claim whose row another
+        transaction holds past the renewal's lock timeout comes back not renewed (still held:
+        the next round renews it; `operations.renew`), and so does one a write of this store
+        still in flight ends or releases."""
         _check_lease(lease_ms)
         if not claims:
             return []
+        self._settings.learn(lease_ms)
         held = tuple(claims)
-        return await self._write(lambda c: ops.renew(c, held, lease_ms))
+        writing = {c.turn_id for c in held if c.turn_id in self._writing}
+        kept = await self._renew(lambda c: ops.renew(c, held, lease_ms))
+        # A claim this store's own write (its ending, its release) gave up while the renewal
+        # ran is not "lost": that write's caller learns its outcome, and the next round, with
+        # nothing in flight, tells a claim another daemon took. (Through the committer, a
+        # renewal was answered only after every write queued before it.)
+        writing.update(c.turn_id for c in held if c.turn_id in self._writing)
+        found = {c.turn_id: c for c in kept}
+        if writing <= found.keys():
+            return kept
+        return [found.get(c.turn_id, c) for c in held if c.turn_id in found or c.turn_id in writing]
+
+    async def _renew(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        self._check_open()
+        return await self._renewals.run(fn)
 
     async def release(self, claim: Claim) -> None:
         """Give the turn up; a claim already lost is left alone (nothing to give up)."""
-        await self._write(lambda c: ops.release(c, claim))
+        await self._write(lambda c: ops.release(c, claim), locks=RowLocks(turns=(claim.turn_id,)))
 
     async def recover(self, owner: str, *, lease_ms: int) -> list[Claim]:
         _check_lease(lease_ms)
@@ -543,7 +654,9 @@ class PostgresTurnStore:
     # -- fenced writes --------------------------------------------------------------------
 
     async def start_attempt(self, claim: Claim, attempt: AttemptRecord) -> Claim:
-        return await self._write(lambda c: ops.start_attempt(c, claim, attempt))
+        return await self._write(
+            lambda c: ops.start_attempt(c, claim, attempt), locks=RowLocks(turns=(claim.turn_id,))
+        )
 
     def start_attempt_soon(
         self,
@@ -646,7 +759,9 @@ class PostgresTurnStore:
     ) -> TurnRecord:
         seal = as_seal(ledger_lines)
         return await self._write(
-            lambda c: ops.resolve(c, turn_id, resolution, seal, result), lines=seal
+            lambda c: ops.resolve(c, turn_id, resolution, seal, result),
+            lines=seal,
+            locks=RowLocks(turns=(turn_id,)),
         )
 
     # -- reads ----------------------------------------------------------------------------
@@ -675,7 +790,10 @@ class PostgresTurnStore:
 
     async def home_session(self, session_id: str, owner: str, *, lease_ms: int) -> SessionHome:
         _check_lease(lease_ms)
-        return await self._write(lambda c: fleet_ops.home_session(c, session_id, owner, lease_ms))
+        return await self._write(
+            lambda c: fleet_ops.home_session(c, session_id, owner, lease_ms),
+            locks=RowLocks(sessions=(session_id,)),
+        )
 
     async def claim_homes(
         self,
@@ -687,6 +805,7 @@ class PostgresTurnStore:
         serves: frozenset[str] | None = None,
     ) -> list[SessionHome]:
         _check_lease(lease_ms)
+        self._settings.learn(lease_ms)  # every claim round of a fleet's daemon
         return await self._write(
             lambda c: fleet_ops.claim_homes(c, owner, lease_ms, limit, packages, serves=serves)
         )
@@ -697,12 +816,16 @@ class PostgresTurnStore:
         held = tuple(homes)
         if not held:
             return []
-        return await self._write(lambda c: fleet_ops.renew_homes(c, held, lease_ms))
+        self._settings.learn(lease_ms)
+        return await self._renew(lambda c: fleet_ops.renew_homes(c, held, lease_ms))
 
     async def release_home(self, home: SessionHome, *, reserve_ms: int | None = None) -> None:
         if reserve_ms is not None:
             _check_lease(reserve_ms)
-        await self._write(lambda c: fleet_ops.release_home(c, home, reserve_ms))
+        await self._write(
+            lambda c: fleet_ops.release_home(c, home, reserve_ms),
+            locks=RowLocks(sessions=(home.session_id,)),
+        )
 
     async def session_homes(self, session_ids: Sequence[str] | None = None) -> dict[str, str]:
         ids = None if session_ids is None else tuple(session_ids)
@@ -717,7 +840,10 @@ class PostgresTurnStore:
     async def anchor_ledger_lines(self, owner: str, lines: Sequence[SealedLine]) -> None:
         kept = tuple(lines)
         if kept:
-            await self._write(lambda c: fleet_ops.anchor_ledger_lines(c, owner, kept))
+            await self._write(
+                lambda c: fleet_ops.anchor_ledger_lines(c, owner, kept),
+                locks=RowLocks(sessions=tuple(sessions_of(x.ledger_id for x in kept))),
+            )
 
     async def ledger_heads(self, ledger_ids: Sequence[str] | None = None) -> list[LedgerHead]:
         ids = None if ledger_ids is None else tuple(ledger_ids)
@@ -726,7 +852,7 @@ class PostgresTurnStore:
     async def heartbeat(
         self, owner: str, *, host: str, pid: int, started_us: int, info: Mapping[str, object]
     ) -> None:
-        await self._write(
+        await self._renew(
             lambda c: fleet_ops.heartbeat(
                 c, owner, host=host, pid=pid, started_us=started_us, info=info
             )
@@ -746,7 +872,8 @@ class PostgresTurnStore:
         decided_by: Mapping[str, object] | None = None,
     ) -> TurnRecord:
         return await self._write(
-            lambda c: fleet_ops.request_resolution(c, turn_id, resolution, decided_by)
+            lambda c: fleet_ops.request_resolution(c, turn_id, resolution, decided_by),
+            locks=RowLocks(turns=(turn_id,)),
         )
 
     async def pending_resolutions(
@@ -772,11 +899,22 @@ class PostgresTurnStore:
 
 @asynccontextmanager
 async def open_postgres_store(
-    dsn: str, *, migrate: bool = True, max_batch: int = 256, read_connections: int = 2
+    dsn: str,
+    *,
+    migrate: bool = True,
+    max_batch: int = 256,
+    read_connections: int = 2,
+    lease_ms: int | None = None,
 ) -> AsyncIterator[PostgresTurnStore]:
-    """The store on *dsn*, its committer running until the block ends."""
+    """The store on *dsn*, its committer running until the block ends; *lease_ms*: the
+    fleet's lease (``store.lease_ms``), which the connections' timeouts follow (None: the
+    lease the daemon renews with)."""
     store = PostgresTurnStore(
-        dsn, migrate=migrate, max_batch=max_batch, read_connections=read_connections
+        dsn,
+        migrate=migrate,
+        max_batch=max_batch,
+        read_connections=read_connections,
+        lease_ms=lease_ms,
     )
     failed: Exception | None = None
     async with anyio.create_task_group() as tg:

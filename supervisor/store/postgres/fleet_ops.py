@@ -6,6 +6,19 @@ A session's home is fenced like a turn's claim: the owner and a token that only 
 session's row. Ledger writes lock the rows of the sessions they append to (``FOR SHARE``), so a
 home cannot change hands while a line is being kept, and appends to one session are serialised
 across daemons.
+
+Design notes
+------------
+* **Home claims never wait and never stop short.** `claim_homes` picks the open sessions whose
+  home lapsed with ``FOR NO KEY UPDATE SKIP LOCKED`` in a materialized CTE (run once; ``LIMIT``
+  counts the rows it locked, not the ones it skipped) and takes them in one statement. A row
+  another transaction holds is skipped for this round only: a paused daemon's transaction is
+  cut by the server after ``idle_in_transaction_session_timeout`` (half a lease,
+  `connections.Timeouts`), before its homes lapse, so the next round takes every one of them.
+* **Renewals** (`renew_homes`, the heartbeat) run on the renewal connection, outside any
+  transaction: the sessions' rows by id, ``SKIP LOCKED`` first, then the skipped ones waiting
+  at most that connection's ``lock_timeout`` (`operations.renew_held`).
+* The lock order of every statement here is listed in `operations`.
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ from supervisor.store.postgres.operations import (
     get_session,
     get_turn,
     put_ledger_lines,
+    renew_held,
 )
 from supervisor.store.postgres.schema import SESSION_COLUMNS, TURN_COLUMNS
 from supervisor.store.protocol import Resolution, TurnRecord
@@ -52,6 +66,8 @@ __all__ = [
 Conn = asyncpg.Connection
 
 _HOME_COLUMNS: Final = f"{SESSION_COLUMNS}, home, home_token, home_until_us"
+#: ``_HOME_COLUMNS`` of the updated table, in an ``UPDATE ... FROM`` that joins another
+_HOME_RETURNING: Final = ", ".join(f"sessions.{c.strip()}" for c in _HOME_COLUMNS.split(","))
 
 
 def _now_us() -> int:
@@ -112,16 +128,16 @@ async def claim_homes(
     # unless it was handed over (released with a reservation, `home_until_us` in the future):
     # until then only a daemon serving every command type of its waiting turns takes it.
     rows = await conn.fetch(
-        "UPDATE sessions SET home = $1, home_token = home_token + 1, home_until_us = $2"
-        " WHERE session_id IN (SELECT s.session_id FROM sessions s WHERE s.state = 'open'"
+        "WITH c AS MATERIALIZED (SELECT s.session_id FROM sessions s WHERE s.state = 'open'"
         " AND ((s.home IS NULL AND (s.home_token > 0 OR s.opened_us < $3 - $6::bigint)"
         " AND (s.home_until_us IS NULL OR s.home_until_us < $3 OR NOT EXISTS (SELECT 1 FROM"
         f" turns t WHERE t.session_id = s.session_id AND {_WAITING_SQL}"
         " AND NOT t.command_type = ANY($7::text[]))))"
         " OR s.home_until_us < $3)"
         " AND ($5::text[] IS NULL OR s.package_id = ANY($5::text[]))"
-        " ORDER BY s.opened_us LIMIT $4 FOR UPDATE OF s SKIP LOCKED)"
-        f" RETURNING {_HOME_COLUMNS}",
+        " ORDER BY s.opened_us, s.session_id LIMIT $4 FOR NO KEY UPDATE OF s SKIP LOCKED)"
+        " UPDATE sessions SET home = $1, home_token = home_token + 1, home_until_us = $2"
+        f" FROM c WHERE sessions.session_id = c.session_id RETURNING {_HOME_RETURNING}",
         owner,
         now + lease_ms * 1000,
         now,
@@ -158,23 +174,43 @@ async def waiting_turns(
     return [(str(r[0]), str(r[1])) for r in rows]
 
 
+#: The homes' rows still held (owner and token, open), locked by id (``{wait}``: ``SKIP
+#: LOCKED`` or waiting), given the new lease; the answer lists every held row with whether it was.
+_RENEW_HOMES: Final = (
+    "WITH held AS (SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[])"
+    " AS h(session_id, owner, token)),"
+    " l AS (SELECT s.session_id FROM sessions s JOIN held h ON s.session_id = h.session_id"
+    " AND s.home = h.owner AND s.home_token = h.token AND s.state = 'open'"
+    " ORDER BY s.session_id FOR NO KEY UPDATE OF s{wait}),"
+    " u AS (UPDATE sessions SET home_until_us = $1 FROM l"
+    " WHERE sessions.session_id = l.session_id RETURNING sessions.session_id)"
+    " SELECT s.session_id, u.session_id IS NOT NULL FROM sessions s JOIN held h"
+    " ON s.session_id = h.session_id AND s.home = h.owner AND s.home_token = h.token"
+    " AND s.state = 'open' LEFT JOIN u ON u.session_id = s.session_id"
+)
+_RENEW_HOMES_SKIPPING: Final = _RENEW_HOMES.format(wait=" SKIP LOCKED")
+_RENEW_HOMES_WAITING: Final = _RENEW_HOMES.format(wait="")
+
+
 async def renew_homes(
     conn: Conn, homes: tuple[SessionHome, ...], lease_ms: int
 ) -> list[SessionHome]:
+    """The homes still held, renewed (one whose row stays locked by another transaction comes
+    back as it was: `operations.renew_held`); runs outside a transaction."""
     until = _now_us() + lease_ms * 1000
-    rows = await conn.fetch(
-        "UPDATE sessions SET home_until_us = $1"
-        " FROM unnest($2::text[], $3::text[], $4::bigint[]) AS held(session_id, owner, token)"
-        " WHERE sessions.session_id = held.session_id AND sessions.home = held.owner"
-        " AND sessions.home_token = held.token AND sessions.state = 'open'"
-        " RETURNING sessions.session_id",
+    renewed, busy = await renew_held(
+        conn,
+        (_RENEW_HOMES_SKIPPING, _RENEW_HOMES_WAITING),
         until,
-        [h.session_id for h in homes],
-        [h.owner for h in homes],
-        [h.token for h in homes],
+        ids=[h.session_id for h in homes],
+        owners=[h.owner for h in homes],
+        tokens=[h.token for h in homes],
     )
-    kept = {str(r[0]) for r in rows}
-    return [replace(h, lease_until_us=until) for h in homes if h.session_id in kept]
+    return [
+        replace(h, lease_until_us=until) if h.session_id in renewed else h
+        for h in homes
+        if h.session_id in renewed or h.session_id in busy
+    ]
 
 
 async def release_home(conn: Conn, home: SessionHome, reserve_ms: int | None = None) -> None:
@@ -253,7 +289,9 @@ async def request_resolution(
     resolution: Resolution,
     decided_by: Mapping[str, object] | None = None,
 ) -> TurnRecord:
-    state = await conn.fetchval("SELECT state FROM turns WHERE turn_id = $1 FOR UPDATE", turn_id)
+    state = await conn.fetchval(
+        "SELECT state FROM turns WHERE turn_id = $1 FOR NO KEY UPDATE", turn_id
+    )
     if state is None:
         raise UnknownTurnError(turn_id)
     if state != TurnState.ESCALATED.value:

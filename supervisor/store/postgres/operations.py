@@ -5,19 +5,44 @@ one).
 Design notes
 ------------
 * The rules are the SQLite engine's, checked the same way before anything is written: a fenced
-  write locks the turn's row (``SELECT ... FOR UPDATE``) and compares the claim's owner and
+  write locks the turn's row (``SELECT ... FOR NO KEY UPDATE``) and compares the claim's owner and
   token (`StaleClaimError`); a state change goes through `check_move` (`IllegalTransition`).
   The row lock matters here: another daemon's claim of the same turn waits (or, with
   ``SKIP LOCKED``, passes it by) until this write commits, so a check and its write see the
   same row.
-* **Claims** pick the oldest claimable rows with ``FOR UPDATE SKIP LOCKED`` inside the
-  ``UPDATE``: two daemons claiming at once take different turns and never wait for each other.
-  Every claim adds one to the row's token.
+* **Claims** pick the oldest claimable rows with ``FOR NO KEY UPDATE SKIP LOCKED`` (a
+  materialized CTE, so the pick runs once) and update those: two daemons claiming at once take
+  different turns and never wait for each other. Every claim adds one to the row's token.
+* **The lock order: sessions by id, then turns by id**, in every statement that may wait for a
+  row, so that no two transactions wait for each other in a cycle. A batch of several ops takes
+  every such lock first, in that order (`batches.LOCK_ROWS`, with its ``BEGIN``); a batch of
+  one op takes them in its statements, each in that order. The statements here and in
+  `fleet_ops`, with what they lock:
+
+  - accept (`one_trip`; `many`, whose batches always lock first): the session (its counter),
+    then it inserts the new turn;
+  - keyed accept (`_ACCEPT_KEYED`): the session (``FOR NO KEY UPDATE``), then it inserts the
+    turn unless its key was taken meanwhile (``ON CONFLICT DO NOTHING``);
+  - start, retry, the long way's fence, release, resolve, request_resolution: the turn;
+  - finish (`one_trip`, `many`): the sessions of its ledger lines (``FOR SHARE``, by id), then
+    the turn;
+  - claim_turns, recover: turns, ``SKIP LOCKED`` (never waits);
+  - renew (the renewal connection, no transaction): turns by id, ``SKIP LOCKED``, then the rows
+    it skipped, by id, waiting at most that connection's ``lock_timeout`` (`renew_held`);
+  - open_session: a new row; close_session: the session;
+  - home_session, release_home: the session; claim_homes: sessions, ``SKIP LOCKED``;
+    renew_homes: sessions by id, as renew; anchor_ledger_lines: the sessions of its lines
+    (``FOR SHARE``, by id);
+  - heartbeat, forget_daemon: the daemon's own row of ``daemons`` (no other writer).
+
+  A statement that locks with ``SKIP LOCKED`` never waits, so it may run anywhere in a batch.
+  Every lock is ``FOR NO KEY UPDATE`` (or ``FOR SHARE``), never ``FOR UPDATE``: the rows' keys
+  never change, and a batch that locked a row first never needs a stronger lock on it later.
 * ``now`` is the daemon's clock, read in each operation (as the SQLite engine does). Leases
   compared across hosts therefore assume clocks in sync to well under a lease.
 * Every SQL text is a constant, or one of a few shapes (filters pass arrays, never spliced
   values), so asyncpg's per-connection statement cache keeps each prepared.
-* About 700 lines, past the usual 600: one function per protocol operation (each hot write
+* About 850 lines, past the usual 600: one function per protocol operation (each hot write
   tries its one statement from `one_trip` first and keeps the long way here), kept side by side
   with the SQLite engine's `operations` so the two read alike; splitting it would scatter the
   fencing and lifecycle checks the operations share.
@@ -38,6 +63,7 @@ from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import TurnState, check_move
 from supervisor.errors import (
+    LedgerForkError,
     NotEscalatedError,
     SessionClosedError,
     UnknownSessionError,
@@ -45,6 +71,7 @@ from supervisor.errors import (
 )
 from supervisor.store.fencing import fence, started_move, stored_attempt, with_start
 from supervisor.store.fleet import StaleHomeError
+from supervisor.store.postgres.batches import note_xid
 from supervisor.store.postgres.one_trip import (
     ATTEMPT_UPSERT,
     accept_row,
@@ -105,6 +132,7 @@ __all__ = [
     "recover",
     "release",
     "renew",
+    "renew_held",
     "resolve",
     "row_values",
     "start_attempt",
@@ -118,6 +146,8 @@ Conn = asyncpg.Connection
 WORK_CHANNEL: Final = "hunter_work"
 
 _UNFINISHED_SQL: Final = f"state IN ({', '.join(repr(s) for s in UNFINISHED)})"
+#: ``TURN_COLUMNS`` of the updated table, in an ``UPDATE ... FROM`` that joins another
+_TURN_RETURNING: Final = ", ".join(f"turns.{c.strip()}" for c in TURN_COLUMNS.split(","))
 _RESOLVED: Final = {
     Resolution.RETRY: TurnState.ACCEPTED,
     Resolution.TERMINATE: TurnState.TERMINATED,
@@ -234,17 +264,45 @@ async def find_turn(conn: Conn, session_id: str, key: str) -> TurnRecord | None:
 # -- acceptance and claims ------------------------------------------------------------------------
 
 
+#: A keyed accept: the session's row locked (waiting for any other accept of the session, which
+#: holds it until it commits), then the turn inserted unless its key is taken meanwhile
+#: (``ON CONFLICT DO NOTHING`` sees a row committed after this statement's snapshot); the
+#: session's counter moves only when the turn was inserted, so no number is skipped. No turn
+#: and a locked session row: the key was taken by another daemon's accept (the caller reads
+#: that first turn with its next statement, whose snapshot holds it).
+_ACCEPT_KEYED: Final = (
+    "WITH s AS (SELECT turns FROM sessions WHERE session_id = $1 AND state = 'open'"
+    " FOR NO KEY UPDATE),"
+    " i AS (INSERT INTO turns(session_id, turn_number, kind, command_type, spec,"
+    " idempotency_key, state, accepted_us, updated_us, owner, token, lease_until_us)"
+    " SELECT $1, s.turns + 1, $2, $3, $4, $5, 'accepted', $6, $6, $7, $8, $9 FROM s"
+    " ON CONFLICT (session_id, idempotency_key) DO NOTHING RETURNING turn_id, turn_number),"
+    " u AS (UPDATE sessions SET turns = i.turn_number FROM i WHERE sessions.session_id = $1"
+    " RETURNING 1),"
+    " n AS (SELECT pg_notify($10, 'turn:' || i.turn_id) FROM i WHERE $7::text IS NULL)"
+    " SELECT (SELECT turn_id FROM i), (SELECT turn_number FROM i), (SELECT count(*) FROM s),"
+    " (SELECT count(*) FROM u), (SELECT count(*) FROM n), txid_current()"
+)
+
+
 async def accept(conn: Conn, new: NewTurn, claim_for: str | None, lease_ms: int) -> Accepted:
-    if new.idempotency_key is not None:
-        first = await find_turn(conn, new.session_id, new.idempotency_key)
-        if first is not None:
-            return Accepted(turn=first, created=False)
-    # The session's row lock (taken here) serialises acceptance per session across daemons; a
-    # duplicate key accepted meanwhile by another daemon fails the insert below (unique), and
-    # the engine's rerun of this op then finds that first turn.
+    """Accept *new*; a turn of the session with the same idempotency key, accepted before or
+    meanwhile (here or by another daemon: every accept of a session holds its row), comes back
+    instead (``created=False``), never a unique violation."""
     now = _now_us()
     blob = encode_spec(new.spec)
     command = new.spec.command_type.value if isinstance(new.spec, InstructionSpec) else None
+    if new.idempotency_key is not None:
+        return await _accept_keyed(
+            conn,
+            new,
+            new.idempotency_key,
+            blob=blob,
+            command=command if isinstance(command, str) else None,
+            now=now,
+            claim_for=claim_for,
+            lease_ms=lease_ms,
+        )
     token, lease = claim_of(now, claim_for, lease_ms)
     # one statement: the counter, the insert and (unclaimed) the notify (one_trip.py)
     row = await accept_row(
@@ -263,6 +321,49 @@ async def accept(conn: Conn, new: NewTurn, claim_for: str | None, lease_ms: int)
         raise SessionClosedError(new.session_id)
     turn_id, number = row
     return accepted(new, int(turn_id), int(number), now, claim_for=claim_for, lease_ms=lease_ms)
+
+
+async def _accept_keyed(
+    conn: Conn,
+    new: NewTurn,
+    key: str,
+    *,
+    blob: bytes,
+    command: str | None,
+    now: int,
+    claim_for: str | None,
+    lease_ms: int,
+) -> Accepted:
+    first = await find_turn(conn, new.session_id, key)  # a retried submit: no lock at all
+    if first is not None:
+        return Accepted(turn=first, created=False)
+    token, lease = claim_of(now, claim_for, lease_ms)
+    row = await conn.fetchrow(
+        _ACCEPT_KEYED,
+        new.session_id,
+        new.kind.value,
+        command,
+        blob,
+        key,
+        now,
+        claim_for,
+        token,
+        lease,
+        WORK_CHANNEL,
+    )
+    assert row is not None
+    note_xid(int(row[5]))
+    if row[0] is not None:
+        number = int(row[1])
+        return accepted(new, int(row[0]), number, now, claim_for=claim_for, lease_ms=lease_ms)
+    if int(row[2]) == 0:
+        await get_session(conn, new.session_id)  # raises UnknownSessionError
+        raise SessionClosedError(new.session_id)
+    # the key was taken by an accept that committed while this one waited for the session
+    first = await find_turn(conn, new.session_id, key)
+    if first is None:  # pragma: no cover - the unique key names a committed turn
+        raise AssertionError(f"turn with key {key!r} of session {new.session_id} not found")
+    return Accepted(turn=first, created=False)
 
 
 async def _claims(conn: Conn, rows: Sequence[asyncpg.Record]) -> list[Claim]:
@@ -296,9 +397,10 @@ async def claim_turns(
             args.append(sorted(only.sessions))
             where.append(f"session_id = ANY(${len(args)}::text[])")
     rows = await conn.fetch(
-        "UPDATE turns SET owner = $1, token = token + 1, lease_until_us = $2 WHERE turn_id IN"
-        f" (SELECT turn_id FROM turns WHERE {' AND '.join(where)} ORDER BY turn_id LIMIT $4"
-        f" FOR UPDATE SKIP LOCKED) RETURNING {TURN_COLUMNS}",
+        "WITH c AS MATERIALIZED (SELECT turn_id FROM turns"
+        f" WHERE {' AND '.join(where)} ORDER BY turn_id LIMIT $4 FOR NO KEY UPDATE SKIP LOCKED)"
+        " UPDATE turns SET owner = $1, token = token + 1, lease_until_us = $2 FROM c"
+        f" WHERE turns.turn_id = c.turn_id RETURNING {_TURN_RETURNING}",
         *args,
     )
     return await _claims(conn, rows)
@@ -309,10 +411,11 @@ async def recover(conn: Conn, owner: str, lease_ms: int) -> list[Claim]:
     engine's reading of a restart: another daemon's live claims are left alone)."""
     now = _now_us()
     rows = await conn.fetch(
-        "UPDATE turns SET owner = $1, token = token + 1, lease_until_us = $2 WHERE turn_id IN"
-        f" (SELECT turn_id FROM turns WHERE {_UNFINISHED_SQL} AND (owner IS NULL OR owner = $1"
-        " OR lease_until_us < $3) ORDER BY turn_id FOR UPDATE SKIP LOCKED)"
-        f" RETURNING {TURN_COLUMNS}",
+        f"WITH c AS MATERIALIZED (SELECT turn_id FROM turns WHERE {_UNFINISHED_SQL}"
+        " AND (owner IS NULL OR owner = $1 OR lease_until_us < $3) ORDER BY turn_id"
+        " FOR NO KEY UPDATE SKIP LOCKED)"
+        " UPDATE turns SET owner = $1, token = token + 1, lease_until_us = $2 FROM c"
+        f" WHERE turns.turn_id = c.turn_id RETURNING {_TURN_RETURNING}",
         owner,
         now + lease_ms * 1000,
         now,
@@ -320,19 +423,77 @@ async def recover(conn: Conn, owner: str, lease_ms: int) -> list[Claim]:
     return await _claims(conn, rows)
 
 
+#: The claims' rows still held (owner and token), locked by id (``{wait}``: ``SKIP LOCKED``
+#: or waiting), given the new lease; the answer lists every held row with whether it was.
+_RENEW: Final = (
+    "WITH held AS (SELECT * FROM unnest($2::bigint[], $3::text[], $4::bigint[])"
+    " AS h(turn_id, owner, token)),"
+    " l AS (SELECT t.turn_id FROM turns t JOIN held h ON t.turn_id = h.turn_id"
+    " AND t.owner = h.owner AND t.token = h.token ORDER BY t.turn_id FOR NO KEY UPDATE OF t"
+    "{wait}),"
+    " u AS (UPDATE turns SET lease_until_us = $1 FROM l WHERE turns.turn_id = l.turn_id"
+    " RETURNING turns.turn_id)"
+    " SELECT t.turn_id, u.turn_id IS NOT NULL FROM turns t JOIN held h ON t.turn_id = h.turn_id"
+    " AND t.owner = h.owner AND t.token = h.token LEFT JOIN u ON u.turn_id = t.turn_id"
+)
+_RENEW_SKIPPING: Final = _RENEW.format(wait=" SKIP LOCKED")
+_RENEW_WAITING: Final = _RENEW.format(wait="")
+
+
 async def renew(conn: Conn, claims: tuple[Claim, ...], lease_ms: int) -> list[Claim]:
+    """The claims still held, renewed (a claim whose row stays locked by another transaction
+    comes back as it was: `renew_held`); runs outside a transaction."""
     until = _now_us() + lease_ms * 1000
-    rows = await conn.fetch(
-        "UPDATE turns SET lease_until_us = $1 FROM unnest($2::bigint[], $3::text[], $4::bigint[])"
-        " AS held(turn_id, owner, token) WHERE turns.turn_id = held.turn_id"
-        " AND turns.owner = held.owner AND turns.token = held.token RETURNING turns.turn_id",
+    renewed, busy = await renew_held(
+        conn,
+        (_RENEW_SKIPPING, _RENEW_WAITING),
         until,
-        [c.turn_id for c in claims],
-        [c.owner for c in claims],
-        [c.token for c in claims],
+        ids=[c.turn_id for c in claims],
+        owners=[c.owner for c in claims],
+        tokens=[c.token for c in claims],
     )
-    kept = {int(r[0]) for r in rows}
-    return [replace(c, lease_until_us=until) for c in claims if c.turn_id in kept]
+    return [
+        replace(c, lease_until_us=until) if c.turn_id in renewed else c
+        for c in claims
+        if c.turn_id in renewed or c.turn_id in busy
+    ]
+
+
+async def renew_held(
+    conn: Conn,
+    statements: tuple[str, str],
+    until: int,
+    *,
+    ids: Sequence[object],
+    owners: Sequence[str],
+    tokens: Sequence[int],
+) -> tuple[set[object], set[object]]:
+    """Renew leases on the renewal connection, outside a transaction (each statement commits
+    by itself): the rows nobody else has locked at once (*statements*' first, ``SKIP
+    LOCKED``), then the others, waiting for them at most the connection's ``lock_timeout``
+    (the second). (renewed, held but not renewed): a row still locked by another transaction
+    then (the daemon's own batch writing it, a paused daemon's until the server cuts its
+    connection) is still held as far as anyone knows, and the next round renews it; a row
+    held by nobody's claim or home any more is in neither."""
+    skipping, waiting = statements
+    rows = await conn.fetch(skipping, until, list(ids), list(owners), list(tokens))
+    renewed = {r[0] for r in rows if r[1]}
+    busy = {r[0] for r in rows if not r[1]}
+    if not busy:
+        return renewed, busy
+    keep = [i for i, key in enumerate(ids) if key in busy]
+    try:
+        again = await conn.fetch(
+            waiting,
+            until,
+            [ids[i] for i in keep],
+            [owners[i] for i in keep],
+            [tokens[i] for i in keep],
+        )
+    except (asyncpg.exceptions.LockNotAvailableError, asyncpg.exceptions.QueryCanceledError):
+        return renewed, busy  # still locked: renewed next round
+    # waiting, every row still held was locked and renewed; one its lock holder took is gone
+    return renewed | {r[0] for r in again if r[1]}, set()
 
 
 async def release(conn: Conn, claim: Claim) -> None:
@@ -352,7 +513,7 @@ async def _fence(conn: Conn, claim: Claim) -> tuple[TurnState, int]:
     """The turn's state and round, if *claim* still holds it (`fencing.fence`); the row stays
     locked until the transaction ends."""
     row = await conn.fetchrow(
-        "SELECT state, owner, token, round FROM turns WHERE turn_id = $1 FOR UPDATE",
+        "SELECT state, owner, token, round FROM turns WHERE turn_id = $1 FOR NO KEY UPDATE",
         claim.turn_id,
     )
     return fence(claim, None if row is None else (row[0], row[1], row[2], row[3]))
@@ -468,7 +629,8 @@ async def finish(
         ending,
         attempts=attempts,
         written=written,
-        sessions=sessions_of(seal.ledger_ids),
+        # the turn's session too: an ending of a session homed elsewhere is refused, lines or not
+        sessions=sessions_of((*seal.ledger_ids, f"{claim.turn.session_id}/exec")),
         started=started is not None,
         now=now,
     )
@@ -479,7 +641,9 @@ async def finish(
         )
     # the long way: the precise error, or the write the one statement would not make (the
     # sessions lock first, then the turn: the order of every writer)
-    await check_homes(conn, claim.owner, sessions_of(seal.ledger_ids))
+    await check_homes(
+        conn, claim.owner, sessions_of((*seal.ledger_ids, f"{claim.turn.session_id}/exec"))
+    )
     state, round_ = await _fence(conn, claim)
     state = started_move(state, started, claim.turn_id)
     check_move(state, ending.state, turn_id=claim.turn_id)
@@ -549,14 +713,13 @@ async def put_ledger_lines(conn: Conn, lines: Sequence[SealedLine]) -> int:
     )
     assert row is not None
     if row[0] is not None:
-        if row[2] == "fork":
-            msg = f"ledger {row[0]} already has a different line at seq {row[1]}"
-        else:
-            msg = (
-                f"ledger {row[0]} refuses the line at seq {row[1]}: its previous hash is not"
-                " the hash of the line before it (it does not continue the chain)"
-            )
-        raise ValueError(msg)
+        detail = (
+            "already has a different line"
+            if row[2] == "fork"
+            else "refuses a line whose previous hash is not the hash of the line before it"
+            " (it does not continue the chain)"
+        )
+        raise LedgerForkError(str(row[0]), int(row[1]), detail)
     return int(row[3])
 
 
@@ -611,7 +774,7 @@ async def resolve(
     """Carry out a decision on an escalated turn (the reasons recorded: `RESOLUTION_REASONS`;
     *result*, when given, replaces the turn's: who decided)."""
     state_value = await conn.fetchval(
-        "SELECT state FROM turns WHERE turn_id = $1 FOR UPDATE", turn_id
+        "SELECT state FROM turns WHERE turn_id = $1 FOR NO KEY UPDATE", turn_id
     )
     if state_value is None:
         raise UnknownTurnError(turn_id)

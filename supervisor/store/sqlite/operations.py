@@ -28,6 +28,7 @@ from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import TurnState, check_move
 from supervisor.errors import (
+    LedgerForkError,
     NotEscalatedError,
     SessionClosedError,
     UnknownSessionError,
@@ -409,8 +410,7 @@ def put_ledger_lines(conn: sqlite3.Connection, lines: Sequence[SealedLine]) -> N
                 (x.ledger_id, x.seq),
             ).fetchone()
             if row is not None and row[0] != x.entry_hash:
-                msg = f"ledger {x.ledger_id} already has a different line at seq {x.seq}"
-                raise ValueError(msg)
+                raise LedgerForkError(x.ledger_id, x.seq, "already has a different line")
 
 
 def ledger_lines(conn: sqlite3.Connection, ledger_ids: Sequence[str]) -> list[SealedLine]:
