@@ -16,7 +16,8 @@ left: no process of the storm's sandbox uids, no turn cgroup of the root, no fil
 session's scratch dirs.
 
 Usage: ``.venv/bin/python scripts/crash_storm.py [--kills 20] [--turns 3000] [--mixed]
-[--seed 1] [--root DIR]``. Prints a line per kill and a summary; exit 0 only when nothing is
+[--seed 1] [--starve 2] [--root DIR]`` (``--starve N``: N busy-loop processes take the CPU for
+the whole storm). Prints a line per kill and a summary; exit 0 only when nothing is
 violated.
 Without ``--root`` the root is a temporary directory, removed afterwards unless the storm
 failed or ``--keep`` is given.
@@ -36,6 +37,12 @@ import anyio
 
 from supervisor.demo.crash import StormConfig, StormReport, format_violations, run_storm
 
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))  # ``tests.storms`` below, run as a script
+
+from tests.storms.starvation import BusyLoops  # noqa: E402
+
 
 def build_parser() -> argparse.ArgumentParser:
     defaults = StormConfig()
@@ -54,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--mixed",
         action="store_true",
         help="mixed load: about 30%% sandboxed process turns beside the instruction turns",
+    )
+    parser.add_argument(
+        "--starve",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N busy-loop processes take the CPU for the whole storm (a noisy neighbour)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary root")
     return parser
@@ -92,7 +106,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     async def storm() -> StormReport:
         return await run_storm(root, config, show=show)
 
-    report = anyio.run(storm)
+    busy = BusyLoops(args.starve)
+    busy.start()
+    try:
+        report = anyio.run(storm)
+    finally:
+        busy.stop()
     for line in format_violations(report):
         show(f"  VIOLATION {line}")
     show(report.summary())

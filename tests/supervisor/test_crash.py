@@ -51,6 +51,7 @@ from supervisor.demo.crash import (
 from supervisor.demo.crash_checks import ANYIO_READ_RACE, count_log_events
 from supervisor.store.protocol import TurnRecord
 from supervisor.turns.recovery import ROLLED_FORWARD
+from tests.storms.starvation import BusyLoops
 from tests.turn_requests import READ_SPEC
 
 SEED = int(os.environ.get("HUNTER_CRASH_SEED", "7"))
@@ -77,17 +78,27 @@ def _listing(report: StormReport, lines: list[str]) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("starve", [0, 2], ids=["idle", "starved"])
 async def test_sigkill_storm_loses_nothing(
-    root: Path, capsys: pytest.CaptureFixture[str], headline: Callable[[str, str], None]
+    root: Path,
+    capsys: pytest.CaptureFixture[str],
+    headline: Callable[[str, str], None],
+    starve: int,
 ) -> None:
-    """SIGKILL the daemon 6 times under 300 mixed turns: nothing acknowledged is lost, one
+    """SIGKILL the daemon 6 times under 300 mixed turns, on an idle machine and with two
+    busy-loop processes taking the CPU (a noisy neighbour): nothing acknowledged is lost, one
     turn per key, exactly one final ledger pair per turn, rolled-forward turns show ended
     attempts, ledgers verify, no traceback in the log, nothing left behind after the clean
     stop."""
     progress: list[str] = []
-    with anyio.fail_after(55):
-        report = await run_storm(root, CI_STORM, show=progress.append)
-    headline("crash", report.summary())
+    busy = BusyLoops(starve)
+    busy.start()
+    try:
+        with anyio.fail_after(55 if not starve else 110):
+            report = await run_storm(root, CI_STORM, show=progress.append)
+    finally:
+        busy.stop()
+    headline("crash" if not starve else "crash, starved", report.summary())
     with capsys.disabled():
         print(f"\n{report.summary()}")
     print("\n".join(progress + list(format_violations(report))))
