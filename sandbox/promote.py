@@ -25,7 +25,7 @@ from pathlib import Path
 
 from sandbox.enumerate import RealizedWrite
 
-__all__ = ["PromotedOutput", "PromotionError", "promote_outputs"]
+__all__ = ["PromotedOutput", "PromotionError", "StagedOutputs", "promote_outputs", "stage_outputs"]
 
 
 class PromotionError(OSError):
@@ -263,3 +263,53 @@ def _promote(
     if done is not None:
         done.extend(promoted)
     return tuple(promoted)
+
+
+class StagedOutputs:
+    """Outputs staged beside their destinations (`stage_outputs`), not yet in place: the
+    caller records the turn first, then `place`s them, or `discard`s them when it could not
+    (the workspace is then as it was). Each method runs in one thread (a worker's)."""
+
+    def __init__(self, staged: list[_Staged], created: list[Path]) -> None:
+        self._staged = staged
+        self._created = created
+        #: what `place` puts into the workspace (as recorded before it does)
+        self.outputs = tuple(
+            PromotedOutput(s.write.path, str(s.dest), s.write.sha256, s.write.size) for s in staged
+        )
+
+    def place(self) -> tuple[PromotedOutput, ...]:
+        """Rename every staged output into place (all or nothing, as `promote_outputs`)."""
+        try:
+            _commit(self._staged)
+        except BaseException:
+            _roll_back(self._staged, self._created)
+            raise
+        return self.outputs
+
+    def discard(self) -> None:
+        """Take the staged outputs away again: the workspace is as it was."""
+        _roll_back(self._staged, self._created)
+
+
+def stage_outputs(src_dir: Path, writes: Sequence[RealizedWrite], workspace: Path) -> StagedOutputs:
+    """The first half of `promote_outputs` (this process's own identity, sources moved when on
+    the same filesystem): every output checked and staged beside its destination, nothing in
+    place yet. Raises as `promote_outputs` does, with nothing left staged."""
+    fds: list[int] = []
+    staged: list[_Staged] = []
+    created: list[Path] = []
+    ws = Path(os.path.realpath(workspace))
+    try:
+        for write in writes:
+            fds.append(_open_source(src_dir, write))
+        ws.mkdir(parents=True, exist_ok=True)
+        for write, fd in zip(writes, fds, strict=True):
+            staged.append(_stage_one(src_dir, fd, write, ws, created, move=True))
+    except BaseException:
+        _roll_back(staged, created)
+        raise
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return StagedOutputs(staged, created)

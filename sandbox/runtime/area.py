@@ -32,7 +32,7 @@ from sandbox.enumerate import RealizedWrite
 from sandbox.errors import SandboxUnavailableError
 from sandbox.packages import Package
 from sandbox.policy.declarations import DeclaredOutput
-from sandbox.promote import PromotedOutput, promote_outputs
+from sandbox.promote import PromotedOutput, StagedOutputs, promote_outputs, stage_outputs
 
 if TYPE_CHECKING:
     from sandbox.runs import ConfinedRun
@@ -203,6 +203,11 @@ class SessionArea:
         # does not lose the record of what reached the workspace.
         await anyio.to_thread.run_sync(
             functools.partial(promote_outputs, self.output_dir, writes, workspace, done=done)
+        )
+
+    async def stage(self, writes: Sequence[RealizedWrite], workspace: Path) -> StagedOutputs:
+        return await anyio.to_thread.run_sync(
+            stage_outputs, self.output_dir, tuple(writes), workspace
         )
 
     async def empty(self) -> None:

@@ -15,17 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from sandbox.enumerate import RealizedWrite
 from sandbox.policy.declarations import DeclaredOutput
-from sandbox.promote import PromotedOutput
+from sandbox.promote import PromotedOutput, StagedOutputs
 
 if TYPE_CHECKING:
     from sandbox.packages import Package
     from sandbox.runs import ConfinedRun
 
-__all__ = ["ConfinedArea", "HelperLink", "HelperWelcome"]
+__all__ = ["ConfinedArea", "HelperLink", "HelperWelcome", "StagingArea"]
 
 
 class HelperWelcome(Protocol):
@@ -124,4 +124,15 @@ class ConfinedArea(Protocol):
 
     async def empty(self) -> None:
         """Empty ``tmp/<sid>`` and ``output/<sid>`` once a turn has ended."""
+        ...
+
+
+@runtime_checkable
+class StagingArea(Protocol):
+    """An area that can stage a promotion and place it later (the local one): its caller
+    records the turn in between (`sandbox.promote.stage_outputs`)."""
+
+    async def stage(self, writes: Sequence[RealizedWrite], workspace: Path) -> StagedOutputs:
+        """Check and stage *writes* of ``output/<sid>`` beside their destinations in
+        *workspace*, nothing in place yet (`PromotionError`, or the ``OSError``)."""
         ...

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import anyio
+import anyio.to_thread
 import structlog
 
 from ledger import LedgerEntry
@@ -54,10 +55,11 @@ from sandbox.policy.declarations import DeclarationProblem, DeclaredOutput, comp
 from sandbox.policy.declarations import parse_declared_outputs as _parse_declared_outputs
 from sandbox.policy.faults import ExecutionFaultType
 from sandbox.policy.retry_protocol import EntropyDetector, ToolCall
-from sandbox.promote import PromotedOutput, PromotionError
+from sandbox.promote import PromotedOutput, PromotionError, StagedOutputs
 from sandbox.prompt_header import PromptHeader
 from sandbox.runs import ConfinedRun, ProcessAttempt, crashed_run, ms_since
 from sandbox.runtime.attempt import SPAWN_FAILED, capability_violation
+from sandbox.runtime.confined_area import StagingArea
 
 if TYPE_CHECKING:
     from sandbox.runtime.session import Session
@@ -298,6 +300,7 @@ class ProcessTurn:
         entropy_detector: EntropyDetector | None,
         first_attempt: int = 1,
         before_promote: Callable[[], Awaitable[None]] | None = None,
+        commit: Callable[[TurnResult], Awaitable[None]] | None = None,
     ) -> TurnResult:
         """Run the turn (see `Session.run_process_turn`); a turn cut short is still recorded.
         *first_attempt*: the turn's number for the first attempt run here."""
@@ -317,6 +320,7 @@ class ProcessTurn:
                 entropy_detector=entropy_detector,
                 first_attempt=first_attempt,
                 before_promote=before_promote,
+                commit=commit,
             )
         except BaseException as exc:
             # A caller that commits the entries also writes them for a turn cut short (it
@@ -524,6 +528,37 @@ class ProcessTurn:
         self.progress.written = True
         return lines
 
+    async def _commit_then_place(
+        self,
+        commit: Callable[[TurnResult], Awaitable[None]],
+        result: TurnResult,
+        staged: StagedOutputs | None,
+    ) -> None:
+        """The caller records the turn (its durable step: the ending with both ledger lines),
+        then the staged outputs go into place; a record refused (the caller lost its lease on
+        the turn) discards them, so nothing of the turn reaches the workspace. Placing is only
+        renames: once the turn is recorded it happens even when the caller is cancelled."""
+        try:
+            await commit(result)
+        except BaseException:
+            if staged is not None:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(staged.discard)
+                self.progress.promoted.clear()
+            raise
+        if staged is None:
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                await anyio.to_thread.run_sync(staged.place)
+            except OSError as exc:  # recorded already: say so loudly, the turn stands
+                _log.error(
+                    "outputs_not_placed",
+                    session_id=self.session.session_id,
+                    turn_number=self.turn,
+                    error=str(exc),
+                )
+
     async def _run(
         self,
         progress: _TurnProgress,
@@ -539,6 +574,7 @@ class ProcessTurn:
         entropy_detector: EntropyDetector | None,
         first_attempt: int = 1,
         before_promote: Callable[[], Awaitable[None]] | None = None,
+        commit: Callable[[TurnResult], Awaitable[None]] | None = None,
     ) -> TurnResult:
         start_ns = time.monotonic_ns()
         request: dict[str, object] = {
@@ -654,6 +690,7 @@ class ProcessTurn:
         # below ends the turn itself).
         end = await loop()
         assert end is not None
+        staged: StagedOutputs | None = None
         while True:
             decision = end.decision
             last_outcome = end.outcome
@@ -663,18 +700,24 @@ class ProcessTurn:
             if decision.verdict is not Verdict.SUCCEED:
                 break
             realized = ran.surface.in_area("output")
-            if before_promote is not None:
-                # the caller's last word (the daemon: is its lease on the turn still live?);
-                # raising stops the turn before anything reaches the workspace
-                await before_promote()
-            # The promoted files go onto `progress` once all are in place, also when the
-            # turn is cancelled meanwhile: the record of what reached the workspace is kept.
+            outputs = [realized[d.path] for d in declared if not d.is_scratch]
+            area = self.session.area
             try:
-                await self.session.area.promote(
-                    [realized[d.path] for d in declared if not d.is_scratch],
-                    self.session.workspace,
-                    done=progress.promoted,
-                )
+                if commit is not None and isinstance(area, StagingArea):
+                    # Staged now, checked as a promotion is; placed only once the caller has
+                    # recorded the turn (`commit`, below): a turn whose ending is refused (its
+                    # daemon lost the lease meanwhile) never reaches the workspace.
+                    staged = await area.stage(outputs, self.session.workspace)
+                    progress.promoted.extend(staged.outputs)
+                else:
+                    if before_promote is not None:
+                        # the caller's last word (the daemon: is its lease still live?);
+                        # raising stops the turn before anything reaches the workspace
+                        await before_promote()
+                    # The promoted files go onto `progress` once all are in place, also when
+                    # the turn is cancelled meanwhile: the record of what reached the
+                    # workspace is kept.
+                    await area.promote(outputs, self.session.workspace, done=progress.promoted)
             except ConfinementLostError as exc:
                 # The sandbox helper went away with the run's outputs: the attempt crashed
                 # after all. The policy retries it (or ends the turn) like any interrupted one.
@@ -764,6 +807,8 @@ class ProcessTurn:
         )
         if sealed is not None:
             result = dataclasses.replace(result, pending_lines=sealed)
+        if commit is not None:
+            await self._commit_then_place(commit, result, staged)
         _log.info(
             "turn_finished",
             session_id=self.session.session_id,

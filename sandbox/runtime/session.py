@@ -177,6 +177,7 @@ class Session:
         options: RetryOptions | None = None,
         delay: Callable[[float], Awaitable[None]] = anyio.sleep,
         before_promote: Callable[[], Awaitable[None]] | None = None,
+        commit: Callable[[TurnResult], Awaitable[None]] | None = None,
         entropy_detector: EntropyDetector | None = None,
         ledger_commit: Literal["sync", "caller"] = "sync",
         first_attempt: int = 1,
@@ -189,8 +190,12 @@ class Session:
         turn's whole budget) go on from it.
 
         ``delay`` sleeps a retry's backoff (it may refuse to go on by raising);
-        ``before_promote`` is awaited right before the declared outputs are promoted into the
-        workspace (raising stops the turn there: the daemon checks its lease on the turn).
+        ``commit``: the caller's durable step, awaited with the result once its entries are
+        made (``ledger_commit="caller"``): the declared outputs are staged before it and placed
+        into the workspace only after it returned; when it raises they are discarded (a turn
+        whose ending the caller's store refused never reaches the workspace). Where the area
+        cannot stage (the sandbox helper's), ``before_promote`` is awaited right before the
+        outputs are promoted instead (raising stops the turn there).
 
         ``ledger_commit="caller"``: the normal ending's two entries are checked but not
         sealed; they are in ``TurnResult.pending_lines`` for the caller's store to seal once the
@@ -220,6 +225,7 @@ class Session:
                 entropy_detector=entropy_detector,
                 first_attempt=first_attempt,
                 before_promote=before_promote,
+                commit=commit,
             )
 
     async def record_instruction_turn(

@@ -168,6 +168,34 @@ async def run_process_turn(
             await hooks.attempt_started(
                 AttemptRecord(attempt=first, started_us=started_us).with_queued_ms(queued_ms)
             )
+            ended: list[TurnRecord] = []
+
+            async def commit(result: ProcessResultLike) -> None:
+                """The ending, with both ledger entries the runtime made (a rejection's too),
+                in one durable step; the runtime places the outputs only after it."""
+                records = _records(result, first, started_us)
+                # The runtime's retries keep the lock and the slot: they wait for neither.
+                records = tuple(
+                    r.with_queued_ms(0 if r.attempt > first else queued_ms) for r in records
+                )
+                for _ in records[1:]:
+                    deps.tracker.attempt_queued("process", 0)
+                ending = TurnEnding(
+                    state=_state(str(result.status)),
+                    verdict=_text(result.verdict),
+                    reason_code=result.reason_code,
+                    reason=result.reason,
+                    fault_type=_text(result.fault_type),
+                    result={str(k): v for k, v in result.to_dict().items()},
+                )
+                for record in records:
+                    hooks.log_fault(record)
+                ended.append(
+                    await end_turn(
+                        deps, turn, active, ending, records, pending=result.pending_lines
+                    )
+                )
+
             result = await session.run_process_turn(
                 list(process.argv),
                 declared_outputs=[d.to_dict() for d in process.declared_outputs],
@@ -178,31 +206,16 @@ async def run_process_turn(
                 options=options,
                 ledger_commit="caller",
                 first_attempt=first,
-                # each retry waits for a live lease and refuses to go on without the claim, and
-                # so does the promotion of the outputs into the workspace
+                # each retry waits for a live lease and refuses to go on without the claim
                 delay=functools.partial(_backoff, deps, active),
+                # the ending commits before the outputs reach the workspace (a refused ending
+                # never does); where the area cannot stage, the lease is checked before
+                commit=commit,
                 before_promote=functools.partial(lease_gate, deps, active),
             )
-            records = _records(result, first, started_us)
-            # The runtime's retries keep the lock and the slot: they wait for neither.
-            records = tuple(
-                r.with_queued_ms(0 if r.attempt > first else queued_ms) for r in records
-            )
-            for _ in records[1:]:
-                deps.tracker.attempt_queued("process", 0)
-            ending = TurnEnding(
-                state=_state(str(result.status)),
-                verdict=_text(result.verdict),
-                reason_code=result.reason_code,
-                reason=result.reason,
-                fault_type=_text(result.fault_type),
-                result={str(k): v for k, v in result.to_dict().items()},
-            )
-            for record in records:
-                hooks.log_fault(record)
-            # The runtime made both ledger entries of this ending (a rejection's too): the
-            # store seals them once the fence held and commits them with it, one durable step.
-            return await end_turn(deps, turn, active, ending, records, pending=result.pending_lines)
+            if not ended:  # rejected before it ran: the runtime made the entries, no commit
+                await commit(result)
+            return ended[0]
         finally:
             hooks.stop_counting()
 

@@ -104,6 +104,7 @@ class SessionLike(Protocol):
         first_attempt: int = 1,
         delay: Callable[[float], Awaitable[None]] = ...,
         before_promote: Callable[[], Awaitable[None]] | None = None,
+        commit: Callable[[ProcessResultLike], Awaitable[None]] | None = None,
     ) -> ProcessResultLike: ...
 
     async def store_evidence(self, data: bytes) -> EvidenceRefLike:

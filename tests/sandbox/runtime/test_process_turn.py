@@ -229,30 +229,42 @@ async def test_caller_records_a_turn_cut_short(session: Session) -> None:
     assert_empty_sandbox(session)
 
 
-async def test_a_closed_promotion_gate_keeps_the_workspace_untouched(session: Session) -> None:
-    """The caller's last word before promotion (the daemon's lease check) raises: the turn
-    stops there, and nothing of its outputs reaches the workspace."""
+async def test_outputs_reach_the_workspace_only_after_the_callers_commit(
+    session: Session,
+) -> None:
+    """With a caller that commits (the daemon), the outputs are staged, the caller records the
+    turn, and only then are they placed: a commit that raises (the daemon lost its lease on the
+    turn) leaves the workspace untouched and nothing staged beside it."""
 
     class LeaseLost(Exception):
         pass
 
-    async def gate() -> None:
+    async def refused(result: object) -> None:
         raise LeaseLost
 
+    argv = ["/bin/sh", "-c", "echo done > gated.txt"]
     with pytest.raises(LeaseLost):
         await session.run_process_turn(
-            ["/bin/sh", "-c", "echo done > gated.txt"],
+            argv,
             declared_outputs=["gated.txt"],
             timeout_ms=30_000,
             ledger_commit="caller",
-            before_promote=gate,
+            commit=refused,
         )
-    assert not (session.workspace / "gated.txt").exists()
-    opened = await session.run_process_turn(
-        ["/bin/sh", "-c", "echo done > gated.txt"],
+    assert sorted(p.name for p in session.workspace.iterdir()) == []
+    seen: list[bool] = []
+
+    async def recorded(result: object) -> None:
+        seen.append((session.workspace / "gated.txt").exists())
+
+    done = await session.run_process_turn(
+        argv,
         declared_outputs=["gated.txt"],
         timeout_ms=30_000,
-        before_promote=anyio.lowlevel.checkpoint,
+        ledger_commit="caller",
+        commit=recorded,
     )
-    assert opened.status == "succeeded", opened.stderr
+    assert done.status == "succeeded", done.stderr
+    assert seen == [False]  # not in place while the caller recorded the turn
     assert (session.workspace / "gated.txt").read_text() == "done\n"
+    assert [p.path for p in done.promoted_outputs] == ["gated.txt"]
