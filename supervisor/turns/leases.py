@@ -154,6 +154,11 @@ async def renew_claims(
                 _log.error("lease_renewal_failed", owner=owner, error=str(exc))
                 continue
             kept = {c.turn_id: c for c in renewed_now}
+            # A row another transaction held through the round comes back kept but not
+            # extended: the round then proves nothing new (the account keeps the last one's).
+            extended = all(
+                kept[c.turn_id].lease_until_us > c.lease_until_us for c in held if c.turn_id in kept
+            )
             for claim in held:
                 active = tracker.get(claim.turn_id)
                 if active is None or active.claim is None:
@@ -166,4 +171,6 @@ async def renew_claims(
                 if active.claim is claim:  # lost meanwhile: another daemon owns it now
                     _log.warning("claim_lost", turn_id=claim.turn_id, token=claim.token)
                     lost(active)
+            if not extended:
+                continue
         clock.renewed(started)
