@@ -3,7 +3,8 @@
 ``<root>/planes/<tier>/sessions/<sid>/ledger/exec.jsonl`` (ledger id ``<sid>/exec``) and
 ``.../evidence.jsonl`` (``<sid>/evidence``). Both are created at session start with a
 ``session_opened`` entry; every turn writes one entry to each, and the pair is made durable in one
-sync round before `record_turn` returns (`seal_turn`: the caller's store makes it durable).
+sync round before `record_turn` returns (`turn_lines`: the caller's store seals the pair and
+makes it durable).
 
 `SessionLedgers` is over 400 lines because the seed's turn entry has many fields and each way of
 writing it (blocking, async, sealed for a caller's commit) spells them out for type checking;
@@ -389,10 +390,6 @@ class SessionLedgers:
                 (self.evidence, self.evidence.prepare(evidence_record)),
             )
         )
-
-    def seal_evidence(self, record: Mapping[str, object]) -> SealedLine:
-        """Seal and hold one evidence entry now (`evidence_lines`, sealed at once)."""
-        return self.evidence_lines(record).seal()[0]
 
     def evidence_lines(self, record: Mapping[str, object]) -> PendingLines:
         """One evidence entry, checked and not sealed (as `turn_lines` does a pair): for a turn

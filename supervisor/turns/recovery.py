@@ -7,10 +7,11 @@ two sides apart in two ways, and this module closes both:
 * **The files lost lines the store kept** (a power loss before the files were synced): the
   store's kept lines are written back (`LedgerWriter.restore` checks that each one continues the
   chain), and then trimmed.
-* **The files hold a turn's final entry, the store does not have the ending.** Sealed lines
-  stay out of the files until the store has committed them (`SessionLedgers.seal_turn`), so a
-  crash no longer leaves this; it remains possible where a commit failed and its lines were
-  let out so as not to stop the session's later lines (logged as ``ledger_lines_uncommitted``).
+* **The files hold a turn's final entry, the store does not have the ending.** A turn's lines
+  are sealed by the store once the ending's fence held and stay out of the files until it has
+  committed them (`SessionLedgers.turn_lines`, `supervisor.store.sealing`); a failed commit
+  takes them back. So neither a crash nor a refused ending leaves this any more; a file written
+  by an earlier release may still hold such an entry.
   The turn is ended from its entry instead of being run again (running it again would write a
   second final entry for one turn), with its attempts restored from the entries (outcome,
   decision, reason code, finish time), and with its evidence entry rebuilt from the exec entry

@@ -339,7 +339,7 @@ class DaemonSessions:
     def flush(self, session_id: str, committed: Iterable[SealedLine] = ()) -> None:
         """Put a session's committed lines into its files (no sync: the store holds them
         durably), so that readers of the files see every ended turn. *committed*: the sealed
-        lines the store just committed, held out of the files until now (`seal_turn`).
+        lines the store just committed, held out of the files until now (`turn_lines`).
 
         With the flusher running (`run_flusher`), the lines are released here and written once
         per event-loop pass for every session that got some: the turns that one group commit
