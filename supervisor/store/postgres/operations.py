@@ -670,11 +670,16 @@ async def finish(
 #: must be the same line (an anchoring round re-sends lines the store has: kept once), and a line
 #: whose predecessor is kept, or comes in the same call, must link to it by its previous hash.
 #: Nothing is written when one line fails (the caller raises); the heads move forward only.
+#: The kept neighbours of each line are read by a LATERAL range over the primary key (at most two
+#: rows per line): a plain join on ``seq IN (w.seq, w.seq - 1)`` lets the planner hash-join every
+#: kept line of the ledger (a scan that grows with the ledger, and with every turn it holds).
 _PUT_LINES: Final = (
     "WITH w AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bytea[],"
     " $5::text[]) AS w(ledger_id, seq, entry_hash, line, previous_hash)),"
-    " k AS (SELECT l.ledger_id, l.seq, l.entry_hash FROM ledger_lines l JOIN w"
-    " ON l.ledger_id = w.ledger_id AND l.seq IN (w.seq, w.seq - 1)),"
+    " k AS (SELECT l.ledger_id, l.seq, l.entry_hash FROM w CROSS JOIN LATERAL"
+    " (SELECT x.ledger_id, x.seq, x.entry_hash FROM ledger_lines x"
+    " WHERE x.ledger_id = w.ledger_id AND x.seq BETWEEN w.seq - 1 AND w.seq"
+    " ORDER BY x.seq LIMIT 2) l),"
     " known AS (SELECT ledger_id, seq, entry_hash FROM k"
     " UNION ALL SELECT ledger_id, seq, entry_hash FROM w),"
     " bad AS (SELECT w.ledger_id, w.seq, 'fork' AS why"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -10,6 +11,7 @@ import anyio
 import asyncpg
 import pytest
 
+from ledger import SealedLine
 from sandbox.policy.lifecycle import IllegalTransition, TurnState
 from supervisor.errors import SchemaVersionError, StaleClaimError
 from supervisor.store.fleet import StaleHomeError
@@ -20,6 +22,7 @@ from supervisor.store.postgres import (
     open_postgres_store,
 )
 from supervisor.store.postgres import schema as pg_schema
+from supervisor.store.postgres.operations import _PUT_LINES, put_ledger_lines
 from supervisor.store.protocol import NewSession, TurnEnding, TurnStore
 from tests.supervisor.store.conformance import (
     LEASE_MS,
@@ -367,3 +370,70 @@ async def test_a_transaction_the_server_never_recorded_did_not_commit(pg_dsn: st
             await conn.close()
         assert await store._committed(committed) is True
         assert await store._committed(committed + 1_000_000) is False
+
+
+def _plan_nodes(plan: object) -> list[dict[str, object]]:
+    """Every node of an ``EXPLAIN (FORMAT JSON)`` plan, depth first."""
+    found: list[dict[str, object]] = []
+    stack: list[object] = [plan]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            if "Node Type" in node:
+                found.append(node)
+            stack.extend(node.values())
+    return found
+
+
+async def test_keeping_lines_never_scans_every_kept_line(pg_dsn: str) -> None:
+    """A long ledger (20,000 kept lines) and two new lines: the statement that keeps them reads
+    their neighbours through the primary key, in the plan PostgreSQL picks for this call and in
+    the generic plan a prepared statement falls back to; no plan reads every kept line (which
+    made the cost of keeping a line grow with the ledger). The lines are kept, and a fork is
+    still refused."""
+    async with open_postgres_store(pg_dsn):
+        pass  # the schema
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute(
+            "INSERT INTO ledger_lines(ledger_id, seq, entry_hash, line)"
+            " SELECT 'L/exec', n, 'h' || n, '\\x00'::bytea FROM generate_series(1, 20000) n"
+        )
+        await conn.execute("ANALYZE ledger_lines")
+        new = [
+            SealedLine("L/exec", 20001, "h20001", b"{}", previous_hash="h20000"),
+            SealedLine("L/exec", 20002, "h20002", b"{}", previous_hash="h20001"),
+        ]
+        args = (
+            [x.ledger_id for x in new],
+            [x.seq for x in new],
+            [x.entry_hash for x in new],
+            [x.line for x in new],
+            [x.previous_hash for x in new],
+        )
+        for mode in ("force_custom_plan", "force_generic_plan"):
+            await conn.execute(f"SET plan_cache_mode = {mode}")
+            plan = json.loads(await conn.fetchval("EXPLAIN (FORMAT JSON) " + _PUT_LINES, *args))
+            scans = [
+                n
+                for n in _plan_nodes(plan)
+                if n.get("Relation Name") == "ledger_lines" and n["Node Type"] != "ModifyTable"
+            ]
+            assert scans, (mode, plan)
+            assert all(n["Node Type"] in {"Index Scan", "Index Only Scan"} for n in scans), (
+                mode,
+                [n["Node Type"] for n in scans],
+            )
+        await conn.execute("RESET plan_cache_mode")
+        assert await put_ledger_lines(conn, new) == 2
+        assert await conn.fetchval("SELECT seq FROM ledger_heads WHERE ledger_id = 'L/exec'") == (
+            20002
+        )
+        with pytest.raises(ValueError, match="different line"):
+            await put_ledger_lines(
+                conn, [SealedLine("L/exec", 20002, "other", b"{}", previous_hash="h20001")]
+            )
+    finally:
+        await conn.close()
