@@ -46,6 +46,7 @@ import contextlib
 import dataclasses
 import fcntl
 import functools
+import gc
 import os
 import signal
 import socket
@@ -72,6 +73,7 @@ from supervisor.control.server import ControlServer
 from supervisor.errors import DaemonAlreadyRunning, SchemaVersionError
 from supervisor.executors.hub import ExecutorHub, HubSettings
 from supervisor.feed import Feed
+from supervisor.heap import settle
 from supervisor.logging import configure_logging, get_logger
 from supervisor.metrics import (
     DaemonMetrics,
@@ -501,8 +503,12 @@ class Daemon:
         runtime_factory: Callable[..., RuntimeLike] | None = None,
         process_slots: int | None = None,
         traces: TurnTraces | None = None,
+        settle_heap: bool = False,
     ) -> None:
         self.config = config
+        #: collect and freeze the start-up heap once ready (`supervisor.heap`): `hunter serve`
+        #: only, never a daemon inside another program
+        self._settle_heap = settle_heap
         self._config_path = config_path
         self._overrides = dict(overrides or {})
         self._handle_signals = handle_signals
@@ -647,6 +653,7 @@ class Daemon:
                     await tg.start(watchdog_loop)
                 await self._start_metrics(tg, config, listeners)
                 stats = core.statistics()
+                threshold = settle() if self._settle_heap else gc.get_threshold()
                 notify("READY=1", f"STATUS=serving {config.root}")
                 await tg.start(
                     partial(
@@ -662,6 +669,7 @@ class Daemon:
                     executor_socket=str(config.executor_socket),
                     pid=os.getpid(),
                     turns_recovered=stats.turns.turns_active,
+                    gc_threshold=list(threshold),
                 )
                 self.ready.set()
                 task_status.started()
@@ -779,7 +787,7 @@ def run_daemon(
         sys.stderr.write(f"hunter serve: {exc}\n")
         return EXIT_USAGE
     configure_logging(fmt=config.log.format, level=config.log.level)
-    daemon = Daemon(config, config_path=config_path, overrides=overrides)
+    daemon = Daemon(config, config_path=config_path, overrides=overrides, settle_heap=True)
     try:
         return anyio.run(daemon.run)
     except DaemonAlreadyRunning as exc:

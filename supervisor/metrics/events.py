@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -37,6 +37,28 @@ QUEUE_WAIT_BUCKETS: Final = (
 )  # fmt: skip
 #: The label value for "no fault" (a plain failure or a success has no fault type).
 NO_FAULT: Final = "none"
+
+
+_Child_co = TypeVar("_Child_co", covariant=True)
+
+
+class _Labelled(Protocol[_Child_co]):
+    def labels(self, *values: str) -> _Child_co: ...
+
+
+class _Children(Generic[_Child_co]):
+    """A metric's labelled children, kept once made: prometheus-client checks the label values
+    and takes its lock at every `labels` call, which the turn path made several times a turn."""
+
+    def __init__(self, metric: _Labelled[_Child_co]) -> None:
+        self._metric = metric
+        self._made: dict[tuple[str, ...], _Child_co] = {}
+
+    def __call__(self, *values: str) -> _Child_co:
+        child = self._made.get(values)
+        if child is None:
+            child = self._made[values] = self._metric.labels(*values)
+        return child
 
 
 def _fault(attempt_or_turn: AttemptRecord | TurnRecord) -> str:
@@ -118,29 +140,37 @@ class EventMetrics:
             "Sessions whose ledgers failed verification (a broken hash, link or head).",
             registry=registry,
         )
+        self._durations = _Children(self.turn_duration)
+        self._waits = _Children(self.queue_wait)
+        self._attempts = _Children(self.attempts)
+        self._retries = _Children(self.retries)
+        self._faults = _Children(self.faults)
+        self._escalations = _Children(self.escalations)
+        self._violations = _Children(self.violations)
+        self._appends = _Children(self.ledger_appends)
 
     # -- TurnEvents ------------------------------------------------------------------------
 
     def attempt_decided(self, attempt: AttemptRecord) -> None:
         decision = attempt.decision or "NONE"
-        self.attempts.labels(outcome=attempt.outcome or "NONE", decision=decision).inc()
+        self._attempts(attempt.outcome or "NONE", decision).inc()
         if decision == "RETRY":
-            self.retries.labels(fault_type=_fault(attempt)).inc()
+            self._retries(_fault(attempt)).inc()
         if attempt.outcome == "FAULT":
-            self.faults.labels(fault_type=_fault(attempt), decision=decision).inc()
+            self._faults(_fault(attempt), decision).inc()
 
     def attempt_queued(self, command_type: str, seconds: float) -> None:
-        self.queue_wait.labels(command_type=command_type).observe(seconds)
+        self._waits(command_type).observe(seconds)
 
     def turn_ended(self, turn: TurnRecord, ledger_lines: Sequence[SealedLine]) -> None:
         for line in ledger_lines:
-            self.ledger_appends.labels(ledger=line.ledger_id.rpartition("/")[2]).inc()
+            self._appends(line.ledger_id.rpartition("/")[2]).inc()
         if not turn.final:
-            self.escalations.labels(fault_type=_fault(turn)).inc()
+            self._escalations(_fault(turn)).inc()
             return
         finished_us = turn.finished_us or time.time_ns() // 1000
         seconds = max(0.0, (finished_us - turn.accepted_us) / 1_000_000)
-        self.turn_duration.labels(kind=turn.kind.value, state=turn.state.value).observe(seconds)
+        self._durations(turn.kind.value, turn.state.value).observe(seconds)
         violations = (turn.result or {}).get("violations")
         if isinstance(violations, list):
             for violation in violations:
@@ -151,7 +181,7 @@ class EventMetrics:
         self._violation(capability)
 
     def _violation(self, capability: str) -> None:
-        self.violations.labels(capability=capability or "unknown").inc()
+        self._violations(capability or "unknown").inc()
 
     def ledgers_verified(self, *, ledgers: int, failures: int) -> None:
         self.verifications.inc(ledgers)

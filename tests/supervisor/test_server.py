@@ -3,6 +3,7 @@ socket activation, drain."""
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import signal
@@ -13,6 +14,7 @@ import textwrap
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import orjson
@@ -20,6 +22,7 @@ import pytest
 
 from supervisor.config import Config, load_config
 from supervisor.control.client import ControlClient, socket_for_root
+from supervisor.heap import THRESHOLD
 from supervisor.logging import configure_logging, reset_logging
 from supervisor.server import Daemon, DaemonAlreadyRunning
 
@@ -75,6 +78,9 @@ async def test_ready_when_both_sockets_listen(tmp_path: Path, log_stream: io.Str
     assert not config.control_socket.exists()
     events = _events(log_stream)
     assert events.index("daemon_ready") < events.index("drain_started")
+    # a daemon inside another program leaves that program's collector as it found it
+    assert gc.get_threshold() != THRESHOLD
+    assert gc.get_freeze_count() == 0
     assert "daemon_stopped" in events
 
 
@@ -232,12 +238,16 @@ async def test_clean_stop_logs_nothing_at_warning_or_above() -> None:
     os.chmod(base, 0o711)
     try:
         prepare_root(base / "root", fresh=True)
-        await _serve_work_and_stop(base / "root")
+        events = await _serve_work_and_stop(base / "root")
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
+    ready = next(e for e in events if e["event"] == "daemon_ready")
+    # `hunter serve` settled its heap (supervisor/heap.py) before it said it was ready
+    assert ready["gc_threshold"] == list(THRESHOLD)
 
-async def _serve_work_and_stop(root: Path) -> None:
+
+async def _serve_work_and_stop(root: Path) -> list[dict[str, Any]]:
     proc = await anyio.open_process(
         [sys.executable, "-m", "supervisor", "serve", "--root", str(root), "--log-format", "json"],
         env={k: v for k, v in os.environ.items() if not k.startswith("HUNTER_")},
@@ -274,6 +284,7 @@ async def _serve_work_and_stop(root: Path) -> None:
     assert any(e["event"] == "daemon_stopped" for e in events)
     loud = [e for e in events if e["level"] in {"warning", "error", "critical", "exception"}]
     assert loud == []
+    return events
 
 
 async def test_the_anyio_read_race_is_a_warning(tmp_path: Path, log_stream: io.StringIO) -> None:
