@@ -15,13 +15,13 @@ change feed (`Events`, and `Completion` for `as_completed` and `wait`) is in
 
 **Reconnecting.** When the connection drops (the daemon restarted, or was upgraded), a call
 that is safe to repeat reconnects (every 0.2 s, for up to ``reconnect_s``) and is sent again:
-reads, waits, and submissions that carry an idempotency key (the caller's, or with
-``auto_keys=True`` one the client makes up for each), because the daemon answers a repeated one
-with the turn it already accepted instead of a second one. Calls that are not safe to repeat (a
-submission without a key, opening a session, resolving an escalation, cancelling, draining)
-raise `ConnectionLost` and leave the decision to the caller. Keys are not the default because
-the daemon serves keyed submissions on a slower path today (it looks each key up first: about
-half the turns per second, `benchmarks/bench_client.py`).
+reads, waits, and submissions that carry an idempotency key (the caller's, or one the client
+makes up for each: ``auto_keys``, on by default), because the daemon answers a repeated one with
+the turn it already accepted instead of a second one. Calls that are not safe to repeat (a
+submission without a key, with ``auto_keys=False``; opening a session, resolving an escalation,
+cancelling, draining) raise `ConnectionLost` and leave the decision to the caller. A key costs
+the daemon nothing it would notice: it is looked up in the transaction that accepts the turn
+(keyed and unkeyed submissions run at the same rate, `benchmarks/bench_client.py`).
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ class Client:
     """One connection to a daemon's control API, reconnecting when it drops (see the module
     docstring). Use it as an async context manager, or `connect`."""
 
-    def __init__(self, socket: Path, *, reconnect_s: float = 30.0, auto_keys: bool = False) -> None:
+    def __init__(self, socket: Path, *, reconnect_s: float = 30.0, auto_keys: bool = True) -> None:
         self.socket = Path(socket)
         self.reconnect_s = reconnect_s
         #: give each submission without an idempotency key one of its own, so that it is safe
@@ -554,7 +554,7 @@ async def connect(
     root: Path | str | None = None,
     config: Path | str | None = None,
     reconnect_s: float = 30.0,
-    auto_keys: bool = False,
+    auto_keys: bool = True,
 ) -> AsyncIterator[Client]:
     """A `Client` of the daemon found by `find_socket` (open for the block); *auto_keys*: give
     each submission without a key one of its own (see `Client`)."""

@@ -4,8 +4,9 @@
 and answers it from a callback: at once, or once the turn settles for a ``wait_s``
 (`TurnCore.settled_soon`; the wait's bound on the connection's timers). Only what needs to
 await runs in a task: reading a turn from the store after it escalated, or when ``wait_s``
-passed first. Everything else a client may send (another kind of turn, an idempotency key, a
-refusal) is served by a task, the way every other request is (`ControlServer`).
+passed first. An idempotency key is looked up in the pass's transaction (a resubmission is
+answered with the turn it names, ``created`` false). Everything else a client may send (another
+kind of turn, a refusal) is served by a task, the way every other request is (`ControlServer`).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class QuickSubmits:
     def take(self, replies: Replies, request: TurnSubmit) -> bool:
         """Take the submission; False, with nothing done, when a task must serve it."""
         params = request.params
-        if params.kind is not TurnKind.INSTRUCTION or params.idempotency_key is not None:
+        if params.kind is not TurnKind.INSTRUCTION:
             return False
         started = _COSTS.clock()
         try:
@@ -90,13 +91,15 @@ class QuickSubmits:
         # What the client should know at once, as of the submission (as the task path does).
         warnings = submit_warnings(self._hub, turn, self._turn_core.served_by_peers)
 
-        def accepted(outcome: TurnRecord | Exception) -> None:
+        def accepted(outcome: TurnRecord | Exception, created: bool) -> None:
             if isinstance(outcome, Exception):
                 replies.send(self._failure(request_id, _OP, outcome), _OP)
             elif params.wait_s is None:
-                replies.send(self._answer(request_id, outcome, params, warnings), _OP)
+                replies.send(
+                    self._answer(request_id, outcome, params, warnings, created=created), _OP
+                )
             else:
-                self._wait(replies, request_id, outcome.turn_id, params, warnings)
+                self._wait(replies, request_id, outcome.turn_id, params, warnings, created=created)
 
         try:
             taken = self._turn_core.submit_soon(turn, accepted)
@@ -113,6 +116,8 @@ class QuickSubmits:
         turn_id: int,
         params: TurnSubmitParams,
         warnings: list[str],
+        *,
+        created: bool,
     ) -> None:
         """Answer when the turn settles, or when ``wait_s`` passes (with the turn as it is)."""
         timer: list[int] = []
@@ -124,7 +129,7 @@ class QuickSubmits:
             except Exception as exc:
                 replies.send(self._failure(request_id, _OP, exc), _OP)
                 return
-            replies.send(self._answer(request_id, record, params, warnings), _OP)
+            replies.send(self._answer(request_id, record, params, warnings, created=created), _OP)
 
         async def wait_and_answer() -> None:
             # escalated (answered at once), or gone to another daemon of the fleet (a lost
@@ -136,7 +141,7 @@ class QuickSubmits:
             except Exception as exc:
                 replies.send(self._failure(request_id, _OP, exc), _OP)
                 return
-            replies.send(self._answer(request_id, record, params, warnings), _OP)
+            replies.send(self._answer(request_id, record, params, warnings, created=created), _OP)
 
         def settled(final: TurnRecord | None) -> None:
             if timer:
@@ -144,11 +149,16 @@ class QuickSubmits:
             if final is None:
                 replies.spawn(wait_and_answer)
             else:
-                replies.send(self._answer(request_id, final, params, warnings), _OP)
+                replies.send(
+                    self._answer(request_id, final, params, warnings, created=created), _OP
+                )
 
         forget = self._turn_core.settled_soon(turn_id, settled)
-        if forget is None:  # settled already (or not watched here): read it
-            replies.spawn(read_and_answer)
+        if forget is None:
+            # A turn this submission created is watched here until it settles: it settled
+            # already, read it. A turn its key named before may be settled, or run by another
+            # daemon of a fleet, or be a turn this daemon took back at start: wait for it.
+            replies.spawn(read_and_answer if created else wait_and_answer)
             return
 
         def timed_out() -> None:
@@ -163,9 +173,14 @@ class QuickSubmits:
         record: TurnRecord,
         params: TurnSubmitParams,
         warnings: list[str],
+        *,
+        created: bool,
     ) -> dict[str, object]:
         started = _COSTS.clock()
-        result: dict[str, object] = {"turn": turn_answer(record, params.answer), "created": True}
+        result: dict[str, object] = {
+            "turn": turn_answer(record, params.answer),
+            "created": created,
+        }
         if warnings:
             result["warnings"] = warnings
         _COSTS.add("reply", _COSTS.clock() - started, 0)

@@ -1,14 +1,16 @@
 """The intake pass: submissions taken without a task, their accepts committed together.
 
 `TurnCore.submit` serves a submission in the caller's task, with every check a turn may need
-(an idempotency key looked up, a process turn's capabilities checked on a thread, a fleet's
-session homed elsewhere). The common case needs none of that: an instruction turn without an
-idempotency key, of a session this daemon holds. `Intake.submit_soon` takes it without a task:
-the intake rules and the queue's backpressure apply at once, and its accept is queued
-(`TurnStore.accept_soon`) with the others of the pass, which commit in one transaction. When
-the store is done with it, a callback (on the event loop, in the store's committer) starts the
-accepted turn (`runner.TurnRunner.start`) and calls the submitter's *answer* with the turn, or
-with the error. `run` only marks the span in which the turn core runs.
+(a process turn's capabilities checked on a thread, a fleet's session homed elsewhere). The
+common case needs none of that: an instruction turn of a session this daemon holds, with or
+without an idempotency key. `Intake.submit_soon` takes it without a task: the intake rules and
+the queue's backpressure apply at once, and its accept is queued (`TurnStore.accept_soon`) with
+the others of the pass, which commit in one transaction; a key is looked up in that transaction
+(the store's accept returns the turn it already names). When the store is done with it, a
+callback (on the event loop, in the store's committer) starts the accepted turn
+(`runner.TurnRunner.start`) and calls the submitter's *answer* with the turn and whether it was
+created, or with the error (`idempotency_conflict` for a key reused with another payload).
+`run` only marks the span in which the turn core runs.
 
 `SessionGate` is what a submission and a session's close share: each refuses while the other
 is under way, so no turn lands in a closed session.
@@ -26,12 +28,13 @@ from supervisor.logging import get_logger, info_enabled
 from supervisor.stages import stage_costs
 from supervisor.store.protocol import Accepted, Claim, NewTurn, PendingWrite, TurnRecord
 from supervisor.turns.context import TurnDeps
-from supervisor.turns.requests import TurnRequest
+from supervisor.turns.requests import TurnRequest, idempotency_conflict
 
 __all__ = ["Answer", "Intake", "SessionGate"]
 
-#: How `Intake.submit_soon` answers: the accepted turn, or the error.
-Answer = Callable[[TurnRecord | Exception], None]
+#: How `Intake.submit_soon` answers: the accepted turn (and False when its idempotency key named
+#: a turn accepted before: that turn), or the error.
+Answer = Callable[[TurnRecord | Exception, bool], None]
 
 _COSTS = stage_costs()
 
@@ -87,7 +90,6 @@ class Intake:
             not self._running
             or deps.draining
             or request.instruction is None
-            or request.idempotency_key is not None
             or sid in self._gate.closing
             or deps.sessions.get(sid) is None
         ):
@@ -95,7 +97,7 @@ class Intake:
         started = _COSTS.clock()
         self._admit(request)
         pending = deps.store.accept_soon(
-            NewTurn(session_id=sid, spec=request.spec),
+            NewTurn(session_id=sid, spec=request.spec, idempotency_key=request.idempotency_key),
             claim_for=deps.owner,
             lease_ms=deps.settings.lease_ms,
         )
@@ -118,6 +120,7 @@ class Intake:
         """The store is done with the accept: start the turn, answer the submitter."""
         sid = request.session_id
         outcome: TurnRecord | Exception
+        created = True
         try:
             accepted = pending.outcome()
         except SessionClosedError:
@@ -128,21 +131,24 @@ class Intake:
             outcome = exc
         else:
             outcome = accepted.turn
-            if accepted.created and accepted.claim is not None:
+            created = accepted.created
+            if not created:  # the key named a turn accepted before: the same turn asked for?
+                outcome = idempotency_conflict(request, accepted.turn) or accepted.turn
+            elif accepted.claim is not None:
                 self._deps.tracker.accepted(accepted.turn)  # before its first attempt starts
                 if self._running:  # else the core stopped: a restart takes the turn back
                     self._start(accepted.turn, accepted.claim)
-                if info_enabled():
-                    self._log.info(
-                        "turn_accepted",
-                        session_id=sid,
-                        turn_number=accepted.turn.turn_number,
-                        turn_id=accepted.turn.turn_id,
-                        kind=accepted.turn.kind.value,
-                    )
+            if created and info_enabled():
+                self._log.info(
+                    "turn_accepted",
+                    session_id=sid,
+                    turn_number=accepted.turn.turn_number,
+                    turn_id=accepted.turn.turn_id,
+                    kind=accepted.turn.kind.value,
+                )
         finally:
             self._gate.leave(sid)
         try:
-            answer(outcome)
+            answer(outcome, created)
         except Exception:  # the submitter's own bug: logged, the pass goes on
             self._log.exception("submit_answer_failed", session_id=sid)

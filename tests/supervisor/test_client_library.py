@@ -180,3 +180,32 @@ def test_code_written_against_the_older_paths_keeps_working() -> None:
     assert ControlClient is Current
     assert issubclass(DaemonNotRunning, Exception)
     assert socket_for_root(Path("/r")) == Path("/r/run/control.sock")
+
+
+async def test_keys_are_made_up_by_default_and_can_be_left_off(root: Path) -> None:
+    """The client gives each submission a key of its own unless told not to (so that it is
+    safe to send again after a lost connection); a resubmission under the same key is the
+    same turn, with or without waiting; without keys, two submissions are two turns."""
+    executor = Gated()
+    async with serving(root, executor), connect(root=root) as client:
+        sid = (await client.open_session("demo")).session_id
+        handle = await client.submit_instruction(sid, "READ", selector="#a")
+        turn = await handle.result(timeout_s=WAIT_S)
+        key = turn.idempotency_key
+        assert key is not None
+        assert key.startswith("hc-")
+        again = await client.submit_instruction(sid, "READ", selector="#a", idempotency_key=key)
+        waited = await client.submit_instruction(
+            sid, "READ", selector="#a", idempotency_key=key, wait_s=WAIT_S
+        )
+        assert (again.created, again.turn_id) == (False, turn.turn_id)
+        assert (waited.created, waited.turn_id, waited.turn.succeeded) == (
+            False,
+            turn.turn_id,
+            True,
+        )
+        async with connect(root=root, auto_keys=False) as plain:
+            first = await plain.submit_instruction(sid, "READ", selector="#b")
+            second = await plain.submit_instruction(sid, "READ", selector="#b")
+        assert first.turn.idempotency_key is None
+        assert first.turn_id != second.turn_id

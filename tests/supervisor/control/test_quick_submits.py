@@ -74,8 +74,9 @@ class Fast(Executor):
 
 
 async def test_submit_and_waits_in_flight_have_no_task_each(root: Path) -> None:
-    """Sixteen submit-and-waits pipelined on one connection are pending without a task each
-    (a keyed submit beside them is, as the control shows); all sixteen then succeed."""
+    """Sixteen submit-and-waits pipelined on one connection, and a keyed one beside them, are
+    pending without a task each (a `turn.wait` beside them is, as the control shows); all
+    seventeen then succeed."""
     executor = Gated(slots=17, expected=17)
     answers: list[dict[str, Any]] = []
     keyed: list[dict[str, Any]] = []
@@ -92,16 +93,22 @@ async def test_submit_and_waits_in_flight_have_no_task_each(root: Path) -> None:
                 for _ in range(16):
                     tg.start_soon(one, client, sid, answers)
                 tg.start_soon(
-                    functools.partial(one, client, sid, keyed, idempotency_key="by-a-task")
+                    functools.partial(one, client, sid, keyed, idempotency_key="in-the-pass")
                 )
                 await executor.all_started.wait()
-                # every request waits for its turn; only the keyed one has a task of its own
-                assert served_by_task() == 1
+                assert served_by_task() == 0
+                # the root's first turn (a fresh store numbers turns from 1), still running
+                tg.start_soon(
+                    functools.partial(client.call, "turn.wait", turn_id=1, timeout_s=WAIT_S)
+                )
+                with anyio.fail_after(WAIT_S):
+                    await until(lambda: served_by_task() == 1)
+                # every request waits for its turn; only the turn.wait has a task of its own
                 assert answers == []
                 executor.gate.set()
     assert [(a["turn"]["state"], a["created"]) for a in answers] == [("succeeded", True)] * 16
     assert len({a["turn"]["turn_id"] for a in answers}) == 16
-    assert keyed[0]["turn"]["state"] == "succeeded"
+    assert (keyed[0]["turn"]["state"], keyed[0]["created"]) == ("succeeded", True)
     assert executor.started == 17
 
 
