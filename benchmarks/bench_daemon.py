@@ -3,6 +3,10 @@
 Run: ``.venv/bin/python benchmarks/bench_daemon.py`` (well under two minutes on 2 cores);
 ``--compact`` runs the throughput phases with ``answer: "compact"`` (docs/control-protocol.md
 5.4); the latency phase always asks for the full turn (its attempts give the p50 split).
+``--sessions N`` spreads the throughput phases' turns over N sessions (the lanes take them in
+turn; the minimal loop runs one session per lane, 64); ``--limit DIR`` runs the minimal durable
+loop of DIR (``../shared/tools/limit``: its SQLite variant B and its plain-journal variant A)
+right after the daemon, in the same window, and prints the daemon's ratios to each.
 
 1. Baseline: the raw anyio echo of ``bench_executors.py`` (two processes, ~290-byte
    length-prefixed orjson frames): p50/p99 round trip and throughput with 64 in flight.
@@ -54,6 +58,7 @@ from benchmarks.harness import (  # noqa: E402
     pipelined,
     running_daemon,
 )
+from benchmarks.limit_loop import LimitFigures, run_limit  # noqa: E402
 
 LATENCY_TURNS = 400
 WARMUP_TURNS = 50
@@ -86,7 +91,9 @@ async def _frame_bytes(socket: Path, params: dict[str, Any]) -> tuple[int, int]:
     return len(request), len(data)
 
 
-async def daemon_figures(directory: Path, *, compact: bool = False) -> dict[str, float]:
+async def daemon_figures(
+    directory: Path, *, compact: bool = False, sessions: int = 1
+) -> dict[str, float]:
     # The daemon counts the CPU of each stage of a turn's path (supervisor/stages.py).
     async with running_daemon(
         base=directory,
@@ -115,15 +122,19 @@ async def daemon_figures(directory: Path, *, compact: bool = False) -> dict[str,
             full = {"session_id": other, "wait_s": 30, **TURN}
             bytes_full = await _frame_bytes(daemon.control_socket, full)
             bytes_compact = await _frame_bytes(daemon.control_socket, {**full, "answer": "compact"})
+            sids = [sid]
+            for _ in range(sessions - 1):
+                opened = await client.call("session.open", package_id="demo")
+                sids.append(opened["session_id"])
             before = await client.call("status")
 
         (executors,) = daemon.executors
         cpu0, ecpu0 = daemon.cpu_s(), cpu_seconds([executors.pid])
-        done, failed, elapsed = await _throughput(daemon.control_socket, sid, IN_FLIGHT, compact)
+        done, failed, elapsed = await _throughput(daemon.control_socket, sids, IN_FLIGHT, compact)
         cpu1, ecpu1 = daemon.cpu_s(), cpu_seconds([executors.pid])
         middle = await daemon.call("status")
         done_256, failed_256, elapsed_256 = await _throughput(
-            daemon.control_socket, sid, 256, compact
+            daemon.control_socket, sids, 256, compact
         )
         after = await daemon.call("status")
         verify = await daemon.call("ledger.verify", session_id=sid)
@@ -165,17 +176,21 @@ async def daemon_figures(directory: Path, *, compact: bool = False) -> dict[str,
 
 
 async def _throughput(
-    socket: Path, sid: str, in_flight: int, compact: bool = False
+    socket: Path, sids: list[str], in_flight: int, compact: bool = False
 ) -> tuple[int, int, float]:
-    """Turns at *in_flight* over 8 connections for THROUGHPUT_SECONDS: (done, failed, s).
-    *compact*: the answers carry the compact turn (``answer: "compact"``)."""
+    """Turns at *in_flight* over 8 connections for THROUGHPUT_SECONDS: (done, failed, s); the
+    lanes take the sessions of *sids* in turn. *compact*: the answers carry the compact turn
+    (``answer: "compact"``)."""
     form: dict[str, Any] = {"answer": "compact"} if compact else {}
     done = 0
     failed = 0
+    lanes = 0
     deadline = time.perf_counter() + THROUGHPUT_SECONDS
 
     async def lane(conn: ControlClient) -> None:
-        nonlocal done, failed
+        nonlocal done, failed, lanes
+        sid = sids[lanes % len(sids)]
+        lanes += 1
         while time.perf_counter() < deadline:
             r = await conn.call("turn.submit", session_id=sid, wait_s=30, **TURN, **form)
             if r["turn"]["state"] == "succeeded":
@@ -203,14 +218,15 @@ def fsync_floor(directory: Path, rounds: int = 300) -> float:
     return percentile(samples, 0.5)
 
 
-async def run_all(*, compact: bool = False) -> None:
+async def run_all(*, compact: bool = False, sessions: int = 1, limit: Path | None = None) -> None:
     directory = Path(tempfile.mkdtemp(prefix="hh-bench-daemon-"))
     os.chmod(directory, 0o711)  # process turns would run as another uid: keep it traversable
     try:
         started = time.perf_counter()
         base = await bench_executors.baseline(directory)
         sync_s = fsync_floor(directory)
-        daemon = await daemon_figures(directory, compact=compact)
+        daemon = await daemon_figures(directory, compact=compact, sessions=sessions)
+        loops = [] if limit is None else await anyio.to_thread.run_sync(run_limit, limit)
         total = time.perf_counter() - started
     finally:
         shutil.rmtree(directory, ignore_errors=True)
@@ -244,6 +260,7 @@ async def run_all(*, compact: bool = False) -> None:
     out(f"  throughput, 256 in flight, 8 execs   {daemon['throughput_256']:8.0f} turns/s\n")
     if compact:
         out('  (throughput phases with answer="compact")\n')
+    out(f"  sessions the throughput turns ran in {sessions:8d}\n")
     out(
         f"  bytes per turn on control.sock: request {daemon['request_bytes']:.0f}"
         f" ({daemon['request_bytes_compact']:.0f} with answer=compact),"
@@ -274,7 +291,31 @@ async def run_all(*, compact: bool = False) -> None:
     out(f"  intake operations per commit (fsync) {daemon['intake_ops_per_batch']:8.2f}\n")
     out(f"  ledger entries written and verified  {daemon['ledger_entries']:8.0f}\n")
     out(f"  daemon RSS                           {daemon['rss_mb']:8.1f} MB\n")
+    _limit_report(daemon, loops)
     out(f"total benchmark time                   {total:8.1f} s\n")
+
+
+def _limit_report(daemon: dict[str, float], loops: list[LimitFigures]) -> None:
+    """The minimal loop's figures, measured right after the daemon's, and the ratios."""
+    if not loops:
+        return
+    out = sys.stdout.write
+    out("the minimal durable loop (../shared/tools/limit), same window, 64 sessions\n")
+    out("  variant              turns/s @64  @256   p50 @1    CPU/turn @64  verified\n")
+    for loop in loops:
+        out(
+            f"  {loop.variant:<20} {loop.throughput:9.0f} {loop.throughput_256:6.0f}"
+            f" {loop.p50_us:7.0f} us {loop.cpu_us_per_turn:9.0f} us   {loop.verified}\n"
+        )
+    cpu_us = daemon["daemon_cpu_ms_per_turn"] * 1000
+    for loop in loops:
+        out(
+            f"  daemon / {loop.variant:<18}"
+            f" throughput @64 {daemon['throughput'] / loop.throughput:5.2f}x"
+            f", @256 {daemon['throughput_256'] / max(1.0, loop.throughput_256):5.2f}x"
+            f", CPU per turn {cpu_us / loop.cpu_us_per_turn:5.2f}x\n"
+        )
+    out("  (targets, issue 30: throughput @64 >= 0.8x the SQLite loop B, CPU per turn <= 2x)\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,11 +325,27 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help='run the throughput phases with answer="compact" (the compact turn object)',
     )
+    parser.add_argument(
+        "--sessions",
+        type=int,
+        default=1,
+        help="sessions the throughput turns are spread over (default 1; the minimal loop: 64)",
+    )
+    parser.add_argument(
+        "--limit",
+        type=Path,
+        default=None,
+        help="the minimal durable loop's folder (../shared/tools/limit): run it beside the daemon",
+    )
     args = parser.parse_args(argv)
+    if args.sessions < 1:
+        parser.error("--sessions must be at least 1")
     from supervisor.logging import configure_logging
 
     configure_logging(fmt="json", level="error", stream=sys.stderr)
-    anyio.run(functools.partial(run_all, compact=args.compact))
+    anyio.run(
+        functools.partial(run_all, compact=args.compact, sessions=args.sessions, limit=args.limit)
+    )
     return 0
 
 
