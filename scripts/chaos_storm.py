@@ -1,6 +1,6 @@
 """A long executor chaos run: a hundred-plus executors misbehaving at random under real turns.
 
-The scenario is `supervisor.demo.chaos` (the CI test ``tests/supervisor/test_chaos_suite.py``
+The scenario is `tests.storms.chaos` (the CI test ``tests/supervisor/test_chaos_suite.py``
 runs a bounded one): swarms of chaos executors (hang, slow, garbage and oversized frames, wrong
 and missing ids, authority claims, errors, refusals, flapping connections), real executor
 processes that die and come back, slowloris clients on both sockets, while clients submit
@@ -24,7 +24,11 @@ from pathlib import Path
 
 import anyio
 
-from supervisor.demo.chaos import ChaosConfig, ChaosReport, format_violations, run_chaos
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))  # ``tests.storms`` below, run as a script
+
+from tests.storms.chaos import ChaosConfig, ChaosReport, format_violations, run_chaos  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,6 @@
 """A long crash storm: SIGKILL a real daemon again and again under a stream of turns.
 
-The scenario is `supervisor.demo.crash` (the CI test ``tests/supervisor/test_crash.py`` runs a
+The scenario is `tests.storms.crash` (the CI test ``tests/supervisor/test_crash.py`` runs a
 short one): clients submit instruction turns with idempotency keys while the daemon is
 SIGKILLed ``--kills`` times at seeded random points and restarted; then every acknowledged
 turn must be final, every key must name one turn, every final turn must have exactly one final
@@ -35,12 +35,11 @@ from pathlib import Path
 
 import anyio
 
-from supervisor.demo.crash import StormConfig, StormReport, format_violations, run_storm
-
 HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))  # ``tests.storms`` below, run as a script
 
+from tests.storms.crash import StormConfig, StormReport, format_violations, run_storm  # noqa: E402
 from tests.storms.starvation import BusyLoops  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """A soak: a real daemon under a steady mixed workload for 10 minutes, failing on growth trends.
 
-The run is `supervisor.demo.soak` (the CI test ``tests/supervisor/test_soak.py`` runs 60 s):
+The run is `tests.storms.soak` (the CI test ``tests/supervisor/test_soak.py`` runs 60 s):
 clients submit instruction turns and sandboxed process turns at a steady rate while the
 daemon's RSS, fds and threads and the turns' median latency are sampled every second; over
 the second half of the run the least-squares slope of each must stay within its bound (per
@@ -24,7 +24,11 @@ from pathlib import Path
 
 import anyio
 
-from supervisor.demo.soak import SoakConfig, SoakReport, format_samples, run_soak
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))  # ``tests.storms`` below, run as a script
+
+from tests.storms.soak import SoakConfig, SoakReport, format_samples, run_soak  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:

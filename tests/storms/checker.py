@@ -58,7 +58,7 @@ import asyncpg
 import orjson
 
 from ledger.verify import session_ledger_paths
-from supervisor.demo.crash_checks import ANYIO_READ_RACE, FINAL_STATUSES, LedgerTurnEntries
+from tests.storms.crash_checks import ANYIO_READ_RACE, FINAL_STATUSES, LedgerTurnEntries
 from tests.storms.history import Op
 
 __all__ = [
@@ -86,7 +86,7 @@ __all__ = [
 #: critical level is a finding
 EXPECTED_ERRORS: Final[Mapping[str, str]] = {
     "store_unavailable": "the server restarted, or the daemon's proxy black-holed it",
-    ANYIO_READ_RACE: "anyio's read race, logged by asyncio (supervisor.demo.crash_checks)",
+    ANYIO_READ_RACE: "anyio's read race, logged by asyncio (tests.storms.crash_checks)",
 }
 #: warnings that say a fault was noticed and handled; counted, not findings
 NOTICED: Final = (

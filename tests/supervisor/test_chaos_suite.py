@@ -1,6 +1,6 @@
 """Executor chaos: a hundred-plus real executors misbehaving at random while real turns run.
 
-The scenario is `supervisor.demo.chaos` (``scripts/chaos_storm.py`` runs a long one): a real
+The scenario is `tests.storms.chaos` (``scripts/chaos_storm.py`` runs a long one): a real
 ``hunter serve``, swarm processes hosting a hundred executor connections with random
 behaviours, authority claimers, real executor processes that die and are restarted, slowloris
 clients on both sockets, clients submitting instruction and process turns, a ``status`` poller
@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import pytest
 
-from supervisor.demo.chaos import (
+from tests.storms.chaos import (
     ChaosConfig,
     ChaosReport,
     expected_attempt,

@@ -1,6 +1,6 @@
 """A real crash test: the daemon SIGKILLed at random moments under a mixed stream of turns.
 
-The storm is `supervisor.demo.crash` (``scripts/crash_storm.py --mixed`` runs a long one): a
+The storm is `tests.storms.crash` (``scripts/crash_storm.py --mixed`` runs a long one): a
 real ``hunter serve``, real chaos executor processes that reconnect, clients submitting
 instruction turns and sandboxed process turns with idempotency keys (resubmitting after each
 restart), a seeded killer. Afterwards
@@ -33,7 +33,9 @@ from sandbox.confine.cgroups import detect_layout
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import TurnKind, TurnState
 from sandbox.runtime.runtime import cgroup_prefix_for
-from supervisor.demo.crash import (
+from supervisor.store.protocol import TurnRecord
+from supervisor.turns.recovery import ROLLED_FORWARD
+from tests.storms.crash import (
     LedgerTurnEntries,
     StormConfig,
     StormReport,
@@ -48,9 +50,7 @@ from supervisor.demo.crash import (
     run_storm,
     storm_uids,
 )
-from supervisor.demo.crash_checks import ANYIO_READ_RACE, count_log_events
-from supervisor.store.protocol import TurnRecord
-from supervisor.turns.recovery import ROLLED_FORWARD
+from tests.storms.crash_checks import ANYIO_READ_RACE, count_log_events
 from tests.storms.starvation import BusyLoops
 from tests.turn_requests import READ_SPEC
 

@@ -1,6 +1,6 @@
 """A 60-second soak in CI: a real daemon under a steady mixed workload, judged on trends.
 
-The run is `supervisor.demo.soak` (``scripts/soak.py`` runs 10 minutes): after a warm-up that
+The run is `tests.storms.soak` (``scripts/soak.py`` runs 10 minutes): after a warm-up that
 fills the daemon's bounded caches, clients submit instruction and process turns at 20 per
 second while the daemon's RSS, fds, threads and the turns' latency are sampled every second;
 the least-squares slope of each over the second half must stay within `Bounds` (per minute:
@@ -21,8 +21,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from supervisor.demo.probe import sample_process, slope
-from supervisor.demo.soak import SoakConfig, SoakReport, SoakSample, judge_trends, run_soak
+from tests.storms.probe import sample_process, slope
+from tests.storms.soak import SoakConfig, SoakReport, SoakSample, judge_trends, run_soak
 
 CI_SOAK = SoakConfig(seconds=60.0)
 

@@ -26,11 +26,11 @@ import pytest
 from ledger import verify_root
 from supervisor.cli.daemon_commands import format_status
 from supervisor.control.client import ControlClient
-from supervisor.demo.crash_checks import check_turn_entries, read_turn_entries
 from supervisor.demo.stack import DemoStack, prepare_root
 from supervisor.errors import ControlClientError
 from tests.helper_process import HelperProcess
 from tests.sandbox.conftest import sandbox_unavailable_reason
+from tests.storms.crash_checks import check_turn_entries, read_turn_entries
 from tests.unprivileged import as_unprivileged
 
 pytestmark = [

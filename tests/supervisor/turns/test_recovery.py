@@ -24,10 +24,10 @@ import pytest
 from ledger import InlineSyncer, LedgerEntry, SessionLedgers, session_dir_for, verify_session_dir
 from sandbox.policy.lifecycle import TurnState
 from supervisor.control.client import ControlClient
-from supervisor.demo.crash import CRASH_CONFIG, check_daemon_log, check_rolled_forward
-from supervisor.demo.crash_checks import count_log_events
 from supervisor.demo.stack import DemoStack, prepare_root
 from supervisor.turns.recovery import RESTORED, ROLLED_FORWARD, LedgerEntryRef, endings_in_ledger
+from tests.storms.crash import CRASH_CONFIG, check_daemon_log, check_rolled_forward
+from tests.storms.crash_checks import count_log_events
 from tests.supervisor.turns.test_core import FakeHub, _instruction, _open, _run, _verify, rig
 from tests.turn_requests import submitted
 

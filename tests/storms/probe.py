@@ -1,6 +1,6 @@
 """What a running process costs: resident memory, open fds and threads, read from ``/proc``.
 
-The reliability suites (`supervisor.demo.chaos`, `supervisor.demo.soak`) sample the daemon
+The reliability suites (`tests.storms.chaos`, `tests.storms.soak`) sample the daemon
 with `sample_process` and judge growth with `slope`.
 """
 

@@ -13,7 +13,7 @@ The run
 2. ``clients`` clients submit turns at ``rate`` turns per second in all, each turn
    submit-and-wait: instruction turns (READ) and, ``process_share`` of them, sandboxed process
    turns (one writes a declared output, one exits 3). Each turn's round trip is its latency.
-3. Every second: the daemon's RSS, fds and threads (`supervisor.demo.probe`), and the median
+3. Every second: the daemon's RSS, fds and threads (`tests.storms.probe`), and the median
    latency of the turns that finished in that second.
 4. Judging: over the second half of the run (the first half is warm-up: caches, the store, the
    allocator settle), the least-squares slope of each series must stay within its bound
@@ -39,9 +39,9 @@ from typing import Any, Final
 import anyio
 
 from supervisor.control.client import ControlClient
-from supervisor.demo.crash_checks import ANYIO_READ_RACE, check_daemon_log, count_log_events
-from supervisor.demo.probe import sample_process, slope
 from supervisor.demo.stack import DEMO_CONFIG, DemoStack, prepare_root
+from tests.storms.crash_checks import ANYIO_READ_RACE, check_daemon_log, count_log_events
+from tests.storms.probe import sample_process, slope
 
 __all__ = [
     "SOAK_CONFIG",

@@ -8,9 +8,9 @@ The scenario
 ------------
 1. A real ``hunter serve`` (`CHAOS_CONFIG`: short timeouts, a 5 s quarantine), one session, one
    well-behaved executor process for a warm-up of turns; once it has left, the baseline of the
-   daemon's RSS, fds and threads (`supervisor.demo.probe`).
+   daemon's RSS, fds and threads (`tests.storms.probe`).
 2. The crowd, every executor serving READ: ``executors`` connections in a few
-   `supervisor.demo.chaos_swarm` processes, each with a behaviour drawn at random (hang, slow
+   `tests.storms.chaos_swarm` processes, each with a behaviour drawn at random (hang, slow
    past the deadline, garbage frames, oversized frames, wrong / missing ids, malformed answers,
    errors, partial output, refusals, failures, connections that flap), applied to an
    instruction with probability ``probability`` (``ok`` otherwise); authority claimers in a
@@ -40,6 +40,7 @@ versions call it alike.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import signal
 import struct
@@ -54,10 +55,10 @@ import anyio
 import anyio.abc
 
 from supervisor.control.client import ControlClient
-from supervisor.demo.crash_checks import ANYIO_READ_RACE, check_daemon_log, count_log_events
-from supervisor.demo.probe import ProcessSample, sample_process
 from supervisor.demo.stack import DEMO_CONFIG, DemoStack, prepare_root
 from supervisor.errors import ConnectionLost, ControlClientError, DaemonNotRunning
+from tests.storms.crash_checks import ANYIO_READ_RACE, check_daemon_log, count_log_events
+from tests.storms.probe import ProcessSample, sample_process
 
 __all__ = [
     "CHAOS_CONFIG",
@@ -73,6 +74,9 @@ __all__ = [
 
 #: The chaos daemon's config: the demo's, with a short quarantine (authority claimers come
 #: back during the run) and logging at warning (a hundred executors connecting is not news).
+#: the repository root (the swarm processes import ``tests.storms``)
+_REPO: Final = Path(__file__).resolve().parents[2]
+
 CHAOS_CONFIG: Final = (
     DEMO_CONFIG.replace("quarantine_s = 60.0", "quarantine_s = 5.0")
     .replace("queue_wait_s = 3.0", "queue_wait_s = 1.0")
@@ -542,7 +546,7 @@ class _Chaos:
                 continue
             self.report.behaviours.update(b for _id, b in pairs)
             argv = [
-                "supervisor.demo.chaos_swarm",
+                "tests.storms.chaos_swarm",
                 "--executors",
                 ",".join(f"{i}={b}" for i, b in pairs),
                 "--probability",
@@ -634,7 +638,9 @@ async def run_chaos(
     """Run the whole executor chaos scenario on a fresh *root* (see the module docstring)."""
     started = time.monotonic()
     config_path = prepare_root(root, fresh=True, config_text=CHAOS_CONFIG)
-    stack = DemoStack(root=root, config_path=config_path)
+    # the swarm runs as ``python -m tests.storms.chaos_swarm``: the repository on its path
+    path = os.pathsep.join(p for p in (str(_REPO), os.environ.get("PYTHONPATH", "")) if p)
+    stack = DemoStack(root=root, config_path=config_path, env={"PYTHONPATH": path})
     chaos = _Chaos(stack, config, show)
     report = chaos.report
     try:

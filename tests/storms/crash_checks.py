@@ -2,7 +2,7 @@
 records (rolled-forward turns must carry a finished attempt), its log, and what a clean stop
 must not leave (processes of the sandbox uids, turn cgroups, scratch files).
 
-`supervisor.demo.crash` runs the storm; these checks judge what it left (and are tested on their
+`tests.storms.crash` runs the storm; these checks judge what it left (and are tested on their
 own, on hand-made ledgers and logs, so that a checker that cannot fail is noticed).
 """
 

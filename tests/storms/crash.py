@@ -57,7 +57,9 @@ import anyio
 
 from ledger import IntegrityError, session_dir_for, verify_session_dir
 from supervisor.control.client import ControlClient
-from supervisor.demo.crash_checks import (
+from supervisor.demo.stack import DEMO_CONFIG, DemoStack, prepare_root
+from supervisor.errors import ConnectionLost, ControlClientError, DaemonNotRunning
+from tests.storms.crash_checks import (
     LedgerTurnEntries,
     check_daemon_log,
     check_ledger_pairs,
@@ -68,8 +70,6 @@ from supervisor.demo.crash_checks import (
     read_turn_entries,
     rolled_forward,
 )
-from supervisor.demo.stack import DEMO_CONFIG, DemoStack, prepare_root
-from supervisor.errors import ConnectionLost, ControlClientError, DaemonNotRunning
 
 __all__ = [
     "CRASH_CONFIG",

@@ -1,6 +1,6 @@
 """Many chaos executors in one process: the crowd of the executor chaos suite.
 
-Run: ``python -m supervisor.demo.chaos_swarm --socket PATH --id swarm-1
+Run: ``python -m tests.storms.chaos_swarm --socket PATH --id swarm-1
 --executors 'garbage-3=garbage,flap-4=flap' --probability 0.5 --seed 7``
 
 Each ``ID=BEHAVIOUR`` is one executor connection (its own `ChaosExecutor`, advertising READ
@@ -93,7 +93,7 @@ async def run_swarm(
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m supervisor.demo.chaos_swarm",
+        prog="python -m tests.storms.chaos_swarm",
         description="Many chaos executors in one process (see the module docstring).",
     )
     parser.add_argument("--socket", required=True, help="the daemon's executors.sock")
