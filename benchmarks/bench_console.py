@@ -450,7 +450,7 @@ async def measure(daemon: BenchDaemon, console: Console | None, streams: int) ->
     before = await daemon.call("status")
     cpu0 = daemon.cpu_s()
     console0 = console.cpu() if console is not None else (0.0, 0.0)
-    done, failed, elapsed = await _throughput(daemon.control_socket, daemon.sid, IN_FLIGHT)
+    done, failed, elapsed = await _throughput(daemon.control_socket, [daemon.sid], IN_FLIGHT)
     cpu = daemon.cpu_s() - cpu0
     console1 = console.cpu() if console is not None else (0.0, 0.0)
     queued = _queued_bytes(console.url) if console is not None else 0
@@ -559,7 +559,7 @@ async def run(streams: list[int], rounds: int, directory: Path) -> None:
         executors=[[f"noop-{i}" for i in range(EXECUTORS)]],
         spawn=noop(SLOTS),
     ) as daemon:
-        await _throughput(daemon.control_socket, daemon.sid, IN_FLIGHT)  # warm up
+        await _throughput(daemon.control_socket, [daemon.sid], IN_FLIGHT)  # warm up
         console: Console | None = None
         try:
             for r in range(rounds):
