@@ -6,8 +6,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 import msgspec
@@ -18,10 +18,25 @@ from supervisor.errors import ConnectionLost, ControlClientError
 from supervisor.feed import Event
 
 if TYPE_CHECKING:
-    from supervisor.client.client import Client
     from supervisor.control.client import Subscription
 
-__all__ = ["Completion", "Events"]
+__all__ = ["Completion", "Events", "TurnSource"]
+
+
+class TurnSource(Protocol):
+    """What `Completion` needs of the `Client` that made it (which imports this module)."""
+
+    def events(self, *, turns: Iterable[int] | None = None) -> AbstractAsyncContextManager[Events]:
+        """A subscription to the change feed, for these turns."""
+        ...
+
+    async def get_turn(self, turn_id: int) -> Turn:
+        """The turn as it is now."""
+        ...
+
+    async def reconnect_if_lost(self) -> None:
+        """Open a new connection if this one dropped."""
+        ...
 
 
 class Completion:
@@ -30,7 +45,9 @@ class Completion:
     that drops is taken up again, and the turns still awaited are read again: nothing is
     missed."""
 
-    def __init__(self, client: Client, turn_ids: Iterable[int], timeout_s: float | None) -> None:
+    def __init__(
+        self, client: TurnSource, turn_ids: Iterable[int], timeout_s: float | None
+    ) -> None:
         self._client = client
         self._waiting = set(turn_ids)
         self._ready: list[Turn] = []

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from supervisor.console.cookie import COOKIE, set_cookie, state_of
 from supervisor.console.hosts import AllowedHosts
 from supervisor.console.render import page
 from supervisor.console.signins import SignIn
@@ -38,7 +39,6 @@ __all__ = [
     "state_of",
 ]
 
-COOKIE: Final = "supervisor.console"
 #: a form is a few short fields; more than this is refused before it is read
 MAX_FORM_BYTES: Final = 16 * 1024
 #: what every form of ours sends (none has a file, so none is multipart)
@@ -148,24 +148,6 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
-
-
-def state_of(request: Request) -> ConsoleState:
-    state: ConsoleState = request.app.state.console
-    return state
-
-
-def set_cookie(request: Request, response: Response, token: str) -> None:
-    """The sign-in cookie: HttpOnly, SameSite=Strict, Secure over TLS (or when configured)."""
-    secure = state_of(request).settings.secure_cookies
-    response.set_cookie(
-        COOKIE,
-        token,
-        httponly=True,
-        samesite="strict",
-        secure=request.url.scheme == "https" if secure is None else secure,
-        path="/",
-    )
 
 
 def authenticate(request: Request) -> SignIn | Response:

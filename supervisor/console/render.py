@@ -17,6 +17,8 @@ import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
+from supervisor.console.cookie import set_cookie
+
 __all__ = ["ENV", "page"]
 
 ENV: Final = jinja2.Environment(
@@ -83,7 +85,5 @@ def page(request: Request, name: str, status_code: int = 200, **context: object)
     response = HTMLResponse(body, status_code=status_code)
     token = getattr(request.state, "new_token", None)
     if token is not None:
-        from supervisor.console.guard import set_cookie
-
         set_cookie(request, response, token)
     return response

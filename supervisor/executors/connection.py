@@ -174,7 +174,7 @@ class Connection:
         software: str,
         creds: PeerCredentials | None,
         stream: anyio.abc.SocketStream,
-        host: ConnectionHost,
+        host: ConnectionHost[Connection],
         log: EventLog,
     ) -> None:
         self.executor_id = executor_id

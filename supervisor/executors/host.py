@@ -5,23 +5,26 @@ that watchers wait for, changes of its load or status (the hub's free-slot total
 slots that queued attempts may take, frame errors and late responses (counted in the hub's
 statistics) and quarantines (which outlive the connection). It reads the limits in force through
 it too, since a reload may replace them while the connection is open.
+
+The seam is generic in the connection it is told about (`Connection` for the hub), so that this
+module and ``connection`` do not import each other.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol, TypeVar
 
 from supervisor.executors.peercred import PeerCredentials
 from supervisor.executors.settings import HubSettings
 from supervisor.wire.frames import FrameError
 
-if TYPE_CHECKING:
-    from supervisor.executors.connection import Connection
-
 __all__ = ["ConnectionHost"]
 
+#: the connection a host is told about
+_Conn_contra = TypeVar("_Conn_contra", contravariant=True)
 
-class ConnectionHost(Protocol):
+
+class ConnectionHost(Protocol[_Conn_contra]):
     """What a connection needs from the hub around it."""
 
     @property
@@ -35,10 +38,10 @@ class ConnectionHost(Protocol):
     def changed(self) -> None:
         """An executor's status changed (wakes ``wait_for_executor``)."""
 
-    def slot_freed(self, conn: Connection) -> None:
+    def slot_freed(self, conn: _Conn_contra) -> None:
         """``conn`` may have a free slot: hand it to a queued attempt."""
 
-    def recount(self, conn: Connection) -> None:
+    def recount(self, conn: _Conn_contra) -> None:
         """``conn``'s load or status may have changed: update the free-slot totals (O(1))."""
 
     def frame_error(

@@ -10,7 +10,7 @@ refusals that need its registry (quarantine, duplicate id) and sends the ``welco
 from __future__ import annotations
 
 import os
-from typing import Final
+from typing import Final, Never
 
 import anyio
 import anyio.abc
@@ -60,7 +60,9 @@ class Reception:
 
     __slots__ = ("_host", "_log", "rejected")
 
-    def __init__(self, *, host: ConnectionHost, log: EventLog) -> None:
+    def __init__(self, *, host: ConnectionHost[Never], log: EventLog) -> None:
+        # ``Never``: any host (reception tells it of no connection; the seam is contravariant
+        # in the connection it is told about)
         self._host = host
         self._log = log
         self.rejected = 0
