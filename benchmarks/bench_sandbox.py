@@ -30,8 +30,8 @@ from ledger import GroupSyncer
 from sandbox.confine.spawn import SpawnRequest, reap, spawn
 from sandbox.enumerate import enumerate_writes
 from sandbox.helper.remote import HelperClient
+from sandbox.runtime import Runtime, Session
 from sandbox.runtime.area import SessionArea
-from sandbox.runtime.session import Runtime, Session
 
 
 def bare_spawn() -> None:

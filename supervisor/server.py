@@ -383,7 +383,7 @@ def make_runtime(
     config: Config, *, syncer: GroupSyncer, forbidden_sockets: tuple[Path, ...]
 ) -> RuntimeLike:
     """The sandbox runtime for *config* (its ``[sandbox]`` section)."""
-    from sandbox.runtime.session import Runtime
+    from sandbox.runtime import Runtime
 
     s = config.sandbox
     runtime_config = runtime_config_of(config)

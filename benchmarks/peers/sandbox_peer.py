@@ -18,7 +18,7 @@ from pathlib import Path
 from benchmarks import bench_sandbox
 from ledger import GroupSyncer
 from sandbox.helper.remote import HelperClient
-from sandbox.runtime.session import Runtime
+from sandbox.runtime import Runtime
 
 
 def bwrap_argv(writable: Path) -> list[str]:

@@ -10,7 +10,6 @@ inodes; the cgroup leaf (named with the runtime's ``cgroup_prefix``) is created 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import resource
@@ -33,17 +32,16 @@ from sandbox.errors import SandboxUnavailableError
 from sandbox.packages import Package
 from sandbox.policy.declarations import DeclaredOutput
 from sandbox.promote import PromotedOutput, StagedOutputs, promote_outputs, stage_outputs
+from sandbox.runtime.attempt import run_confined
+from sandbox.runtime.directories import all_empty, empty_directory, remove_directory
+from sandbox.runtime.view import RuntimeView
 
 if TYPE_CHECKING:
     from sandbox.runs import ConfinedRun
-    from sandbox.runtime.runtime import Runtime
 
 __all__ = [
     "SessionArea",
-    "all_empty",
-    "empty_directory",
     "implicit_forbidden",
-    "remove_directory",
     "session_capabilities",
 ]
 
@@ -104,7 +102,7 @@ def _carve(roots: Iterable[str], caps: CompiledCapabilities, access: int) -> lis
     return rules
 
 
-def implicit_forbidden(runtime: Runtime) -> list[str]:
+def implicit_forbidden(runtime: RuntimeView) -> list[str]:
     """What no turn may touch whatever its package says: the runtime's own trees and sockets,
     and the configured ``denied_paths``."""
     root = runtime.root
@@ -117,7 +115,7 @@ def implicit_forbidden(runtime: Runtime) -> list[str]:
 
 
 def session_capabilities(
-    runtime: Runtime, package: Package, workspace: Path, *, also_forbidden: Sequence[str] = ()
+    runtime: RuntimeView, package: Package, workspace: Path, *, also_forbidden: Sequence[str] = ()
 ) -> CompiledCapabilities:
     """The package's capabilities, with the runtime's own trees and sockets forbidden (and
     *also_forbidden*: the unprivileged daemon's trees, when this runtime is its helper's)."""
@@ -141,7 +139,7 @@ class SessionArea:
 
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: RuntimeView,
         *,
         session_id: str,
         package: Package,
@@ -182,8 +180,6 @@ class SessionArea:
         attempt_no: int,
         timeout_s: float,
     ) -> ConfinedRun:
-        from sandbox.runtime.attempt import run_confined  # here: attempt.py imports this module
-
         return await run_confined(
             self,
             exe=exe,
@@ -459,98 +455,3 @@ def _within_own_hard_limit(res: int, value: int) -> tuple[int, int, int]:
     if hard != resource.RLIM_INFINITY:
         value = min(value, hard)
     return res, value, value
-
-
-_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def _unlink_non_directories(dir_fd: int) -> tuple[list[str], int]:
-    """Unlink every entry of *dir_fd* that is not a directory; return the directories and
-    the bytes unlinked (the sizes of the regular files)."""
-    with os.scandir(dir_fd) as entries:
-        listed = [
-            (e.name, e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False))
-            for e in entries
-        ]
-    subdirs: list[str] = []
-    size = 0
-    for name, is_dir, is_file in listed:
-        if is_dir:
-            subdirs.append(name)
-            continue
-        if is_file:
-            with contextlib.suppress(FileNotFoundError):
-                size += os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size
-        os.unlink(name, dir_fd=dir_fd)
-    return subdirs, size
-
-
-def empty_directory(path: Path) -> int:
-    """Remove everything inside *path* (kept itself), never following a symlink; return the
-    bytes removed (the sizes of the regular files unlinked).
-
-    Iterative (``shutil.rmtree`` recurses in Python and fails on the thousands of nested
-    directories a turn can leave, which would stop every later attempt of the session);
-    one directory fd stays open per level of the current path.
-    """
-    stack: list[tuple[int, list[str]]] = []
-    removed = 0
-    top = os.open(path, _DIR_FLAGS)
-    try:
-        subdirs, size = _unlink_non_directories(top)
-        stack.append((top, subdirs))
-        removed += size
-    except BaseException:
-        os.close(top)
-        raise
-    try:
-        while stack:
-            dir_fd, subdirs = stack[-1]
-            if subdirs:
-                child = os.open(subdirs[-1], _DIR_FLAGS, dir_fd=dir_fd)
-                try:
-                    grandchildren, size = _unlink_non_directories(child)
-                    stack.append((child, grandchildren))
-                    removed += size
-                except BaseException:
-                    os.close(child)
-                    raise
-                continue
-            stack.pop()
-            os.close(dir_fd)
-            if stack:
-                parent_fd, siblings = stack[-1]
-                os.rmdir(siblings.pop(), dir_fd=parent_fd)
-    finally:
-        for dir_fd, _subdirs in stack:
-            os.close(dir_fd)
-    return removed
-
-
-def remove_directory(path: Path) -> int:
-    """Remove *path* and everything in it, never following a symlink (a symlink or other
-    non-directory at *path* is unlinked itself); return the bytes removed. Nothing there
-    is not an error."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return 0
-    if not stat.S_ISDIR(st.st_mode):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        return 0
-    removed = empty_directory(path)
-    with contextlib.suppress(FileNotFoundError):
-        os.rmdir(path)
-    return removed
-
-
-def all_empty(directories: Iterable[Path]) -> bool:
-    for directory in directories:
-        try:
-            with os.scandir(directory) as entries:
-                if next(entries, None) is not None:
-                    return False
-        except FileNotFoundError:
-            continue
-    return True

@@ -10,7 +10,8 @@ import os
 import signal
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final
+from pathlib import Path
+from typing import TYPE_CHECKING, Final, Protocol
 
 import anyio
 import structlog
@@ -25,10 +26,12 @@ from sandbox.policy.attempts import AttemptOutcome
 from sandbox.policy.declarations import DeclaredOutput, compare_surface, surface_target
 from sandbox.policy.denials import is_violation
 from sandbox.runs import ConfinedRun, ProcessAttempt, crashed_run, ms_since
-from sandbox.runtime.area import all_empty
+from sandbox.runtime.directories import all_empty
+from sandbox.runtime.view import RuntimeView
 
 if TYPE_CHECKING:
-    from sandbox.runtime.area import SessionArea
+    from sandbox.confine.cgroups import TurnCgroup
+    from sandbox.packages import Package
 
 __all__ = [
     "SPAWN_FAILED",
@@ -40,6 +43,58 @@ __all__ = [
 ]
 
 _log = structlog.get_logger("sandbox.runtime.attempt")
+
+
+class RunArea(Protocol):
+    """The area a confined run takes place in (`area.SessionArea`, which calls `run_confined`:
+    this module sits below it)."""
+
+    @property
+    def runtime(self) -> RuntimeView: ...
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def package(self) -> Package: ...
+
+    @property
+    def tmp_dir(self) -> Path: ...
+
+    @property
+    def output_dir(self) -> Path: ...
+
+    @property
+    def uid(self) -> int: ...
+
+    @property
+    def gid(self) -> int: ...
+
+    @property
+    def netns_fd(self) -> int: ...
+
+    @property
+    def ruleset_fd(self) -> int: ...
+
+    @property
+    def network_granted(self) -> bool: ...
+
+    def prepare(self) -> None: ...
+
+    def ensure_confinement(self) -> dict[str, str]: ...
+
+    def turn_cgroup(self) -> TurnCgroup: ...
+
+    def drop_cgroup(self) -> None: ...
+
+    def env(self, turn: int) -> tuple[tuple[str, str], ...]: ...
+
+    def rlimits(self) -> tuple[tuple[int, int, int], ...]: ...
+
+    def seccomp_program(self) -> bytes | None: ...
+
+    def disk_full(self) -> bool: ...
+
 
 _SIGXFSZ: Final = int(signal.SIGXFSZ)
 #: Reason code of a launcher that could not start the command (the attempt is a CRASH).
@@ -74,7 +129,7 @@ def catches(pid: int, sig: int) -> bool:
 
 
 async def run_confined(
-    area: SessionArea,
+    area: RunArea,
     *,
     exe: str,
     argv: list[str],
@@ -266,7 +321,7 @@ async def _serve(server: NotificationServer, session_id: str, turn: int) -> None
 
 
 async def _wait_and_kill(
-    area: SessionArea, spawned: Spawned, timeout_s: float, turn: int
+    area: RunArea, spawned: Spawned, timeout_s: float, turn: int
 ) -> tuple[bool, int, int]:
     """Wait for the command (deadline: SIGTERM, grace, kill the tree), reap it, and wait until
     no process of the turn is left; (timed out, processes left after it, wait status)."""

@@ -31,7 +31,7 @@ from pathlib import Path
 from sandbox.confine.cgroups import CgroupLayout, reclaim_cgroups
 from sandbox.confine.mounts import mounts_under, unmount
 from sandbox.confine.procs import kill_uid_processes
-from sandbox.runtime.area import empty_directory, remove_directory
+from sandbox.runtime.directories import empty_directory, remove_directory
 from sandbox.session_ids import is_session_id
 
 __all__ = ["AREAS", "Leftovers", "reclaim_leftovers"]

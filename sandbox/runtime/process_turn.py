@@ -24,7 +24,8 @@ import functools
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 import anyio
 import anyio.to_thread
@@ -59,10 +60,13 @@ from sandbox.promote import PromotedOutput, PromotionError, StagedOutputs
 from sandbox.prompt_header import PromptHeader
 from sandbox.runs import ConfinedRun, ProcessAttempt, crashed_run, ms_since
 from sandbox.runtime.attempt import SPAWN_FAILED, capability_violation
-from sandbox.runtime.confined_area import StagingArea
+from sandbox.runtime.confined_area import ConfinedArea, StagingArea
+from sandbox.runtime.view import RuntimeView
 
 if TYPE_CHECKING:
-    from sandbox.runtime.session import Session
+    from ledger import SessionLedgers
+    from sandbox.capabilities import CompiledCapabilities
+    from sandbox.packages import Package
 
 __all__ = [
     "CAPABILITY_REJECTED",
@@ -83,6 +87,44 @@ __all__ = [
 ]
 
 _log = structlog.get_logger("sandbox.runtime.process_turn")
+
+
+class TurnSession(Protocol):
+    """What a process turn needs of its session (`session.Session`, which runs it: this module
+    sits below it)."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def runtime(self) -> RuntimeView: ...
+
+    @property
+    def package(self) -> Package: ...
+
+    @property
+    def capabilities(self) -> CompiledCapabilities: ...
+
+    @property
+    def ledgers(self) -> SessionLedgers: ...
+
+    @property
+    def area(self) -> ConfinedArea: ...
+
+    @property
+    def workspace(self) -> Path: ...
+
+    @property
+    def output_dir(self) -> Path: ...
+
+    def prompt_header(
+        self,
+        *,
+        turn_number: int,
+        declared_inputs: Sequence[str] = (),
+        declared_outputs: Sequence[Mapping[str, str]] = (),
+    ) -> PromptHeader: ...
+
 
 TurnStatus = Literal[
     "succeeded",
@@ -225,7 +267,7 @@ def parse_declared_outputs(declared: object) -> tuple[DeclaredOutput, ...]:
 
 
 def check_request(
-    session: Session, argv: Sequence[str], declared_outputs: object, turn: int
+    session: TurnSession, argv: Sequence[str], declared_outputs: object, turn: int
 ) -> tuple[str, tuple[DeclaredOutput, ...]]:
     """Validate a request; return the resolved executable and the declarations.
 
@@ -276,7 +318,7 @@ class ProcessTurn:
     and both ledger entries, written in every case (a rejection, an abort included)."""
 
     def __init__(
-        self, session: Session, turn: int, argv: Sequence[str], *, caller_commits: bool = False
+        self, session: TurnSession, turn: int, argv: Sequence[str], *, caller_commits: bool = False
     ) -> None:
         self.session = session
         self.turn = turn

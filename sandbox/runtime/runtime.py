@@ -18,28 +18,29 @@ import os
 import stat
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Final
 
 import orjson
 import structlog
 
 from ledger import GroupSyncer, SessionLedgers, session_dir_for
-from sandbox.capabilities import DEFAULT_TURN_PATH, CompiledCapabilities
+from sandbox.capabilities import CompiledCapabilities
 from sandbox.confine import landlock, seccomp
-from sandbox.confine.audit import AUDIT_MECHANISM, AuditMode, KernelAudit
+from sandbox.confine.audit import AUDIT_MECHANISM, KernelAudit
 from sandbox.confine.cgroups import CgroupLayout, detect_layout
 from sandbox.confine.spawn import native_available, new_network_namespace
 from sandbox.errors import HelperError, SandboxUnavailableError, SessionNotFoundError
 from sandbox.packages import load_package
+from sandbox.runtime.area import SessionArea, implicit_forbidden
+from sandbox.runtime.config import DEFAULT_LOADER_PATHS, DEFAULT_SYSTEM_READ_PATHS, RuntimeConfig
 from sandbox.runtime.leftovers import Leftovers, reclaim_leftovers
+from sandbox.runtime.session import Session
 from sandbox.session_ids import is_session_id, new_session_id
 
 if TYPE_CHECKING:
     from sandbox.packages import Package
     from sandbox.runtime.confined_area import ConfinedArea, HelperLink
-    from sandbox.runtime.session import Session
 
 __all__ = [
     "DEFAULT_LOADER_PATHS",
@@ -51,86 +52,6 @@ __all__ = [
 _log = structlog.get_logger("sandbox.runtime.runtime")
 
 _PR_SET_CHILD_SUBREAPER: Final = 36
-
-#: What every dynamically linked program needs to start, plus a few read-only basics.
-DEFAULT_SYSTEM_READ_PATHS: Final = (
-    "/usr",
-    "/lib",
-    "/lib64",
-    "/lib32",
-    "/bin",
-    "/sbin",
-    "/etc/ld.so.cache",
-    "/etc/ld.so.conf",
-    "/etc/ld.so.conf.d",
-    "/etc/localtime",
-    "/etc/nsswitch.conf",
-    "/etc/passwd",
-    "/etc/group",
-    "/etc/hosts",
-    # read at start by ordinary programs (Python's locale set-up, coreutils' libselinux,
-    # id/getgroups): constants of the host, harmless, and a denial of each would otherwise
-    # be a capability violation of every such turn (sandbox.confine.audit)
-    "/etc/locale.alias",
-    "/proc/filesystems",
-    "/proc/sys/kernel/ngroups_max",
-    "/dev/zero",
-    "/dev/urandom",
-    "/dev/random",
-)
-#: ELF interpreters: execve needs Landlock EXECUTE on the dynamic loader as well.
-DEFAULT_LOADER_PATHS: Final = (
-    "/lib64/ld-linux-x86-64.so.2",
-    "/lib/ld-linux-aarch64.so.1",
-    "/lib/ld-linux-x86-64.so.2",
-    "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
-    "/lib/aarch64-linux-gnu/ld-linux-aarch64.so.1",
-)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RuntimeConfig:
-    """How turns are confined; every field has a safe default.
-
-    ``enforcement``: ``"strict"`` refuses to run a process turn unless every mechanism is
-    available (Landlock, network isolation, uid drop, cgroup memory/pids limits and tree
-    kill); ``"best-effort"`` runs with what exists. Either way the level of each mechanism
-    is logged and written to the evidence entry.
-    ``uid_range`` (first, last inclusive): a dedicated uid per session when the runtime is
-    root; ``run_as_uid`` pins one uid instead. Limits apply when the manifest sets none.
-    """
-
-    enforcement: Literal["strict", "best-effort"] = "strict"
-    uid_range: tuple[int, int] = (200_000, 265_535)
-    run_as_uid: int | None = None
-    memory_mb: int = 512
-    pids: int = 256
-    timeout_s: float = 600.0
-    output_bytes: int = 1 << 20
-    file_size_mb: int = 64
-    disk_mb: int = 1024
-    nofile: int = 1024
-    kill_grace_s: float = 2.0
-    launcher: Literal["auto", "native", "python"] = "auto"
-    #: Landlock's denials on the evidence record (`sandbox.confine.audit`): ``enable`` turns
-    #: the kernel's audit on when it is off, ``auto`` uses it only when on, ``off`` never
-    kernel_audit: AuditMode = "enable"
-    #: ``tmpfs``: each session's ``tmp/`` and ``output/`` on one tmpfs of ``disk_mb`` (a hard
-    #: bound, root only); ``none``: only ``RLIMIT_FSIZE`` and the post-run ``disk_mb`` check
-    session_disk: Literal["tmpfs", "none"] = "tmpfs"
-    system_read_paths: tuple[str, ...] = DEFAULT_SYSTEM_READ_PATHS
-    loader_paths: tuple[str, ...] = DEFAULT_LOADER_PATHS
-    denied_paths: tuple[str, ...] = ()
-    turn_path: str = DEFAULT_TURN_PATH
-
-    def __post_init__(self) -> None:
-        if self.run_as_uid is not None and self.run_as_uid <= 0:
-            raise ValueError(
-                "run_as_uid must be an unprivileged uid (> 0): turns never run as root"
-            )
-        first, last = self.uid_range
-        if not 0 < first <= last:
-            raise ValueError(f"uid_range must be 0 < first <= last, got {self.uid_range}")
 
 
 def cgroup_prefix_for(root: Path) -> str:
@@ -260,8 +181,6 @@ class Runtime:
         self, session_id: str, package: Package, capabilities: CompiledCapabilities, workspace: Path
     ) -> ConfinedArea:
         """A session's confined area: in this process, or kept by the sandbox helper."""
-        from sandbox.runtime.area import SessionArea, implicit_forbidden
-
         if self.helper is not None and "helper" in self.missing:
             # unreachable so far: ask again here (blocking; sessions open in worker threads)
             self.levels, self.missing = self._ask_helper()
@@ -479,8 +398,6 @@ class Runtime:
                 "enforcement": dict(self.levels),
             },
         )
-        from sandbox.runtime.session import Session  # here: session.py imports this module
-
         return Session(self, package, ledgers, workspace=ws, work_order_id=work_order_id)
 
     def resume_session(
@@ -529,8 +446,6 @@ class Runtime:
             syncer=self._syncer,
             work_order_id=wo,
         )
-        from sandbox.runtime.session import Session  # here: session.py imports this module
-
         session = Session(self, package, ledgers, workspace=ws, work_order_id=wo)
         session.next_turn_number = last_turn + 1
         return session

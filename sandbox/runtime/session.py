@@ -6,8 +6,9 @@ area (area.py: directories, uid, Landlock ruleset, cgroup), the process turns ru
 ledger entries) and the ledger entries of instruction turns the daemon records for it.
 docs/sandbox.md describes the threat model and what each mechanism does and does not stop.
 
-The names importers know from the former single module (``Runtime``, ``RuntimeConfig``,
-``TurnResult``, ``ProcessAttempt``, ``DeclaredOutput`` ...) are re-exported here.
+The names importers know from the former single module (``RuntimeConfig``, ``TurnResult``,
+``ProcessAttempt``, ``DeclaredOutput`` ...) are re-exported here; ``Runtime`` is imported from
+`sandbox.runtime` (this module sits below it and sees it through `view.RuntimeView`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ from sandbox.policy.retry_protocol import EntropyDetector
 from sandbox.prompt_header import PromptHeader, build_prompt_header
 from sandbox.runs import ProcessAttempt
 from sandbox.runtime.area import session_capabilities
+from sandbox.runtime.config import (
+    DEFAULT_LOADER_PATHS,
+    DEFAULT_SYSTEM_READ_PATHS,
+    RuntimeConfig,
+)
 from sandbox.runtime.confined_area import ConfinedArea
 from sandbox.runtime.evidence import EvidenceRef, store_evidence
 from sandbox.runtime.process_turn import (
@@ -39,19 +45,13 @@ from sandbox.runtime.process_turn import (
     digest,
     parse_declared_outputs,
 )
-from sandbox.runtime.runtime import (
-    DEFAULT_LOADER_PATHS,
-    DEFAULT_SYSTEM_READ_PATHS,
-    Runtime,
-    RuntimeConfig,
-)
+from sandbox.runtime.view import RuntimeView
 
 __all__ = [
     "DEFAULT_LOADER_PATHS",
     "DEFAULT_SYSTEM_READ_PATHS",
     "DeclaredOutput",
     "ProcessAttempt",
-    "Runtime",
     "RuntimeConfig",
     "Session",
     "TurnResult",
@@ -69,7 +69,7 @@ class Session:
 
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: RuntimeView,
         package: Package,
         ledgers: SessionLedgers,
         *,

@@ -33,7 +33,7 @@ from sandbox.helper import wire
 from sandbox.helper.remote import HelperClient, HelperError, RemoteArea
 from sandbox.policy.attempts import RetryOptions
 from sandbox.promote import PromotedOutput
-from sandbox.runtime.session import Runtime, Session
+from sandbox.runtime import Runtime, Session
 from tests.helper_process import HelperProcess
 from tests.sandbox.conftest import SYSTEM_PYTHON
 from tests.unprivileged import as_unprivileged

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.runtime.session import Runtime, Session
+from sandbox.runtime import Runtime, Session
 
 
 @pytest.fixture

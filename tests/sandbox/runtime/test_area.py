@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.runtime.area import empty_directory, remove_directory
-from sandbox.runtime.session import Runtime
+from sandbox.runtime import Runtime
+from sandbox.runtime.directories import empty_directory, remove_directory
 
 Installer = Callable[..., Path]
 #: scratch in tmp/<sid> must be declared (FR-RT-016, fail closed)

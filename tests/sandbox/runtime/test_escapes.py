@@ -15,7 +15,7 @@ import anyio
 import psutil
 import pytest
 
-from sandbox.runtime.session import Runtime, RuntimeConfig, Session, TurnResult
+from sandbox.runtime import Runtime, RuntimeConfig, Session, TurnResult
 
 pytestmark = pytest.mark.usefixtures("sandboxed", "system_python")
 

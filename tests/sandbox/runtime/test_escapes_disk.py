@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.runtime import Runtime, RuntimeConfig
 from sandbox.runtime.area import SessionArea
-from sandbox.runtime.session import Runtime, RuntimeConfig
 
 pytestmark = pytest.mark.usefixtures("sandboxed")
 

@@ -13,7 +13,7 @@ import pytest
 
 from sandbox.enumerate import enumerate_writes
 from sandbox.promote import PromotionError, promote_outputs
-from sandbox.runtime.session import Runtime
+from sandbox.runtime import Runtime
 
 pytestmark = pytest.mark.usefixtures("sandboxed")
 

@@ -15,7 +15,7 @@ import pytest
 from sandbox.capabilities import compile_capabilities
 from sandbox.errors import ManifestError
 from sandbox.packages import load_package
-from sandbox.runtime.session import Runtime, Session, TurnResult
+from sandbox.runtime import Runtime, Session, TurnResult
 
 Installer = Callable[..., Path]
 

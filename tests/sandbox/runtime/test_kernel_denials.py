@@ -17,7 +17,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from sandbox.confine.audit import KernelAudit
-from sandbox.runtime.session import Runtime, RuntimeConfig, Session, TurnResult
+from sandbox.runtime import Runtime, RuntimeConfig, Session, TurnResult
 
 pytestmark = pytest.mark.usefixtures("sandboxed", "system_python")
 

@@ -20,8 +20,8 @@ from sandbox.confine.cgroups import CgroupLayout
 from sandbox.errors import CapabilityViolation, DeclarationError, SandboxUnavailableError
 from sandbox.policy.attempts import AgentPhase, RetryOptions
 from sandbox.policy.retry_protocol import CountingEntropyDetector
+from sandbox.runtime import Runtime, RuntimeConfig, Session, TurnResult
 from sandbox.runtime.area import SessionArea
-from sandbox.runtime.session import Runtime, RuntimeConfig, Session, TurnResult
 from sandbox.session_ids import new_session_id
 
 pytestmark = pytest.mark.usefixtures("sandboxed")

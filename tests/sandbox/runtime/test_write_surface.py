@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sandbox.runtime.session import Runtime, Session, TurnResult
+from sandbox.runtime import Runtime, Session, TurnResult
 from supervisor.cli import build_parser
 from supervisor.cli.turn_commands import submit_params
 from tests.turn_requests import submitted

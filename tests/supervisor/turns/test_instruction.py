@@ -22,7 +22,7 @@ from sandbox.policy.budget import BudgetLimits
 from sandbox.policy.envelopes import ExecutorCommandType
 from sandbox.policy.lifecycle import TurnState
 from sandbox.policy.retry_protocol import RetryOptions
-from sandbox.runtime.session import Runtime
+from sandbox.runtime import Runtime
 from supervisor.executors.hub import ExecutorHub
 from supervisor.executors.settings import HubSettings
 from supervisor.turns.instruction import build_envelope, slot_wait_s

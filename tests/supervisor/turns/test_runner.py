@@ -38,7 +38,7 @@ from sandbox.policy.breaker import BreakerLimits
 from sandbox.policy.budget import BudgetLimits
 from sandbox.policy.lifecycle import TurnState
 from sandbox.policy.retry_protocol import RetryOptions
-from sandbox.runtime.session import Runtime
+from sandbox.runtime import Runtime
 from supervisor.errors import RequestError
 from supervisor.executors.hub import ExecutorHub, open_executor_listener
 from supervisor.executors.settings import HubSettings

@@ -15,7 +15,7 @@ import pytest
 
 from ledger import SealedLine, verify_session_dir
 from ledger.chain import content_hash
-from sandbox.runtime.session import Runtime, Session
+from sandbox.runtime import Runtime, Session
 from supervisor.store.protocol import SessionRecord, SessionState
 from supervisor.turns.sessions import DaemonSessions, verify_ledgers
 
