@@ -13,7 +13,7 @@ bad record is the caller's error at once, never the store's in the middle of a c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ledger.entries import SealedLine
 from ledger.writer import LedgerWriter
@@ -37,6 +37,17 @@ class PendingLines:
     def ledger_ids(self) -> tuple[str, ...]:
         """The ledgers the lines go to (known before sealing: a store locks their sessions)."""
         return tuple(writer.ledger_id for writer, _ in self._items)
+
+    def add_fields(self, ledger_suffix: str, extra: Mapping[str, object]) -> None:
+        """Add *extra* fields to the prepared record of each ledger whose id ends with
+        ``/<ledger_suffix>`` (before `seal` only: the fields are hashed with the rest); a field
+        the record already has is left as it is."""
+        if self.lines:
+            raise RuntimeError("the lines are sealed: nothing can be added to them")
+        for writer, fields in self._items:
+            if writer.ledger_id.endswith(f"/{ledger_suffix}"):
+                for key, value in extra.items():
+                    fields.setdefault(key, value)
 
     def seal(self) -> tuple[SealedLine, ...]:
         """Seal every line at the head of its ledger, held out of the file until released;

@@ -159,6 +159,11 @@ def _cmd_turn_run(args: argparse.Namespace) -> int:
     if not args.session and not args.package:
         sys.stderr.write("hunter turn run: --package is required without --session\n")
         return EXIT_USAGE
+    if not args.session:
+        refusal = _package_refusal(Path(args.root), args.package)
+        if refusal is not None:  # before the runtime: nothing is created under the root
+            sys.stderr.write(refusal)
+            return EXIT_USAGE
     try:
         return anyio.run(run)
     except (PackageNotFoundError, ManifestError) as exc:
@@ -167,6 +172,29 @@ def _cmd_turn_run(args: argparse.Namespace) -> int:
     except SandboxError as exc:
         sys.stderr.write(f"hunter turn run: {exc}\n")
         return 7
+
+
+def _package_refusal(root: Path, package_id: str) -> str | None:
+    """Why ``turn run --package`` cannot start (the package is not installed, or its manifest is
+    invalid), with how to install one; None when it can. Reads only: the root is left as it is."""
+    from sandbox.errors import ManifestError, PackageNotFoundError
+    from sandbox.packages import load_package
+
+    try:
+        load_package(root, package_id)
+    except PackageNotFoundError as exc:
+        return (
+            f"hunter turn run: {exc}\n"
+            f"  install it first: hunter package install DIR --root {root}"
+            " (DIR: the package's directory, with its manifest.json; docs/sandbox.md)\n"
+            f"  installed packages: hunter package list --root {root}\n"
+        )
+    except ManifestError as exc:
+        return (
+            f"hunter turn run: {exc}\n"
+            f"  fix the manifest, then: hunter package install DIR --root {root} --replace\n"
+        )
+    return None
 
 
 def _listed(entries: list[tuple[object, str, str, bool]]) -> list[str]:

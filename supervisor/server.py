@@ -67,7 +67,7 @@ from ledger import GroupSyncer
 from sandbox.policy.attempts import RetryOptions
 from sandbox.policy.breaker import BreakerLimits
 from sandbox.policy.budget import RESOLUTION_MS, BudgetLimits
-from supervisor.config import Config, ConfigError, diff_reloadable, load_config
+from supervisor.config import Config, ConfigError, config_file_for, diff_reloadable, load_config
 from supervisor.config.dsn import describe, to_uri, with_password
 from supervisor.control.server import ControlServer
 from supervisor.errors import DaemonAlreadyRunning, SchemaVersionError
@@ -665,6 +665,8 @@ class Daemon:
                 self._log.info(
                     "daemon_ready",
                     root=str(config.root),
+                    # the configuration file read (None: defaults and HUNTER_* variables only)
+                    config_file=None if self._config_path is None else str(self._config_path),
                     control_socket=str(config.control_socket),
                     executor_socket=str(config.executor_socket),
                     pid=os.getpid(),
@@ -779,10 +781,11 @@ def run_daemon(
         overrides["root"] = root
     if log_format is not None:
         overrides["log.format"] = log_format
+    env = os.environ if env is None else env
+    # --config, else $HUNTER_CONFIG, else ROOT/hunter.toml if it exists (daemon_ready names it)
+    config_path = config_file_for(config=config_path, root=root, env=env)
     try:
-        config = load_config(
-            config_path, env=os.environ if env is None else env, overrides=overrides
-        )
+        config = load_config(config_path, env=env, overrides=overrides)
     except ConfigError as exc:
         sys.stderr.write(f"hunter serve: {exc}\n")
         return EXIT_USAGE

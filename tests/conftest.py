@@ -9,6 +9,14 @@ The reliability suites (crash, executor chaos, soak) each record one headline li
 `headline` fixture; the lines are printed in the terminal summary ("reliability suite
 figures"), whatever ``-s`` says, and appended to ``$SUITE_HEADLINES_FILE`` when it is set
 (``.ci/run`` prints that file at its end).
+
+The quick tier (``pytest --quick``, what ``./scripts/test --quick`` runs): the unit tests of every
+package, for the loop of someone changing one part. It leaves out the tests marked ``slow`` or
+``systemd``, the suites in `NOT_QUICK` (storms, fuzzing, the browser, attack and helper
+suites, benchmark smoke runs, other programs' builds, commands run as processes end to end)
+and what needs PostgreSQL (it runs on the embedded engine); they are deselected or not collected,
+never skipped, so ``PYTEST_FAIL_ON_SKIP=1`` means what it meant. Without ``--quick`` everything
+runs.
 """
 
 from __future__ import annotations
@@ -16,10 +24,80 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Generator
 from pathlib import Path
+from typing import Final
 
 import pytest
 
 FAIL_ON_SKIP = os.environ.get("PYTEST_FAIL_ON_SKIP") == "1"
+
+#: What the quick tier leaves out, by path under ``tests/`` (a folder or a file), and why.
+NOT_QUICK: Final[dict[str, str]] = {
+    "fuzz": "fuzzing: thousands of generated inputs",
+    "storms": "the fleet nemesis: three daemons under faults",
+    "console/test_console_browser.py": "a headless browser",
+    "scripts/test_compare_smoke.py": "runs the peer comparison benchmark",
+    "sandbox/helper": "the root sandbox helper as a process, end to end",
+    "sandbox/runtime/test_escapes.py": "the escape attacks: fork bombs, floods, orphans",
+    "supervisor/test_systemd_units.py": "boots a real systemd",
+    "supervisor/test_operations_walkthrough.py": "the operations guide under a real systemd",
+    "supervisor/test_ts_executor.py": "builds and runs the TypeScript executor",
+    "supervisor/store/test_postgres_contention.py": "three daemons contending on PostgreSQL",
+    "supervisor/cli/test_config_discovery.py": "every client command as a process, end to end",
+    "console/test_console_cli.py": "`hunter console` and `hunter serve` as processes",
+    "console/test_console_http.py": "the console's attack suite over HTTP (forgeries, hosts, ids)",
+    "mcp/test_stdio.py": "`hunter mcp` as a process over stdio, end to end",
+    "mcp/test_hostile.py": "`hunter mcp` as a process under hostile input",
+}
+#: Fixtures of the PostgreSQL engine: the quick tier runs on the embedded one (SQLite).
+NOT_QUICK_FIXTURES: Final = frozenset({"pg_cluster", "pg_dsn", "own_pg_cluster"})
+#: Markers whose tests the quick tier leaves out.
+NOT_QUICK_MARKERS: Final = ("slow", "systemd")
+_TESTS: Final = Path(__file__).resolve().parent
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--quick",
+        action="store_true",
+        help="the quick tier: leave out slow, systemd, storm, fuzz, browser and other long"
+        " suites (tests/conftest.py NOT_QUICK)",
+    )
+
+
+def _not_quick(path: Path) -> bool:
+    try:
+        relative = path.resolve().relative_to(_TESTS).as_posix()
+    except ValueError:
+        return False
+    return any(relative == p or relative.startswith(f"{p}/") for p in NOT_QUICK)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if config.getoption("quick") and _not_quick(collection_path):
+        return True
+    return None
+
+
+def _on_postgres(item: pytest.Item) -> bool:
+    """The test needs a PostgreSQL cluster: a fixture of one, or a "postgres" engine param."""
+    if NOT_QUICK_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and "postgres" in callspec.params.values()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("quick"):
+        return
+    keep: list[pytest.Item] = []
+    left_out: list[pytest.Item] = []
+    for item in items:
+        marked = any(item.get_closest_marker(name) for name in NOT_QUICK_MARKERS)
+        (left_out if marked or _on_postgres(item) else keep).append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = keep
+
 
 #: ``(suite, line)`` recorded by the reliability suites (see `headline`).
 HEADLINES: list[tuple[str, str]] = []

@@ -211,7 +211,12 @@ def add_serve_parser(subparsers: Any) -> None:
     """Register `hunter serve`."""
     p = subparsers.add_parser("serve", help="run the supervisor daemon in the foreground")
     p.add_argument("--root", metavar="DIR", help="the root directory (default ./.hunter)")
-    p.add_argument("--config", metavar="FILE", help="TOML config file (default $HUNTER_CONFIG)")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML config file (default $HUNTER_CONFIG, else ROOT/hunter.toml if it exists;"
+        " the daemon_ready log event names the file read)",
+    )
     p.add_argument(
         "--log-format",
         choices=("auto", "json", "console"),

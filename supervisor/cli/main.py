@@ -25,6 +25,7 @@ _AREAS = (
     "sandbox.cli",
     "ledger.cli",
     "supervisor.console.cli",
+    "supervisor.mcp.cli",
 )
 
 Handler = Callable[[argparse.Namespace], int]

@@ -16,6 +16,7 @@ from supervisor.cli.exit_codes import (
     STATE_EXIT_CODES,
 )
 from supervisor.cli.output import err, out, to_json
+from supervisor.cli.turn_list_commands import add_turn_list_parser
 from supervisor.cli.turn_record import describe_turn
 
 if TYPE_CHECKING:
@@ -349,8 +350,8 @@ def add_submit_parser(subparsers: Subparsers) -> None:
 
 
 def add_turn_parser(subparsers: Subparsers) -> None:
-    """Register `hunter turn show|wait|cancel` (the sandbox adds `turn run` to it)."""
-    p = subparsers.add_parser("turn", help="show, wait for or cancel a turn")
+    """Register `hunter turn show|wait|cancel|list` (the sandbox adds `turn run` to it)."""
+    p = subparsers.add_parser("turn", help="show, wait for, cancel or list turns")
     sp = p.add_subparsers(dest="turn_command", metavar="ACTION", required=True)
     for name, handler, help_text in (
         ("show", _cmd_turn_show, "a turn's decision record: attempts, outputs, ledger hashes"),
@@ -375,3 +376,4 @@ def add_turn_parser(subparsers: Subparsers) -> None:
             decision_options(t, reason_required=False)
         client_options(t)
         t.set_defaults(handler=handler)
+    add_turn_list_parser(sp)

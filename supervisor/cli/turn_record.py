@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from supervisor.cli.output import table, to_json
+from supervisor.wire.turn_spec import requested_by_text
 
 __all__ = ["TAIL_LINES", "describe_turn"]
 
@@ -108,6 +109,9 @@ def _header(turn: Mapping[str, Any]) -> list[str]:
         asked.append(f"idempotency key {turn['idempotency_key']!r}")
     if asked:
         lines.append(_line("asked", ", ".join(asked)))
+    requested = requested_by_text(spec.get("requested_by"))
+    if requested is not None:  # who asked, through a front end (`hunter mcp`)
+        lines.append(_line("by", requested))
     lines.append(_line("accepted", _when(turn.get("accepted_us"))))
     waited = _waited(turn)
     if waited is not None:

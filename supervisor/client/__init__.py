@@ -72,6 +72,7 @@ from supervisor.client.sync import SyncClient
 from supervisor.control.client import ControlClient, socket_for_root
 from supervisor.errors import ControlClientError
 from supervisor.feed import Event
+from supervisor.wire.turn_spec import RequestedBy
 
 __all__ = [
     "Attempt",
@@ -106,6 +107,7 @@ __all__ = [
     "NotEscalated",
     "QueueFull",
     "ReplyTooLarge",
+    "RequestedBy",
     "SandboxUnavailable",
     "Session",
     "SessionBusy",

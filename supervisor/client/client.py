@@ -30,6 +30,7 @@ import base64
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, TypeVar
@@ -55,6 +56,7 @@ from supervisor.client.models import (
 )
 from supervisor.control.client import ControlClient
 from supervisor.errors import ConnectionLost, ControlClientError, DaemonNotRunning
+from supervisor.wire.turn_spec import RequestedBy
 
 __all__ = ["Client", "Completion", "Events", "TurnHandle", "connect", "find_socket"]
 
@@ -100,6 +102,11 @@ def _as(kind: type[T], value: object) -> T:
 def _given(**params: Any) -> dict[str, Any]:
     """The params of a request that were given (None: left out, the daemon's default)."""
     return {k: v for k, v in params.items() if v is not None}
+
+
+def _micros(when: datetime | None) -> int | None:
+    """*when* in microseconds since the epoch (None stays None)."""
+    return None if when is None else round(when.timestamp() * 1_000_000)
 
 
 def _attribution(reason: str | None, operator: str | None) -> dict[str, str]:
@@ -297,12 +304,14 @@ class Client:
         traceparent: str | None = None,
         wait_s: float | None = None,
         compact: bool = False,
+        requested_by: RequestedBy | None = None,
     ) -> TurnHandle:
         """Submit an instruction turn for an executor (``READ``, ``CLICK``, ...). *phase*: the
         agent's phase (``RED``, ``GREEN``, ``VERIFY``, ``REFACTOR``: which outcomes are
         retried); *declared_inputs*: files the turn reads, recorded in its spec; *wait_s*:
         answer only once the turn settles (at most that long: one round trip for both);
-        *compact*: the answer carries the turn's outcome only (section 5.4)."""
+        *compact*: the answer carries the turn's outcome only (section 5.4); *requested_by*:
+        who asked, for a front end that submits for others (`hunter mcp`), kept with the turn."""
         spec = _given(
             kind="instruction",
             command_type=command_type,
@@ -318,6 +327,7 @@ class Client:
             traceparent=traceparent,
             wait_s=wait_s,
             answer="compact" if compact else None,
+            requested_by=msgspec.to_builtins(requested_by) if requested_by is not None else None,
         )
         return await self._submit(session_id, spec, options)
 
@@ -334,11 +344,12 @@ class Client:
         traceparent: str | None = None,
         wait_s: float | None = None,
         compact: bool = False,
+        requested_by: RequestedBy | None = None,
     ) -> TurnHandle:
         """Submit a process turn, run in the session's sandbox; *declared_outputs*: the paths
         (or ``{path, role}``, role None for none) it may write, checked before anything is
-        promoted; *declared_inputs*: the files it reads; *phase*, *wait_s* and *compact* as
-        for `submit_instruction`."""
+        promoted; *declared_inputs*: the files it reads; *phase*, *wait_s*, *compact* and
+        *requested_by* as for `submit_instruction`."""
         outputs = [{"path": o} if isinstance(o, str) else dict(o) for o in declared_outputs]
         spec = _given(
             kind="process",
@@ -353,6 +364,7 @@ class Client:
             traceparent=traceparent,
             wait_s=wait_s,
             answer="compact" if compact else None,
+            requested_by=msgspec.to_builtins(requested_by) if requested_by is not None else None,
         )
         return await self._submit(session_id, spec, options)
 
@@ -414,21 +426,55 @@ class Client:
         return Completion(self, turn_ids, timeout_s)
 
     async def turns(
-        self, *, session_id: str | None = None, page_size: int = 500
+        self,
+        *,
+        session_id: str | None = None,
+        states: Iterable[str] | None = None,
+        package_id: str | None = None,
+        accepted_since: datetime | None = None,
+        accepted_until: datetime | None = None,
+        page_size: int = 500,
     ) -> AsyncIterator[Turn]:
-        """Every turn (of a session), oldest first, a page at a time."""
+        """Every turn the filters keep (as `turn_page`), oldest first, a page at a time."""
         after: int | None = 0
         while after is not None:
-            page = await self.turn_page(after=after, limit=page_size, session_id=session_id)
+            page = await self.turn_page(
+                after=after,
+                limit=page_size,
+                session_id=session_id,
+                states=states,
+                package_id=package_id,
+                accepted_since=accepted_since,
+                accepted_until=accepted_until,
+            )
             for turn in page.turns:
                 yield turn
             after = page.next_after
 
     async def turn_page(
-        self, *, after: int = 0, limit: int = 500, session_id: str | None = None
+        self,
+        *,
+        after: int = 0,
+        limit: int = 500,
+        session_id: str | None = None,
+        states: Iterable[str] | None = None,
+        package_id: str | None = None,
+        accepted_since: datetime | None = None,
+        accepted_until: datetime | None = None,
     ) -> TurnPage:
-        """One page of turns (of a session) after turn id *after*, oldest first."""
-        params = _given(after_turn_id=after, limit=limit, session_id=session_id)
+        """One page of turns after turn id *after*, oldest first, of those the filters keep
+        (each optional; the given ones all hold): of one session, in any of *states*
+        (``"running"``, ``"succeeded"``, ...), of the sessions of *package_id*, accepted at
+        or after *accepted_since* and before *accepted_until* (a naive time is local)."""
+        params = _given(
+            after_turn_id=after,
+            limit=limit,
+            session_id=session_id,
+            states=None if states is None else sorted(set(states)),
+            package_id=package_id,
+            accepted_since_us=_micros(accepted_since),
+            accepted_until_us=_micros(accepted_until),
+        )
         return _as(TurnPage, await self.call("turns.list", **params))
 
     async def session(self, session_id: str) -> SessionInfo:

@@ -12,6 +12,8 @@ from typing import Final
 
 import msgspec
 
+from supervisor.wire.turn_spec import RequestedBy
+
 __all__ = [
     "FINAL_STATES",
     "SETTLED_STATES",
@@ -205,7 +207,8 @@ class LedgerEntry(_Value, frozen=True, omit_defaults=True):
     """One of a turn's ledger entries as ``turn.get`` shows it (its hashes and what they seal).
     A field the entry does not have is None, and left out of `to_dict` as the daemon leaves it
     out: ``query_hash``, ``result_hash`` and ``status`` are an exec ``turn`` entry's,
-    ``decided_by`` an evidence entry's of an ending a person decided."""
+    ``decided_by`` an evidence entry's of an ending a person decided, ``requested_by`` an
+    evidence entry's of a turn asked for through a front end (`hunter mcp`)."""
 
     seq: int
     kind: str
@@ -216,6 +219,7 @@ class LedgerEntry(_Value, frozen=True, omit_defaults=True):
     result_hash: str | None = None
     status: str | None = None
     decided_by: DecidedBy | None = None
+    requested_by: RequestedBy | None = None
 
 
 class DecisionRecord(_Value, frozen=True):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -150,9 +151,24 @@ class SyncClient:
     ) -> Turn:
         return self._run(lambda c: c.cancel(turn_id, reason=reason, operator=operator))
 
-    def turns(self, *, session_id: str | None = None) -> list[Turn]:
+    def turns(
+        self,
+        *,
+        session_id: str | None = None,
+        states: Iterable[str] | None = None,
+        package_id: str | None = None,
+        accepted_since: datetime | None = None,
+        accepted_until: datetime | None = None,
+    ) -> list[Turn]:
         async def collect(c: Client) -> list[Turn]:
-            return [turn async for turn in c.turns(session_id=session_id)]
+            listed = c.turns(
+                session_id=session_id,
+                states=states,
+                package_id=package_id,
+                accepted_since=accepted_since,
+                accepted_until=accepted_until,
+            )
+            return [turn async for turn in listed]
 
         return self._run(collect)
 

@@ -20,7 +20,9 @@ Any problem (unknown key, wrong type, out of range, unreadable or invalid TOML) 
 `ConfigError` naming the dotted key and the problem (an unknown key with a "did you mean"
 hint); the CLI turns it into exit code 2 before
 anything starts. Relative paths are taken relative to the current directory and made absolute
-when loaded. The package does file I/O only in `load_config` (reading the one TOML file).
+when loaded. The package does file I/O only in `load_config` (reading the one TOML file) and
+`config_file_for` (which file that is: ``--config``, ``$HUNTER_CONFIG``, else the root's
+``hunter.toml`` when it exists).
 
 The package's modules: `schema` (the settings Structs and the key table), `loader` (sources,
 parsing, validation), `diff` (what a SIGHUP reload can apply), `show` (`hunter config
@@ -31,7 +33,7 @@ messages). Import from `supervisor.config`: `__all__` below is the package's int
 from __future__ import annotations
 
 from supervisor.config.diff import ConfigDiff, changed_keys, diff_reloadable
-from supervisor.config.loader import RESERVED_ENV, load_config
+from supervisor.config.loader import RESERVED_ENV, ROOT_CONFIG_NAME, config_file_for, load_config
 from supervisor.config.schema import (
     ENV_PREFIX,
     RELOADABLE_KEYS,
@@ -55,6 +57,7 @@ __all__ = [
     "ENV_PREFIX",
     "RELOADABLE_KEYS",
     "RESERVED_ENV",
+    "ROOT_CONFIG_NAME",
     "Config",
     "ConfigDiff",
     "ConfigError",
@@ -65,6 +68,7 @@ __all__ = [
     "StoreSettings",
     "add_parser",
     "changed_keys",
+    "config_file_for",
     "diff_reloadable",
     "env_var_name",
     "iter_keys",

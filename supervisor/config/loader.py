@@ -7,7 +7,8 @@ its kind first. `msgspec.convert` then checks types, bounds, choices and unknown
 `supervisor.config.schema`, and its error (`... - at `$.executors.heartbeat_s``) becomes a
 `ConfigError` naming the dotted key, the problem and the source; an unknown key gets a "did you
 mean" hint. Relative paths are taken relative to the current directory and made absolute. The
-only file I/O is in `load_config` (reading the one TOML file).
+only file I/O is in `load_config` (reading the one TOML file) and `config_file_for` (whether the
+root's ``hunter.toml`` is there).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from supervisor.config.dsn import dsn_problem
 from supervisor.config.schema import ENV_PREFIX, KEYS, SECTIONS, Config, env_var_name, value_of
 from supervisor.errors import ConfigError
 
-__all__ = ["RESERVED_ENV", "load_config"]
+__all__ = ["RESERVED_ENV", "ROOT_CONFIG_NAME", "config_file_for", "load_config"]
 
 # `HUNTER_*` names the product uses for other things (so they are not rejected as unknown):
 # the config file, the chaos executor's behaviour, what the sandbox sets for a turn, and the
@@ -297,6 +298,33 @@ def _derive(config: Config, given: Container[str], env: Mapping[str, str]) -> Co
         executor_socket=pick("executor_socket", runtime / "executors.sock"),
         intake_path=pick("intake_path", root / "state" / "turns.sqlite3"),
     )
+
+
+#: The file in the root that `hunter serve --root DIR` reads when no other file is named
+#: (`./scripts/demo --root DIR` writes it).
+ROOT_CONFIG_NAME: Final = "hunter.toml"
+
+
+def config_file_for(
+    *, config: Path | None, root: Path | None, env: Mapping[str, str]
+) -> Path | None:
+    """The configuration file `hunter serve` (and `hunter config show|check`) reads: *config*
+    (``--config FILE``), else ``$HUNTER_CONFIG``, else ``ROOT/hunter.toml`` when it is a file,
+    ROOT being the root served without a file: *root* (``--root``), else ``$HUNTER_ROOT``,
+    else systemd's ``$STATE_DIRECTORY``, else ``./.hunter``. None: no file (the defaults and
+    the ``HUNTER_*`` variables)."""
+    if config is not None:
+        return config
+    if env.get("HUNTER_CONFIG"):
+        return Path(env["HUNTER_CONFIG"])
+    served = (
+        root
+        or (Path(env["HUNTER_ROOT"]) if env.get("HUNTER_ROOT") else None)
+        or _first_dir(env.get("STATE_DIRECTORY"))
+        or Path(".hunter")
+    )
+    candidate = Path(os.path.abspath(served / ROOT_CONFIG_NAME))
+    return candidate if candidate.is_file() else None
 
 
 def _first_dir(value: str | None) -> Path | None:

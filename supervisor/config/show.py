@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, cast
 
-from supervisor.config.loader import load_config
+from supervisor.config.loader import config_file_for, load_config
 from supervisor.config.schema import Config
 from supervisor.errors import ConfigError
 
@@ -53,7 +53,11 @@ def add_parser(subparsers: Any) -> None:
         ("check", "validate the configuration; exit 2 naming the first bad key"),
     ):
         c = sp.add_parser(name, help=help_text)
-        c.add_argument("--config", metavar="FILE", help="TOML config file (default $HUNTER_CONFIG)")
+        c.add_argument(
+            "--config",
+            metavar="FILE",
+            help="TOML config file (default $HUNTER_CONFIG, else ROOT/hunter.toml if it exists)",
+        )
         c.add_argument("--root", metavar="DIR", help="the root directory (default ./.hunter)")
         if name == "show":
             c.add_argument("--json", action="store_true", help="print JSON instead of TOML")
@@ -62,17 +66,23 @@ def add_parser(subparsers: Any) -> None:
 
 def _config_command(args: argparse.Namespace) -> int:
     overrides = {"root": args.root} if args.root else None
+    # the file `hunter serve` would read: --config, $HUNTER_CONFIG, else ROOT/hunter.toml
+    path = config_file_for(
+        config=Path(args.config) if args.config else None,
+        root=Path(args.root) if args.root else None,
+        env=os.environ,
+    )
     try:
-        config = load_config(
-            Path(args.config) if args.config else None, env=os.environ, overrides=overrides
-        )
+        config = load_config(path, env=os.environ, overrides=overrides)
     except ConfigError as exc:
         sys.stderr.write(f"hunter config: {exc}\n")
         return 2
+    read = "no configuration file (defaults and HUNTER_* variables)" if path is None else path
     if args.config_command == "check":
-        sys.stdout.write("configuration OK\n")
+        sys.stdout.write("configuration OK\n" if path is None else f"configuration OK: {path}\n")
     elif getattr(args, "json", False):
+        sys.stderr.write(f"hunter config: read {read}\n")
         sys.stdout.write(json.dumps(config.to_dict(), indent=2) + "\n")
     else:
-        sys.stdout.write(to_toml(config))
+        sys.stdout.write(f"# read {read}\n" + to_toml(config))
     return 0

@@ -22,6 +22,7 @@ from supervisor.console.guard import (
     refusal,
     state_of,
 )
+from supervisor.console.refusals import refusal_page
 from supervisor.console.render import page
 from supervisor.logging import get_logger
 
@@ -85,7 +86,7 @@ async def resolve(request: Request) -> Response:
     try:
         await client.resolve(turn_id, action, reason=reason, operator=operator)
     except HunterError as exc:
-        return page(request, "error.html", 409, title=exc.code, message=str(exc))
+        return refusal_page(request, exc, status=409)
     except ConnectionLost:  # not sent again: the operator sees the turn and decides anew
         return _unreachable(request)
     _LOG.info("console_resolved", operator=operator, turn_id=turn_id, action=action)
@@ -103,7 +104,7 @@ async def cancel(request: Request) -> Response:
     try:
         await client.cancel(turn_id, reason=reason, operator=operator)
     except HunterError as exc:
-        return page(request, "error.html", 409, title=exc.code, message=str(exc))
+        return refusal_page(request, exc, status=409)
     except ConnectionLost:
         return _unreachable(request)
     _LOG.info("console_cancelled", operator=operator, turn_id=turn_id)

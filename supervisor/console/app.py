@@ -21,7 +21,7 @@ from starlette.websockets import WebSocketClose
 
 from supervisor.console import actions, pages, signin_pages, stream
 from supervisor.console.guard import HostCheck, SecurityHeaders, state_of
-from supervisor.console.render import page
+from supervisor.console.refusals import NOT_FOUND
 from supervisor.console.state import ConsoleState
 
 __all__ = ["build_app"]
@@ -59,9 +59,7 @@ async def elsewhere(scope: Scope, receive: Receive, send: Send) -> None:
         location = quote(bare, safe="/") + (f"?{query}" if query else "")
         response: Response = RedirectResponse(location, 307)
     else:
-        response = page(
-            Request(scope), "error.html", 404, title="not found", message="No such page."
-        )
+        response = NOT_FOUND.page(Request(scope))
     await response(scope, receive, send)
 
 

@@ -15,20 +15,15 @@ from typing import Final
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from supervisor.client import (
-    Client,
-    ConnectionLost,
-    HunterError,
-    NoEvidence,
-    UnknownSession,
-    UnknownTurn,
-)
+from supervisor.client import Client, ConnectionLost, HunterError
 from supervisor.console import ids
 from supervisor.console.charts import throughput_svg
 from supervisor.console.errors import BadId
 from supervisor.console.guard import authenticate, state_of
+from supervisor.console.refusals import refusal_page
 from supervisor.console.render import page
 from supervisor.console.timeline import timeline
+from supervisor.wire.turn_spec import requested_by_text
 
 __all__ = ["ROUTES"]
 
@@ -56,10 +51,8 @@ def signed_in(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         except BadId as exc:
             title = "not found" if exc.in_path else "bad request"
             return page(request, "error.html", exc.status, title=title, message=str(exc))
-        except (UnknownTurn, UnknownSession, NoEvidence) as exc:
-            return page(request, "error.html", 404, title="not found", message=str(exc))
-        except HunterError as exc:
-            return page(request, "error.html", 502, title=exc.code, message=str(exc))
+        except HunterError as exc:  # in web words: a missing turn, session, evidence is 404
+            return refusal_page(request, exc)
         except ConnectionLost as exc:  # the daemon went away during the request
             problem = f"the daemon at {state.link.socket}: {exc}"
             return page(request, "unreachable.html", 503, problem=problem, follow="reconnect")
@@ -166,6 +159,7 @@ async def turn(request: Request, client: Client) -> Response:
         steps=timeline(record.turn),
         result=result,
         spec=spec,
+        requested_by=requested_by_text(spec.get("requested_by")),
         done=request.query_params.get("done", ""),
     )
 

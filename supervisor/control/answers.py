@@ -77,6 +77,7 @@ _LEDGER_FIELDS: Final = (
     "result_hash",
     "status",
     "decided_by",  # an evidence entry's: who decided a cancel or an operator's terminate
+    "requested_by",  # an evidence entry's: who asked, through a front end (`hunter mcp`)
 )
 
 

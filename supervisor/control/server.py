@@ -36,7 +36,8 @@ Operations (params -> result):
   their hashes); ``turn.wait`` {turn_id, timeout_s?, until?: [states], answer?} ->
   {turn} once final, escalated, or in one of ``until``; ``turn.cancel`` {turn_id, reason?,
   operator?} -> {turn};
-  ``turns.list`` {session_id?, after_turn_id?, limit? (1..500)} -> {turns, next_after} (a page,
+  ``turns.list`` {session_id?, states?, package_id?, accepted_since_us?, accepted_until_us?,
+  after_turn_id?, limit? (1..500)} -> {turns, next_after} (a page of the turns the filters keep,
   oldest first; pass ``next_after`` as ``after_turn_id`` for the next one, null at the end)
 * ``turn.evidence`` {turn_id, offset?, length? (at most 512 KiB)} -> {sha256, size, offset,
   data (base64), more}: the evidence bytes the turn's executor sent, a slice at a time
@@ -608,6 +609,10 @@ class ControlServer:
     async def _turns_list(self, params: TurnsListParams) -> object:
         turns = await self._turn_core.list_turns(
             session_id=params.session_id,
+            states=params.states,
+            package_id=params.package_id,
+            accepted_since_us=params.accepted_since_us,
+            accepted_until_us=params.accepted_until_us,
             after_turn_id=params.after_turn_id,
             limit=params.limit + 1,
         )

@@ -19,6 +19,7 @@ from supervisor.control.answers import turn_answer
 from supervisor.control.replies import Replies
 from supervisor.errors import RequestError
 from supervisor.executors.hub import ExecutorHub
+from supervisor.executors.settings import queue_wait_limit
 from supervisor.stages import stage_costs
 from supervisor.store.protocol import TurnRecord
 from supervisor.turns.core import TurnCore
@@ -52,16 +53,15 @@ def submit_warnings(
     if served_by_peers is not None and command in served_by_peers:
         return []
     queue_s = hub.settings.queue_wait_s
-    wait_s = min(queue_s, spec.timeout_ms / 1000)
+    limit = queue_wait_limit(min(queue_s, spec.timeout_ms / 1000), queue_s)
     nobody = (
         f"no connected executor serves {command}"
         if served_by_peers is None
         else f"no executor connected to any live daemon of the fleet serves {command}"
     )
     return [
-        f"{nobody}: the turn waits up to {wait_s:g}s for one"
-        f" (executors.queue_wait_s={queue_s:g}s, at most its timeout), then ends"
-        " NO_CAPABLE_EXECUTOR"
+        f"{nobody}: the turn waits for one ({limit}), then ends NO_CAPABLE_EXECUTOR;"
+        " its attempt's queued_ms says how long it waited"
     ]
 
 

@@ -26,6 +26,7 @@ from sandbox.policy.envelopes import ExecutorCommandType
 from supervisor.errors import QueueFullError
 from supervisor.executors.clock import ms
 from supervisor.executors.connection import Connection
+from supervisor.executors.settings import queue_wait_limit
 
 __all__ = ["Dispatcher", "Waiter"]
 
@@ -212,16 +213,20 @@ class Dispatcher:
         """Waiters per command type (non-empty queues only)."""
         return {c.value: len(q) for c, q in self._queues.items() if q}
 
-    def timeout_detail(self, command: ExecutorCommandType, wait_s: float) -> str:
-        """Why an attempt for ``command`` found no slot within ``wait_s`` (its report detail)."""
+    def timeout_detail(
+        self, command: ExecutorCommandType, *, queued_ms: int, limit_s: float, configured_s: float
+    ) -> str:
+        """Why an attempt for ``command`` found no slot (its report detail): its whole wait,
+        *queued_ms*, and the limit it reached (`queue_wait_limit`)."""
+        limit = queue_wait_limit(limit_s, configured_s)
         conns = [c for c in self._members[command] if not c.closed]
         if not conns:
             return (
-                f"no executor supporting {command.value} was connected within "
-                f"queue_wait_s={wait_s:g}s"
+                f"no executor supporting {command.value} was connected; the attempt waited"
+                f" queued_ms={queued_ms} ({limit})"
             )
         return (
-            f"no {command.value} executor had a free slot within queue_wait_s={wait_s:g}s "
-            f"({len(conns)} connected, statuses: "
+            f"no {command.value} executor had a free slot; the attempt waited"
+            f" queued_ms={queued_ms} ({limit}; {len(conns)} connected, statuses: "
             f"{', '.join(sorted({c.status.value for c in conns}))})"
         )

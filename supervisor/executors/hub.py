@@ -289,6 +289,7 @@ class ExecutorHub:
         envelope: ExecutorInstructionEnvelope,
         *,
         queue_wait_s: float | None = None,
+        queued_before_ms: int = 0,
         traceparent: str | None = None,
     ) -> AttemptReport:
         """Run one attempt of ``envelope`` on some executor and report its outcome.
@@ -301,9 +302,14 @@ class ExecutorHub:
         the instruction's own ``timeout_ms``: a one-second instruction is not queued for a
         minute. When it ends with no connected executor serving the command type at all, the
         outcome is NO_EXECUTOR (reason ``NO_CAPABLE_EXECUTOR``), not a TIMEOUT.
+        ``queued_before_ms``: how long the attempt already waited for a slot before this call
+        (parked in the turn core); the report's ``queued_ms`` (and ``duration_ms``), the hub's
+        events and the report's detail all give the attempt's whole wait, this part included:
+        one figure, ``queued_ms``, wherever the attempt's wait for an executor is shown.
         ``traceparent``: the attempt's W3C trace context, sent beside the envelope.
         """
         started = time.monotonic()
+        before_s = queued_before_ms / 1000
         self._attempts_started += 1
         self._active_attempts += 1
         command, iid = envelope.command_type, envelope.instruction_id
@@ -314,17 +320,22 @@ class ExecutorHub:
             if admission.allowed and not self._closing:
                 conn = self._dispatcher.pick(command, iid)
             if not admission.allowed:  # the pool keeps failing: fail fast
-                report = self._circuit_open(envelope, started)
+                report = self._circuit_open(envelope, started, before_s)
             elif conn is not None:  # the hot path: an executor has a free slot now
                 verdict = await conn.attempt(envelope, 0.0, traceparent=traceparent)
                 report = self._report(
-                    verdict, conn.executor_id, started=started, queued_s=0.0, ran=command
+                    verdict,
+                    conn.executor_id,
+                    started=started,
+                    before_s=before_s,
+                    queued_s=before_s,
+                    ran=command,
                 )
             else:
                 wait_s = self.settings.queue_wait_s if queue_wait_s is None else queue_wait_s
                 wait_s = min(wait_s, envelope.timeout_ms / 1000)
                 report = await self._queued_attempt(
-                    envelope, started, max(0.0, wait_s), traceparent
+                    envelope, started, before_s, max(0.0, wait_s), traceparent
                 )
             if admission.allowed:
                 self._circuits.record(
@@ -490,24 +501,30 @@ class ExecutorHub:
         self,
         envelope: ExecutorInstructionEnvelope,
         started: float,
+        before_s: float,
         wait_s: float,
         traceparent: str | None,
     ) -> AttemptReport:
-        """The attempt found no free slot: wait in its command's queue, then run it (or not)."""
+        """The attempt found no free slot: wait in its command's queue, then run it (or not).
+        *before_s*: what it waited before (`run_attempt`'s ``queued_before_ms``)."""
         command = envelope.command_type
         iid = envelope.instruction_id
         conn: Connection | None = None
-        queued_s = 0.0
+        queued_s = before_s  # its whole wait: before, then in the queue
         if not self._closing:
             conn = await self._dispatcher.wait(command, iid, wait_s)
-            queued_s = time.monotonic() - started
+            queued_s += time.monotonic() - started
         if conn is None:
             if self._is_closing():
                 verdict = hub_closed()
                 event = "attempt_dropped"
             else:  # the wait as bounded (a parked turn waited its first part in the core)
-                bound_s = min(self.settings.queue_wait_s, envelope.timeout_ms / 1000)
-                detail = self._dispatcher.timeout_detail(command, bound_s)
+                detail = self._dispatcher.timeout_detail(
+                    command,
+                    queued_ms=ms(queued_s),
+                    limit_s=min(self.settings.queue_wait_s, envelope.timeout_ms / 1000),
+                    configured_s=self.settings.queue_wait_s,
+                )
                 if self._dispatcher.connected(command):
                     verdict = queue_wait_expired(detail)
                     event = "attempt_timed_out"
@@ -524,13 +541,22 @@ class ExecutorHub:
                 reason_code=verdict.reason_code,
                 detail=verdict.detail,
             )
-            return self._report(verdict, None, started=started, queued_s=queued_s)
+            return self._report(
+                verdict, None, started=started, before_s=before_s, queued_s=queued_s
+            )
         verdict = await conn.attempt(envelope, queued_s, traceparent=traceparent)
         return self._report(
-            verdict, conn.executor_id, started=started, queued_s=queued_s, ran=command
+            verdict,
+            conn.executor_id,
+            started=started,
+            before_s=before_s,
+            queued_s=queued_s,
+            ran=command,
         )
 
-    def _circuit_open(self, envelope: ExecutorInstructionEnvelope, started: float) -> AttemptReport:
+    def _circuit_open(
+        self, envelope: ExecutorInstructionEnvelope, started: float, before_s: float = 0.0
+    ) -> AttemptReport:
         """The command's circuit breaker is open: the attempt fails fast (CIRCUIT_OPEN)."""
         command = envelope.command_type
         detail = f"the circuit breaker of {command.value} is open (its executors keep failing)"
@@ -542,7 +568,7 @@ class ExecutorHub:
             command_type=command.value,
             reason_code=rc.CIRCUIT_OPEN,
         )
-        return self._report(verdict, None, started=started, queued_s=0.0)
+        return self._report(verdict, None, started=started, before_s=before_s, queued_s=before_s)
 
     def circuits(self) -> dict[str, dict[str, object]]:
         """The circuit breakers that are not closed-and-quiet, by command type (``hunter
@@ -564,16 +590,18 @@ class ExecutorHub:
         *,
         started: float,
         queued_s: float,
+        before_s: float = 0.0,
         ran: ExecutorCommandType | None = None,
     ) -> AttemptReport:
-        """The attempt's report; if it ``ran`` on an executor, its duration feeds the moving
+        """The attempt's report (*queued_s*: its whole wait for a slot, *before_s* of it before
+        `run_attempt` was called); if it ``ran`` on an executor, its duration feeds the moving
         average per command that ``admit`` bases its retry hint on."""
         report = AttemptReport(
             outcome=verdict.outcome,
             executor_id=executor_id,
             response=verdict.response,
             safety_reason_code=verdict.reason_code,
-            duration_ms=ms(time.monotonic() - started),
+            duration_ms=ms(time.monotonic() - started + before_s),
             detail=verdict.detail,
             queued_ms=ms(queued_s),
             evidence=verdict.evidence,

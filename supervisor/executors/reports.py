@@ -41,7 +41,8 @@ class AttemptReport:
     ``executor_id`` is the executor the instruction was sent to (``None`` if it never left the
     queue); ``response`` the accepted response envelope (``None`` when denied or absent);
     ``safety_reason_code`` the Phase-20 reason code or a ``HubReason``; ``duration_ms`` runs from
-    ``run_attempt`` being called to the outcome; ``queued_ms`` is the part spent in the queue;
+    the attempt's start (``run_attempt`` being called, less its ``queued_before_ms``) to the
+    outcome; ``queued_ms`` is the part spent waiting for a slot (before, then in the queue);
     ``evidence`` the evidence bytes sent with an accepted response (sha256 = its evidence_hash).
     """
 

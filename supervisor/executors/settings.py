@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from sandbox.policy.breaker import BreakerLimits
 
-__all__ = ["HubSettings"]
+__all__ = ["HubSettings", "queue_wait_limit"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,3 +46,16 @@ class HubSettings:
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"HubSettings.{name} is out of range: {getattr(self, name)!r}")
+
+
+def queue_wait_limit(limit_s: float, configured_s: float) -> str:
+    """How long an attempt may wait for an executor, in the words every report of that wait
+    uses (the submit warning, the attempt's detail): the limit in force, named by where it
+    comes from: ``executors.queue_wait_s`` (*configured_s*), or the instruction's own
+    ``timeout_ms`` when that is shorter (*limit_s*). How long it did wait is ``queued_ms``."""
+    if limit_s < configured_s:
+        return (
+            f"limit {limit_s:g}s: the instruction's timeout_ms, below"
+            f" executors.queue_wait_s={configured_s:g}s"
+        )
+    return f"limit executors.queue_wait_s={configured_s:g}s"

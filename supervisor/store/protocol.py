@@ -455,9 +455,17 @@ class TurnStore(Protocol):
         *,
         session_id: str | None = None,
         states: frozenset[TurnState] | None = None,
+        package_id: str | None = None,
+        accepted_since_us: int | None = None,
+        accepted_until_us: int | None = None,
         after_turn_id: int = 0,
         limit: int = 500,
-    ) -> TurnPage: ...
+    ) -> TurnPage:
+        """A page of turns after *after_turn_id*, oldest first, of those the filters keep (each
+        optional, all given ones hold; `supervisor.store.turn_filter.TurnFilter`): of one
+        session, in one of *states*, of the sessions of *package_id*, accepted at or after
+        *accepted_since_us* and before *accepted_until_us*."""
+        ...
 
     async def counts(self) -> dict[str, int]:
         """Turns by state value."""

@@ -642,10 +642,25 @@ class TurnCore:
         return await self.get_turn(turn_id)
 
     async def list_turns(
-        self, *, session_id: str | None = None, after_turn_id: int = 0, limit: int = _PAGE
+        self,
+        *,
+        session_id: str | None = None,
+        states: frozenset[TurnState] | None = None,
+        package_id: str | None = None,
+        accepted_since_us: int | None = None,
+        accepted_until_us: int | None = None,
+        after_turn_id: int = 0,
+        limit: int = _PAGE,
     ) -> list[TurnRecord]:
+        """A page of the turns the filters keep (`TurnStore.list_turns`), oldest first."""
         page = await self._deps.store.list_turns(
-            session_id=session_id, after_turn_id=after_turn_id, limit=limit
+            session_id=session_id,
+            states=states,
+            package_id=package_id,
+            accepted_since_us=accepted_since_us,
+            accepted_until_us=accepted_until_us,
+            after_turn_id=after_turn_id,
+            limit=limit,
         )
         return list(page.turns)
 

@@ -104,6 +104,17 @@ def installed_packages(root: Path) -> frozenset[str] | None:
         return None
 
 
+def adopted_as(*, ledger_lines: int, written: int, forked: bool) -> str:
+    """How a session came to be homed here, for `session_adopted`: ``"restart"`` when this
+    root already held the session's ledger files, in agreement with the store (a prefix of
+    its lines, perhaps all: the daemon started again on the root that homed it, and at most
+    caught up what its crash kept from the files), ``"takeover"`` when they had to be written
+    from the store (another daemon's session) or this root's copy had forked and was moved
+    aside."""
+    kept_here = ledger_lines > 0 and written < ledger_lines
+    return "restart" if kept_here and not forked else "takeover"
+
+
 class Fleet:
     """Session homes, heartbeats, takeover and claims of a daemon sharing its store."""
 
@@ -383,6 +394,7 @@ class Fleet:
         self._log.info(
             "session_adopted",
             session_id=sid,
+            adopted_as=adopted_as(ledger_lines=len(lines), written=appended, forked=forked),
             ledger_lines=len(lines),
             lines_written=appended,
             stale_files_moved=forked,

@@ -70,7 +70,8 @@ class HubAttemptLike(Protocol):
 
     @property
     def queued_ms(self) -> int:
-        """The part of ``duration_ms`` the attempt waited in the hub's queue for a slot."""
+        """The part of ``duration_ms`` the attempt waited for a slot: parked in the core
+        (``queued_before_ms``), then in the hub's queue."""
         ...
 
 
@@ -100,9 +101,12 @@ class HubLike(Protocol):
         envelope: ExecutorInstructionEnvelope,
         *,
         queue_wait_s: float | None = None,
+        queued_before_ms: int = 0,
         traceparent: str | None = None,
     ) -> HubAttemptLike:
-        """One attempt; *queue_wait_s* bounds its wait for a slot (None: the hub's own)."""
+        """One attempt; *queue_wait_s* bounds its wait for a slot (None: the hub's own);
+        *queued_before_ms*: how long it already waited for one (parked in the core): the
+        report's ``queued_ms`` (and ``duration_ms``) include it."""
         ...
 
 
@@ -224,11 +228,18 @@ async def run_instruction_turn(
         wait = max(0.0, slot_wait_s(hub, spec) - parked_s)
         queue_waited_s = 0.0  # a retry waits its full bound again
         traceparent = attempt_traceparent(turn, attempt) if deps.traced else None
-        report = await _start_and_send(hooks, hub, envelope, wait, traceparent)
+        report = await _start_and_send(
+            hooks,
+            hub,
+            envelope,
+            wait,
+            queued_before_ms=int(parked_s * 1000),
+            traceparent=traceparent,
+        )
         active.executor_id = report.executor_id
         # The attempt's queue wait: parked in the core (a parked turn's first attempt here),
-        # then in the hub's queue.
-        queued_ms = int(parked_s * 1000) + report.queued_ms
+        # then in the hub's queue; the hub reports the whole of it (and logs the same figure).
+        queued_ms = report.queued_ms
         deps.tracker.attempt_queued(spec.command_type.value, queued_ms)
         detail = ": ".join(p for p in (report.safety_reason_code, report.detail) if p)
         return AttemptReport(
@@ -268,13 +279,20 @@ async def _start_and_send(
     hub: HubLike,
     envelope: ExecutorInstructionEnvelope,
     queue_wait_s: float | None,
+    *,
+    queued_before_ms: int,
     traceparent: str | None,
 ) -> HubAttemptLike:
     """Send the envelope while the attempt's queued start commits: the start is durable before
     the attempt's outcome is recorded (the store commits in order), with no sync between
     dispatch and the reply. A crash in between re-runs the attempt under the same number."""
     try:
-        report = await hub.run_attempt(envelope, queue_wait_s=queue_wait_s, traceparent=traceparent)
+        report = await hub.run_attempt(
+            envelope,
+            queue_wait_s=queue_wait_s,
+            queued_before_ms=queued_before_ms,
+            traceparent=traceparent,
+        )
     except Exception:
         await hooks.commit_start()  # a refused start (stale claim) is the error that counts
         raise

@@ -19,7 +19,9 @@ import functools
 from collections.abc import Mapping
 
 import anyio
+import msgspec
 
+from ledger.pending import PendingLines
 from sandbox.policy.attempt_loop import AttemptReport, run_attempts
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import TurnState
@@ -35,7 +37,7 @@ from supervisor.turns.context import (
 )
 from supervisor.turns.sessions import ProcessResultLike
 from supervisor.turns.tracker import ActiveTurn
-from supervisor.wire.turn_spec import ProcessSpec
+from supervisor.wire.turn_spec import ProcessSpec, RequestedBy
 
 __all__ = ["run_process_turn"]
 
@@ -174,6 +176,10 @@ async def run_process_turn(
                 """The ending, with both ledger entries the runtime made (a rejection's too),
                 in one durable step; the runtime places the outputs only after it."""
                 records = _records(result, first, started_us)
+                asked = process.requested_by  # who asked, through a front end (`hunter mcp`)
+                pending = result.pending_lines
+                if isinstance(asked, RequestedBy) and isinstance(pending, PendingLines):
+                    pending.add_fields("evidence", {"requested_by": msgspec.structs.asdict(asked)})
                 # The runtime's retries keep the lock and the slot: they wait for neither.
                 records = tuple(
                     r.with_queued_ms(0 if r.attempt > first else queued_ms) for r in records

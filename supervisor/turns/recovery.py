@@ -23,7 +23,7 @@ two sides apart in two ways, and this module closes both:
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import anyio.to_thread
@@ -80,15 +80,19 @@ class LedgerEnding:
     evidence_found: bool = True
     exec_entry: LedgerEntryRef | None = None
     query_hash: str | None = None
+    #: who decided the ending (a cancel, an operator's terminate), as the exec entry records
+    #: it (`supervisor.turns.decisions`); None when no person did
+    decided_by: Mapping[str, object] | None = None
 
     def to_ending(self) -> TurnEnding:
+        decided = {} if self.decided_by is None else {"decided_by": dict(self.decided_by)}
         return TurnEnding(
             state=self.state,
             verdict=self.verdict or ("SUCCEED" if self.state is TurnState.SUCCEEDED else None),
             reason_code=self.reason_code or "RECOVERED_FROM_LEDGER",
             reason=ROLLED_FORWARD,
             fault_type=self.fault_type,
-            result={"recovered_from_ledger": True, "result_hash": self.result_hash},
+            result={"recovered_from_ledger": True, "result_hash": self.result_hash, **decided},
         )
 
     def attempt_records(
@@ -154,7 +158,9 @@ class LedgerEnding:
         """The evidence entry a crash kept from the files, rebuilt from the exec entry (it says
         so, and names the exec entry it was rebuilt from)."""
         ref = self.exec_entry
+        decided = {} if self.decided_by is None else {"decided_by": dict(self.decided_by)}
         return {
+            **decided,
             "kind": KIND_TURN,
             "session_id": session_id,
             "turn_number": self.turn_number,
@@ -169,6 +175,10 @@ class LedgerEnding:
                 " evidence entry did",
             },
         }
+
+
+def _mapping(value: object) -> Mapping[str, object] | None:
+    return {str(k): v for k, v in value.items()} if isinstance(value, dict) else None
 
 
 def _text(value: object) -> str | None:
@@ -257,6 +267,7 @@ def endings_in_ledger(exec_path: Path, turn_numbers: Collection[int]) -> dict[in
             if type(seq) is int and isinstance(digest, str)
             else None,
             query_hash=_text(entry.get("query_hash")),
+            decided_by=_mapping(entry.get("decided_by")),
         )
     return found
 
@@ -329,6 +340,10 @@ async def _end_from_ledger(
         # Its start had not been written (it rides with the outcome): the entry proves the
         # attempt ran, so the ending carries its start.
         started = AttemptRecord(attempt=attempts[0].attempt, started_us=attempts[0].started_us)
+    if found.decided_by is None:  # an entry of an older release: the store's record knows it
+        stored = (turn.result or {}).get("decided_by")
+        if isinstance(stored, Mapping):
+            found = replace(found, decided_by=dict(stored))
     lines: LineSeal = EMPTY
     if not found.evidence_found:
         lines = session.evidence_lines(found.evidence_record(session.session_id))

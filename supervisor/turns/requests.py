@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Final
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from sandbox.policy.declarations import DeclarationProblem, DeclaredOutput, parse_declared_outputs
 from sandbox.policy.errors import InstructionError
@@ -27,7 +28,13 @@ from supervisor.errors import RequestError
 from supervisor.store.protocol import TurnRecord
 from supervisor.traces import parse_traceparent
 from supervisor.wire.control import TurnSubmitParams
-from supervisor.wire.turn_spec import InstructionSpec, ProcessSpec, TurnSpec, spec_to_dict
+from supervisor.wire.turn_spec import (
+    InstructionSpec,
+    ProcessSpec,
+    RequestedBy,
+    TurnSpec,
+    spec_to_dict,
+)
 
 __all__ = [
     "DeclaredOutput",
@@ -82,6 +89,11 @@ def _declared_outputs(params: TurnSubmitParams) -> tuple[DeclaredOutput, ...]:
         raise _bad(exc.field, exc.problem) from None
 
 
+def _requested_by(params: TurnSubmitParams) -> RequestedBy | UnsetType:
+    """Who asked, through a front end (`hunter mcp`): kept in the spec only when given."""
+    return params.requested_by if params.requested_by is not None else UNSET
+
+
 def turn_request(params: TurnSubmitParams, *, default_timeout_ms: int = 30_000) -> TurnRequest:
     """The checked turn of a ``turn.submit``; raises `RequestError`.
 
@@ -109,6 +121,7 @@ def turn_request(params: TurnSubmitParams, *, default_timeout_ms: int = 30_000) 
             declared_inputs=tuple(params.declared_inputs),
             phase=params.phase,
             traceparent=traceparent,
+            requested_by=_requested_by(params),
             argv=tuple(argv),
         )
     return TurnRequest(
@@ -136,6 +149,7 @@ def _instruction(
         declared_inputs=tuple(params.declared_inputs),
         phase=params.phase,
         traceparent=params.traceparent,
+        requested_by=_requested_by(params),
         command_type=command,
         target_url=params.target_url or "",
         target_selector=params.target_selector or "",
@@ -167,8 +181,9 @@ def _instruction(
 _CANONICAL: Final = msgspec.json.Encoder(order="sorted")
 
 #: Spec fields a resubmission may change: the client's trace context (a retry of the same
-#: request is often a new span of the client's trace); it says nothing of what the turn does.
-_NOT_COMPARED: Final = frozenset({"traceparent"})
+#: request is often a new span of the client's trace) and who asked through a front end (a
+#: restarted `hunter mcp` has another pid); they say nothing of what the turn does.
+_NOT_COMPARED: Final = frozenset({"traceparent", "requested_by"})
 
 
 def spec_differences(first: TurnSpec, again: TurnSpec) -> list[str]:

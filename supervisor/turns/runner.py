@@ -108,11 +108,15 @@ class _SlotReturns:
         envelope: ExecutorInstructionEnvelope,
         *,
         queue_wait_s: float | None = None,
+        queued_before_ms: int = 0,
         traceparent: str | None = None,
     ) -> HubAttemptLike:
         try:
             return await self._hub.run_attempt(
-                envelope, queue_wait_s=queue_wait_s, traceparent=traceparent
+                envelope,
+                queue_wait_s=queue_wait_s,
+                queued_before_ms=queued_before_ms,
+                traceparent=traceparent,
             )
         finally:
             self._returned()

@@ -23,6 +23,7 @@ from typing import Literal, Protocol
 
 import anyio
 import anyio.to_thread
+import msgspec
 
 from ledger import SessionLedgers
 from ledger.chain import content_hash
@@ -34,7 +35,7 @@ from supervisor.logging import get_logger
 from supervisor.store.protocol import SessionRecord, TurnRecord
 from supervisor.store.sealing import LineSeal
 from supervisor.turns.fairness import Share, share_of
-from supervisor.wire.turn_spec import spec_to_dict
+from supervisor.wire.turn_spec import RequestedBy, spec_to_dict
 
 __all__ = [
     "DaemonSessions",
@@ -319,8 +320,15 @@ class DaemonSessions:
             evidence_extra["evidence"] = dict(evidence)
         # a person's decision (a cancel, an operator's terminate): who took it and why
         decided_by = result.get("decided_by")
+        decision: dict[str, object] = {}
         if isinstance(decided_by, Mapping):
             evidence_extra["decided_by"] = dict(decided_by)
+            # in the exec entry too: a roll-forward that rebuilds the evidence entry keeps it
+            decision["decided_by"] = dict(decided_by)
+        # who asked, through a front end (`hunter mcp`): the MCP client and the server instance
+        requested_by = turn.spec.requested_by
+        if isinstance(requested_by, RequestedBy):
+            evidence_extra["requested_by"] = msgspec.structs.asdict(requested_by)
         return session.ledgers.turn_lines(
             turn_number=turn.turn_number,
             query_hash=content_hash(spec_to_dict(turn.spec)),
@@ -332,6 +340,7 @@ class DaemonSessions:
                 "verdict": turn.verdict,
                 "reason_code": turn.reason_code,
                 "fault_type": turn.fault_type,
+                **decision,
             },
             evidence_extra=evidence_extra or None,
         )

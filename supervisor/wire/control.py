@@ -28,6 +28,7 @@ from sandbox.policy.envelopes import ExecutorCommandType, ExecutorStatus
 from sandbox.policy.lifecycle import TurnKind, TurnState
 from supervisor.errors import RequestError
 from supervisor.wire.frames import FrameDecodeError, undecodable
+from supervisor.wire.turn_spec import RequestedBy
 
 __all__ = [
     "EVIDENCE_CHUNK_MAX",
@@ -94,6 +95,8 @@ RequestId: TypeAlias = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | str | N
 _Id = Annotated[str, Meta(min_length=1, max_length=256)]
 _Path = Annotated[str, Meta(min_length=1, max_length=4096)]
 _Seconds = Annotated[float, Meta(ge=0, le=_MAX_WAIT_S)]
+#: A time: microseconds since the Unix epoch.
+_Micros = Annotated[int, Meta(ge=0, le=2**63 - 1)]
 _Text = Annotated[str, Meta(max_length=65_536)]
 #: A tenant label: letters, digits and ``. _ : @ -``, starting with a letter or digit.
 _Tenant = Annotated[
@@ -173,9 +176,17 @@ class SessionFilter(Struct, frozen=True):
 
 
 class TurnsListParams(Struct, frozen=True):
-    """A page of turns, oldest first: those after ``after_turn_id`` (0: from the start)."""
+    """A page of turns, oldest first: those after ``after_turn_id`` (0: from the start) that
+    the filters keep (each optional; the given ones all hold)."""
 
     session_id: _Id | None = None
+    #: in any of these states
+    states: Annotated[frozenset[TurnState], Meta(min_length=1)] | None = None
+    #: of the sessions opened for this package
+    package_id: _Id | None = None
+    #: accepted at or after / before this time (microseconds since the epoch)
+    accepted_since_us: _Micros | None = None
+    accepted_until_us: _Micros | None = None
     after_turn_id: Annotated[int, Meta(ge=0, le=2**63 - 1)] = 0
     limit: Annotated[int, Meta(ge=1, le=500)] = 500
 
@@ -280,6 +291,8 @@ class TurnSubmitParams(Struct, frozen=True):
     traceparent: (
         Annotated[str, Meta(pattern=r"^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}\Z")] | None
     ) = None
+    #: who asked, through a front end (`hunter mcp`): kept with the turn, not compared for keys
+    requested_by: RequestedBy | None = None
 
 
 class ExecutorsWaitParams(Struct, frozen=True):
@@ -576,6 +589,9 @@ _HINTS: Final[Mapping[str, str]] = {
     "parameters": "an object of string/int/bool values",
     "argv": "a non-empty list of strings (the command and its arguments)",
     "until": f"a list of turn states ({_STATES})",
+    "states": f"a non-empty list of turn states ({_STATES})",
+    "accepted_since_us": "an integer time in microseconds since the Unix epoch",
+    "accepted_until_us": "an integer time in microseconds since the Unix epoch",
     "action": "'retry' or 'terminate'",
     "reason": "say why, in words (1-2000 characters): it is recorded with the decision, who"
     " took it and when (`--reason TEXT`)",

@@ -9,14 +9,17 @@ accepted. There is no mapping in between and no second parser.
 
 The encoded form is the JSON object the store has always held (``kind``, ``declared_outputs``
 as ``{path, role}`` objects, ``declared_inputs``, ``phase``, ``timeout_ms``, ``traceparent`` and
-the kind's own fields), so rows written by earlier releases decode unchanged.
+the kind's own fields), so rows written by earlier releases decode unchanged. ``requested_by``
+(who asked, through a front end such as `hunter mcp`) is left out of the encoding when unset, so a
+turn submitted without it is encoded, hashed and answered exactly as before.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Annotated, Final
 
 import msgspec
+from msgspec import UNSET, Meta, UnsetType
 
 from sandbox.policy.attempts import AgentPhase
 from sandbox.policy.declarations import DeclaredOutput
@@ -26,11 +29,35 @@ from sandbox.policy.lifecycle import TurnKind
 __all__ = [
     "InstructionSpec",
     "ProcessSpec",
+    "RequestedBy",
     "TurnSpec",
     "decode_spec",
     "encode_spec",
+    "requested_by_text",
     "spec_to_dict",
 ]
+
+
+_Name = Annotated[str, Meta(min_length=1, max_length=256)]
+_Version = Annotated[str, Meta(max_length=128)]
+_Uint32 = Annotated[int, Meta(ge=0, le=0xFFFF_FFFF)]
+
+
+class RequestedBy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Who asked for a turn through a front end of the daemon: ``via`` names the front end
+    (``mcp``: `hunter mcp`), ``client_name`` and ``client_version`` the program that called it
+    (an MCP client, as its initialize handshake named itself), and ``server_*``, ``uid`` and
+    ``pid`` the front end's own instance. Kept with the turn's spec, shown by ``turn.get`` and
+    written into the turn's evidence ledger entry. What the front end says: the daemon does not
+    prove it (the control socket's peer is that front end)."""
+
+    via: Annotated[str, Meta(min_length=1, max_length=32, pattern=r"^[a-z][a-z0-9_-]*$")]
+    client_name: _Name
+    client_version: _Version | None = None
+    server_name: _Name
+    server_version: _Version
+    uid: _Uint32
+    pid: _Uint32
 
 
 class _Spec(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
@@ -43,6 +70,8 @@ class _Spec(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
     phase: AgentPhase | None = None
     #: the client's W3C trace context (`supervisor.traces`), kept with the turn
     traceparent: str | None = None
+    #: who asked, through a front end (`RequestedBy`); left out of the encoding when unset
+    requested_by: RequestedBy | UnsetType = UNSET
 
 
 class InstructionSpec(_Spec, frozen=True, kw_only=True, tag="instruction"):
@@ -90,3 +119,16 @@ def spec_to_dict(spec: TurnSpec) -> dict[str, object]:
     out = msgspec.json.decode(_ENCODER.encode(spec))  # lists, not tuples, as a client sees it
     assert isinstance(out, dict)
     return out
+
+
+def requested_by_text(value: object) -> str | None:
+    """A spec's ``requested_by`` (as JSON data) in one line for people (`hunter turn show`, the
+    console's turn page); None when the turn has none."""
+    if not isinstance(value, dict):
+        return None
+    client = " ".join(str(value[k]) for k in ("client_name", "client_version") if value.get(k))
+    server = " ".join(str(value[k]) for k in ("server_name", "server_version") if value.get(k))
+    return (
+        f"{client or 'an unnamed client'} via {value.get('via')}"
+        f" ({server}, uid {value.get('uid')}, pid {value.get('pid')})"
+    )

@@ -89,6 +89,7 @@ def test_show_tampered_exits_1(
     assert ":2: seq 2: bad hash" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # `hunter` as processes on one root: seconds (not the quick tier)
 def test_hunter_subprocess_parallel_root(tmp_path: Path, quick_syncer: InlineSyncer) -> None:
     """The installed `hunter ledger verify --root` runs verification in worker processes."""
     for index in range(3):

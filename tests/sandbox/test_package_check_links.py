@@ -46,6 +46,7 @@ def package_declaring(tree: Path, capabilities: dict[str, list[str]]) -> Path:
     return package
 
 
+@pytest.mark.slow  # `hunter package check` as a process: seconds (not the quick tier)
 def test_patterns_through_a_linked_directory_are_listed_once(tree: Path) -> None:
     """Declared through the link and directly, a pattern is one line naming both spellings and
     what they resolve to; declared only through the link, one line ``link/* (= real/*)``; an

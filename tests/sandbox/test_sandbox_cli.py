@@ -69,6 +69,26 @@ def test_turn_run_unknown_package_is_usage(root: Path, capsys: pytest.CaptureFix
     assert "package 'nope' not found" in capsys.readouterr().err
 
 
+def test_turn_run_on_a_new_root_refuses_before_creating_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`turn run --package demo` on a root with no package installed exits 2, says how to
+    install one (the command, with this root) and leaves nothing behind: no root, no output/,
+    state/ or tmp/; an existing empty root stays empty."""
+    new_root = tmp_path / "new"
+    argv = ["turn", "run", "--root", str(new_root), "--package", "demo", "--", "true"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "package 'demo' not found" in err
+    assert f"install it first: hunter package install DIR --root {new_root}" in err
+    assert f"installed packages: hunter package list --root {new_root}" in err
+    assert not new_root.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["turn", "run", "--root", str(empty), "--package", "demo", "--", "true"]) == 2
+    assert list(empty.iterdir()) == []
+
+
 @pytest.mark.usefixtures("sandboxed")
 def test_turn_run_succeeds_and_promotes(
     root: Path, install: Installer, capsys: pytest.CaptureFixture[str]
@@ -83,6 +103,7 @@ def test_turn_run_succeeds_and_promotes(
     assert Path(data["promoted_outputs"][0]["destination"]).read_text() == "hi\n"
 
 
+@pytest.mark.slow  # the `hunter` binary four times: seconds (not the quick tier)
 @pytest.mark.usefixtures("sandboxed")
 def test_turn_run_exit_codes_for_outcomes(root: Path, install: Installer) -> None:
     """The real `hunter` binary: violation 4, failed 1, timeout 3, rejected 4."""

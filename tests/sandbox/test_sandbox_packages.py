@@ -113,6 +113,7 @@ def test_deeply_nested_manifest_is_a_manifest_error(tmp_path: Path, depth: int) 
         load_manifest(path)
 
 
+@pytest.mark.slow  # a deep tree checked by the CLI: seconds (not the quick tier)
 def test_package_check_cli_reports_deep_nesting(tmp_path: Path) -> None:
     """`hunter package check` prints the manifest error, not a traceback."""
     import subprocess

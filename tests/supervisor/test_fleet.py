@@ -167,6 +167,10 @@ async def test_three_daemons_survive_a_kill_and_a_pause(pg_cluster: PgCluster, b
         assert [t["state"] for t in after_kill] == ["succeeded"] * 20
         adopted = _events(stacks["b"], "session_adopted") + _events(stacks["c"], "session_adopted")
         assert sessions["a"] in {e["session_id"] for e in adopted}
+        # another daemon's session, its files written here from the store: a takeover
+        assert {e["adopted_as"] for e in adopted if e["session_id"] == sessions["a"]} == {
+            "takeover"
+        }
 
         # 3. SIGSTOP daemon b past its lease with attempts running (its executor is slow)
         paused = [

@@ -246,3 +246,45 @@ async def test_a_process_turn_waits_for_its_sessions_lock(
     assert started["queued_ms"] == queued
     assert metric["hunter_attempt_queue_wait_seconds_count", "process", ""] == 2
     assert metric["hunter_attempt_queue_wait_seconds_sum", "process", ""] >= PAUSE_S
+
+
+async def test_a_turn_no_executor_serves_reports_one_wait_everywhere(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A READ turn that no executor serves, with a 300 ms timeout (below the configured
+    hour): the submit warning names the limit it will reach, and once it ends
+    NO_CAPABLE_EXECUTOR its wait is one figure, ``queued_ms``, the same in the attempt's
+    record and its detail, the ``attempt_no_executor`` log line and `turn show`'s QUEUED_MS;
+    the limit is named the same way in the warning and the detail."""
+    limit = "limit 0.3s: the instruction's timeout_ms, below executors.queue_wait_s=3600s"
+    async with serving(root) as d, ControlClient(d.config.control_socket) as client:
+        sid = (await client.call("session.open", package_id="demo"))["session_id"]
+        submitted = await client.call("turn.submit", **read(sid, timeout_ms=300))
+        turn_id = submitted["turn"]["turn_id"]
+        done = (await client.call("turn.wait", turn_id=turn_id, timeout_s=WAIT_S))["turn"]
+        shown = await turn_show(d.config, turn_id, capsys)
+
+    (warning,) = submitted["warnings"]
+    assert warning == (
+        f"no connected executor serves READ: the turn waits for one ({limit}), then ends"
+        " NO_CAPABLE_EXECUTOR; its attempt's queued_ms says how long it waited"
+    )
+    assert done["reason_code"] == "NO_CAPABLE_EXECUTOR"
+    (attempt,) = done["attempts"]
+    queued = attempt["queued_ms"]
+    assert queued >= 300  # it waited the limit, parked and then in the hub's queue
+    assert attempt["extra"]["queued_ms"] == queued
+    detail = (
+        f"no executor supporting READ was connected; the attempt waited queued_ms={queued}"
+        f" ({limit})"
+    )
+    assert detail in attempt["detail"]
+    lines = [orjson.loads(x) for x in d.log.getvalue().splitlines() if x.startswith("{")]
+    (logged,) = [x for x in lines if x.get("event") == "attempt_no_executor"]
+    assert logged["instruction_id"] == f"INS-{turn_id}-1"
+    assert logged["queued_ms"] == queued
+    assert logged["detail"] == detail
+    (row,) = [line.split() for line in shown.splitlines() if line.startswith("1 ")]
+    header = next(line.split() for line in shown.splitlines() if line.startswith("ATTEMPT"))
+    assert header[4] == "QUEUED_MS"
+    assert row[4] == str(queued)

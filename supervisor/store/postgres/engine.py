@@ -116,6 +116,7 @@ from supervisor.store.protocol import (
 )
 from supervisor.store.queued import withdraw_batch
 from supervisor.store.sealing import LineSeal, as_seal, sessions_of
+from supervisor.store.turn_filter import TurnFilter
 
 __all__ = ["PostgresTurnStore", "describe_dsn", "migrate_database", "open_postgres_store"]
 
@@ -774,14 +775,22 @@ class PostgresTurnStore:
         *,
         session_id: str | None = None,
         states: frozenset[TurnState] | None = None,
+        package_id: str | None = None,
+        accepted_since_us: int | None = None,
+        accepted_until_us: int | None = None,
         after_turn_id: int = 0,
         limit: int = 500,
     ) -> TurnPage:
         if limit <= 0:
             raise ValueError(f"limit must be positive, got {limit}")
-        return await self._read(
-            lambda c: ops.list_turns(c, session_id, states, after_turn_id, limit)
+        where = TurnFilter(
+            session_id=session_id,
+            states=states,
+            package_id=package_id,
+            accepted_since_us=accepted_since_us,
+            accepted_until_us=accepted_until_us,
         )
+        return await self._read(lambda c: ops.list_turns(c, where, after_turn_id, limit))
 
     async def counts(self) -> dict[str, int]:
         return await self._read(ops.counts)

@@ -85,6 +85,7 @@ from supervisor.store.postgres.schema import (
     TURN_COLUMNS,
     UNFINISHED,
 )
+from supervisor.store.postgres.turn_query import LIST_TURNS, list_turns_args
 from supervisor.store.protocol import (
     RESOLUTION_REASONS,
     Accepted,
@@ -110,6 +111,7 @@ from supervisor.store.rows import (
     turn_from_row,
 )
 from supervisor.store.sealing import EMPTY, LineSeal, sessions_of
+from supervisor.store.turn_filter import TurnFilter
 from supervisor.wire.turn_spec import InstructionSpec, encode_spec
 
 __all__ = [
@@ -826,23 +828,8 @@ async def resolve(
 # -- listings -------------------------------------------------------------------------------------
 
 
-async def list_turns(
-    conn: Conn,
-    session_id: str | None,
-    states: frozenset[TurnState] | None,
-    after: int,
-    limit: int,
-) -> TurnPage:
-    rows = await conn.fetch(
-        f"SELECT {TURN_COLUMNS} FROM turns WHERE turn_id > $1"
-        " AND ($2::text IS NULL OR session_id = $2)"
-        " AND ($3::text[] IS NULL OR state = ANY($3::text[]))"
-        " ORDER BY turn_id LIMIT $4",
-        after,
-        session_id,
-        None if states is None else sorted(s.value for s in states),
-        limit + 1,
-    )
+async def list_turns(conn: Conn, where: TurnFilter, after: int, limit: int) -> TurnPage:
+    rows = await conn.fetch(LIST_TURNS, *list_turns_args(where, after, limit + 1))
     more = len(rows) > limit
     turns = await _turns_from_rows(conn, rows[:limit])
     return TurnPage(turns=tuple(turns), next_after=turns[-1].turn_id if more else None)

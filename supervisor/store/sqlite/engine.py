@@ -93,6 +93,7 @@ from supervisor.store.queued import PendingOp, QueuedOp, withdraw_batch
 from supervisor.store.sealing import LineSeal, as_seal
 from supervisor.store.sqlite.batches import accept_many, finish_many
 from supervisor.store.sqlite.schema import open_connections
+from supervisor.store.turn_filter import TurnFilter
 
 __all__ = ["SqliteTurnStore", "open_sqlite_store"]
 
@@ -622,14 +623,22 @@ class SqliteTurnStore:
         *,
         session_id: str | None = None,
         states: frozenset[TurnState] | None = None,
+        package_id: str | None = None,
+        accepted_since_us: int | None = None,
+        accepted_until_us: int | None = None,
         after_turn_id: int = 0,
         limit: int = 500,
     ) -> TurnPage:
         if limit <= 0:
             raise ValueError(f"limit must be positive, got {limit}")
-        return await self._read(
-            lambda c: ops.list_turns(c, session_id, states, after_turn_id, limit)
+        where = TurnFilter(
+            session_id=session_id,
+            states=states,
+            package_id=package_id,
+            accepted_since_us=accepted_since_us,
+            accepted_until_us=accepted_until_us,
         )
+        return await self._read(lambda c: ops.list_turns(c, where, after_turn_id, limit))
 
     async def counts(self) -> dict[str, int]:
         return await self._read(ops.counts)

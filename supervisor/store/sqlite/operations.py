@@ -66,6 +66,8 @@ from supervisor.store.sqlite.schema import (
     TURN_COLUMNS,
     UNFINISHED,
 )
+from supervisor.store.sqlite.turn_query import turn_conditions
+from supervisor.store.turn_filter import TurnFilter
 
 __all__ = [
     "PUT_ATTEMPT",
@@ -478,26 +480,11 @@ def resolve(
     return turn_from_row(rows[0], _attempts_of(conn, turn_id))
 
 
-def list_turns(
-    conn: sqlite3.Connection,
-    session_id: str | None,
-    states: frozenset[TurnState] | None,
-    after: int,
-    limit: int,
-) -> TurnPage:
-    where = ["turn_id > ?"]
-    args: list[object] = [after]
-    if session_id is not None:
-        where.append("session_id = ?")
-        args.append(session_id)
-    if states is not None:
-        values = sorted(s.value for s in states)
-        where.append(f"state IN ({_marks(values)})")
-        args.extend(values)
+def list_turns(conn: sqlite3.Connection, where: TurnFilter, after: int, limit: int) -> TurnPage:
+    conditions, args = turn_conditions(where, after)
     args.append(limit + 1)
     rows = conn.execute(
-        f"SELECT {TURN_COLUMNS} FROM turns WHERE {' AND '.join(where)} ORDER BY turn_id LIMIT ?",
-        args,
+        f"SELECT {TURN_COLUMNS} FROM turns WHERE {conditions} ORDER BY turn_id LIMIT ?", args
     ).fetchall()
     more = len(rows) > limit
     turns = _turns_from_rows(conn, rows[:limit])

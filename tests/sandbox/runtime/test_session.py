@@ -732,6 +732,7 @@ async def test_turn_aborted_between_attempts_keeps_its_attempts(session: Session
     assert exec_turn["argv"] == ["/bin/sh", "-c", "exit 1"]
 
 
+@pytest.mark.slow  # thousands of nested directories: seconds (not the quick tier)
 async def test_deeply_nested_directories_neither_crash_nor_stick(session: Session) -> None:
     """Thousands of nested dirs are enumerated (an undeclared write), then cleared."""
     result = await sh(

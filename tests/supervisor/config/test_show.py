@@ -46,5 +46,8 @@ def test_config_show_and_check(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert _config_cli(["config", "check", "--config", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("hunter config: config key 'retry.max_attempts': must be >= 1, got 0")
-    assert _config_cli(["config", "check", "--root", str(tmp_path)]) == 0
+    # the bad file is the root's hunter.toml: read when no other file is named
+    assert _config_cli(["config", "check", "--root", str(tmp_path)]) == 2
+    assert "retry.max_attempts" in capsys.readouterr().err
+    assert _config_cli(["config", "check", "--root", str(tmp_path / "other")]) == 0
     assert capsys.readouterr().out == "configuration OK\n"

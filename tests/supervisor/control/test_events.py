@@ -203,6 +203,7 @@ async def test_executors_connecting_and_leaving_are_events(root: Path) -> None:
     assert gone[-1]["executor_id"] == "second"
 
 
+@pytest.mark.slow  # a hundred subscribers: seconds, not the quick tier's milliseconds
 async def test_a_stalled_subscriber_is_cut_off_while_a_hundred_others_see_every_turn(
     root: Path,
 ) -> None:

@@ -44,7 +44,10 @@ async def test_queue_wait_is_bounded_without_executors(socket_dir: Path) -> None
     assert report.outcome.kind is OutcomeKind.NO_EXECUTOR
     assert fault_type_of(report) is None
     assert report.safety_reason_code == "NO_CAPABLE_EXECUTOR"
-    assert report.detail == "no executor supporting SCROLL was connected within queue_wait_s=0.2s"
+    assert report.detail == (
+        "no executor supporting SCROLL was connected; the attempt waited"
+        f" queued_ms={report.queued_ms} (limit executors.queue_wait_s=0.2s)"
+    )
     assert report.queued_ms >= 200
 
 
@@ -54,7 +57,11 @@ async def test_queue_wait_is_bounded_by_the_instructions_timeout(socket_dir: Pat
         with anyio.fail_after(10):
             report = await h.hub.run_attempt(instruction("SCROLL", timeout_ms=100))
     assert report.outcome.kind is OutcomeKind.NO_EXECUTOR
-    assert report.detail == "no executor supporting SCROLL was connected within queue_wait_s=0.1s"
+    assert report.detail == (
+        "no executor supporting SCROLL was connected; the attempt waited"
+        f" queued_ms={report.queued_ms} (limit 0.1s: the instruction's timeout_ms, below"
+        " executors.queue_wait_s=30s)"
+    )
     assert 100 <= report.queued_ms < 10_000
 
 
@@ -71,18 +78,25 @@ async def test_busy_executor_wait_is_bounded_by_the_timeout(socket_dir: Path) ->
             tg.cancel_scope.cancel()
     assert fault_type_of(report) is ExecutionFaultType.TIMEOUT
     assert report.safety_reason_code == HubReason.QUEUE_WAIT_EXPIRED
-    assert "queue_wait_s=0.2s" in report.detail
+    assert f"waited queued_ms={report.queued_ms} (limit 0.2s: the instruction's" in report.detail
 
 
 async def test_a_shorter_queue_wait_for_one_attempt(socket_dir: Path) -> None:
-    """A caller that already waited (a parked turn) asks for the rest of the queue wait only;
-    the report still names the configured wait."""
+    """A caller that already waited (a parked turn) asks for the rest of the queue wait only,
+    and says how long it waited: the report's queued_ms (and its detail) is the whole wait,
+    and the report still names the configured limit."""
     async with running_hub(socket_dir, queue_wait_s=5.0) as h:
         with anyio.fail_after(2):
-            report = await h.hub.run_attempt(instruction("SCROLL"), queue_wait_s=0.05)
+            report = await h.hub.run_attempt(
+                instruction("SCROLL"), queue_wait_s=0.05, queued_before_ms=4_000
+            )
     assert report.outcome.kind is OutcomeKind.NO_EXECUTOR
-    assert report.detail == "no executor supporting SCROLL was connected within queue_wait_s=5s"
-    assert 50 <= report.queued_ms < 2000
+    assert report.detail == (
+        "no executor supporting SCROLL was connected; the attempt waited"
+        f" queued_ms={report.queued_ms} (limit executors.queue_wait_s=5s)"
+    )
+    assert 4_050 <= report.queued_ms < 6_000
+    assert report.duration_ms >= report.queued_ms
 
 
 async def test_queued_attempt_runs_when_an_executor_arrives(socket_dir: Path) -> None:
@@ -112,8 +126,12 @@ async def test_wait_without_executors_gives_up_after_wait_s() -> None:
     with anyio.fail_after(5):
         assert await dispatcher.wait(ExecutorCommandType.READ, "ins-1", 0.05) is None
     assert dispatcher.queued_by_command() == {}
-    assert dispatcher.timeout_detail(ExecutorCommandType.READ, 0.05) == (
-        "no executor supporting READ was connected within queue_wait_s=0.05s"
+    detail = dispatcher.timeout_detail(
+        ExecutorCommandType.READ, queued_ms=51, limit_s=0.05, configured_s=0.05
+    )
+    assert detail == (
+        "no executor supporting READ was connected; the attempt waited queued_ms=51"
+        " (limit executors.queue_wait_s=0.05s)"
     )
 
 

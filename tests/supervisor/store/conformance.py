@@ -583,6 +583,47 @@ class TurnStoreConformance:
             exact = await store.list_turns(session_id="S2", limit=1)
             assert ([t.turn_id for t in exact.turns], exact.next_after) == ([other], None)
 
+    async def test_list_turns_filters(self, open_store: StoreFactory) -> None:
+        """list_turns keeps the turns of a package's sessions, of some states, accepted in a
+        time window; the given filters all hold, and pages follow them."""
+        async with open_store() as store:
+            await session(store)
+            await store.open_session(NewSession(session_id="S2", package_id="other"))
+            first = (await store.accept(instruction("S1"))).turn
+            cancelled = await store.finish(
+                await claimed(store, instruction("S2")), TurnEnding(state=TurnState.CANCELLED)
+            )
+            last = (await store.accept(instruction("S2"))).turn
+            mine = await store.list_turns(package_id="other")
+            assert [t.turn_id for t in mine.turns] == [cancelled.turn_id, last.turn_id]
+            assert (await store.list_turns(package_id="none")).turns == ()
+            since = last.accepted_us
+            kept = await store.list_turns(accepted_since_us=since)
+            everything = (await store.list_turns()).turns
+            assert [t.turn_id for t in kept.turns] == [
+                t.turn_id for t in everything if t.accepted_us >= since
+            ]
+            before = await store.list_turns(accepted_until_us=since)
+            assert last.turn_id not in [t.turn_id for t in before.turns]
+            assert [t.turn_id for t in before.turns] == [
+                t.turn_id for t in everything if t.accepted_us < since
+            ]
+            window = await store.list_turns(
+                accepted_since_us=first.accepted_us, accepted_until_us=first.accepted_us + 1
+            )
+            assert first.turn_id in [t.turn_id for t in window.turns]
+            both = await store.list_turns(
+                package_id="other", states=frozenset({TurnState.ACCEPTED})
+            )
+            assert [t.turn_id for t in both.turns] == [last.turn_id]
+            page = await store.list_turns(package_id="other", limit=1)
+            assert ([t.turn_id for t in page.turns], page.next_after) == (
+                [cancelled.turn_id],
+                cancelled.turn_id,
+            )
+            rest = await store.list_turns(package_id="other", after_turn_id=cancelled.turn_id)
+            assert ([t.turn_id for t in rest.turns], rest.next_after) == ([last.turn_id], None)
+
     async def test_counts(self, open_store: StoreFactory) -> None:
         """counts gives the number of turns per state value (states with none left out)."""
         async with open_store() as store:

@@ -91,6 +91,7 @@ class FakeHub:
         envelope: ExecutorInstructionEnvelope,
         *,
         queue_wait_s: float | None = None,
+        queued_before_ms: int = 0,
         traceparent: str | None = None,
     ) -> FakeReport:
         self.envelopes.append(envelope)
@@ -103,7 +104,10 @@ class FakeHub:
         finally:
             self._running -= 1
         index = min(len(self.envelopes), len(self.script)) - 1
-        return FakeReport(self.script[index])
+        # as the hub reports it: the wait before the call is part of the attempt's wait
+        return FakeReport(
+            self.script[index], queued_ms=queued_before_ms, duration_ms=1 + queued_before_ms
+        )
 
 
 @dataclass(frozen=True)
@@ -702,6 +706,7 @@ async def test_a_failing_hub_ends_the_turn_with_its_cause(tmp_path: Path) -> Non
             envelope: ExecutorInstructionEnvelope,
             *,
             queue_wait_s: float | None = None,
+            queued_before_ms: int = 0,
             traceparent: str | None = None,
         ) -> FakeReport:
             raise RuntimeError("the hub broke")

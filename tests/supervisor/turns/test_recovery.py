@@ -224,10 +224,17 @@ def _pair(
 
 
 def _exec_only(
-    ledgers: SessionLedgers, number: int, status: str, *, turn_id: int | None = None
+    ledgers: SessionLedgers,
+    number: int,
+    status: str,
+    *,
+    turn_id: int | None = None,
+    decided_by: dict[str, object] | None = None,
 ) -> LedgerEntry:
     """A turn's final exec entry without its evidence entry (what a SIGKILL between the two
-    files' writes left before the lines were held for the store's commit)."""
+    files' writes left before the lines were held for the store's commit); *decided_by*: the
+    person's decision the entry records (a cancel, an operator's terminate)."""
+    decided = {} if decided_by is None else {"decided_by": decided_by}
     return ledgers.exec.append(
         {
             "kind": "turn",
@@ -237,8 +244,20 @@ def _exec_only(
             "result_hash": "1" * 64,
             "status": status,
             **_exec_extra(turn_id or number, "TERMINATE", "EXECUTOR_FAILURE"),
+            **decided,
         }
     )
+
+
+#: A person's decision as the daemon records it (`supervisor.turns.decisions`).
+DECIDED: dict[str, object] = {
+    "action": "cancel",
+    "operator": "ann",
+    "reason": "submitted against the wrong workspace",
+    "uid": 1000,
+    "pid": 4242,
+    "at_us": 1_700_000_000_000_000,
+}
 
 
 def _written_session(tmp_path: Path) -> SessionLedgers:
@@ -366,6 +385,22 @@ def test_attempt_records_are_finished_attempts(tmp_path: Path) -> None:
         " evidence entry did",
     }
     assert (rebuilt["turn_number"], rebuilt["external_calls"]) == (2, [])
+
+
+def test_a_rebuilt_evidence_entry_keeps_who_decided(tmp_path: Path) -> None:
+    """An exec entry that records who decided the ending (a cancel): the evidence entry rebuilt
+    from it, and the ending rolled forward, keep that ``decided_by``; one without keeps none."""
+    with _written_session(tmp_path) as ledgers:
+        _exec_only(ledgers, 1, "cancelled", decided_by=DECIDED)
+        _exec_only(ledgers, 2, "failed")
+        exec_path = ledgers.exec_path
+    found = endings_in_ledger(exec_path, [1, 2])
+    assert found[1].decided_by == DECIDED
+    assert found[1].evidence_record("S")["decided_by"] == DECIDED
+    assert found[1].to_ending().result["decided_by"] == DECIDED
+    assert found[2].decided_by is None
+    assert "decided_by" not in found[2].evidence_record("S")
+    assert "decided_by" not in found[2].to_ending().result
 
 
 # -- a real daemon, SIGKILLed with a turn in flight --------------------------------------------
@@ -516,6 +551,28 @@ async def test_real_daemon_rolls_forward_a_turn_whose_evidence_entry_was_lost(
     assert count_log_events(log, "evidence_entry_rebuilt") == 1
     assert count_log_events(log, "turn_rolled_forward") == 1
     assert check_daemon_log(log, tolerated=("evidence_entry_rebuilt",)) == []
+
+
+@pytest.mark.slow
+async def test_real_daemon_keeps_who_decided_when_it_rebuilds_an_evidence_entry(
+    crash_stack: DemoStack,
+) -> None:
+    """A real daemon SIGKILLed with a turn in flight, whose final exec entry (a cancel, with who
+    decided it) reached the file and whose evidence entry did not: the restart rebuilds the
+    evidence entry with the exec entry's ``decided_by``, and the turn's result keeps it."""
+    root = crash_stack.root
+    crashed = await _crash_mid_turn(crash_stack)
+    with crashed.ledgers(root) as ledgers:
+        _exec_only(
+            ledgers, crashed.turn_number, "cancelled", turn_id=crashed.turn_id, decided_by=DECIDED
+        )
+    done = await _restart_and_wait(crash_stack, crashed.turn_id)
+    assert (done["state"], done["reason"]) == ("cancelled", ROLLED_FORWARD)
+    assert done["result"]["decided_by"] == DECIDED
+    (evidence,) = crashed.entries(root, "evidence")
+    assert "rebuilt_from_exec_entry" in evidence
+    assert evidence["decided_by"] == DECIDED
+    assert crashed.verify(root) == [2, 2]
 
 
 @pytest.mark.slow
