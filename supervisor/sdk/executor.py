@@ -20,12 +20,12 @@ against the hash and keeps them with the session, at the cost of a durable file 
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from sandbox.policy.envelopes import (
     ExecutorCommandType,
@@ -35,10 +35,49 @@ from sandbox.policy.envelopes import (
 from supervisor.wire.executor import MAX_EVIDENCE_BYTES, MAX_RETRY_AFTER_MS
 
 if TYPE_CHECKING:
-    from supervisor.sdk.client import Connection
-    from supervisor.wire.executor import Welcome
+    from supervisor.wire.executor import Status, Welcome
 
-__all__ = ["Executor", "Instruction", "NotSupported", "Result", "sha256_hex", "utc_timestamp"]
+__all__ = [
+    "Executor",
+    "Instruction",
+    "LiveConnection",
+    "NotSupported",
+    "Result",
+    "sha256_hex",
+    "utc_timestamp",
+]
+
+
+class LiveConnection(Protocol):
+    """What a handler may use of its executor's live connection (``Executor.connection``;
+    `supervisor.sdk.connection.Connection`, which imports this module)."""
+
+    @property
+    def welcome(self) -> Welcome | None:
+        """The daemon's welcome (its limits), once the handshake is done."""
+        ...
+
+    @property
+    def running(self) -> frozenset[str]:
+        """Ids of the instructions taken and not yet answered."""
+        ...
+
+    async def send_message(self, message: Mapping[str, object]) -> None:
+        """Send one protocol message as a frame."""
+        ...
+
+    async def send_raw(self, data: bytes, *, cork: bool | None = None) -> None:
+        """Send raw bytes (test executors use it to send broken frames)."""
+        ...
+
+    async def send_status(self, status: Status) -> None:
+        """Tell the daemon whether this executor takes new work."""
+        ...
+
+    async def flush(self) -> None:
+        """Send what is queued now."""
+        ...
+
 
 #: What handlers receive: the validated, frozen Phase-20 instruction envelope.
 Instruction = ExecutorInstructionEnvelope
@@ -49,9 +88,20 @@ def sha256_hex(data: bytes | str) -> str:
     return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
 
 
+#: (second, its "YYYY-MM-DDTHH:MM:SS" text): one assignment, so threads never see half of it
+_second_text: tuple[int, str] = (-1, "")
+
+
 def utc_timestamp() -> str:
-    """Now, as an ISO 8601 UTC timestamp with microseconds (the responses' ``timestamp``)."""
-    return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    """Now, as an ISO 8601 UTC timestamp with microseconds (the responses' ``timestamp``,
+    ``2026-01-01T00:00:00.000001Z``); the text of the current second is made once a second."""
+    global _second_text
+    second, micro = divmod(time.time_ns() // 1000, 1_000_000)
+    cached, text = _second_text
+    if cached != second:
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        _second_text = (second, text)
+    return f"{text}.{micro:06d}Z"
 
 
 class NotSupported(Exception):
@@ -156,7 +206,7 @@ class Result:
 
     def to_wire(self, instruction_id: str) -> dict[str, object]:
         """The ``response`` object of the protocol for ``instruction_id``."""
-        return {
+        wire: dict[str, object] = {
             "instruction_id": instruction_id,
             "response_type": self.response_type.value,
             "evidence_hash": self.evidence_hash,
@@ -164,7 +214,10 @@ class Result:
             "timestamp": utc_timestamp(),
             "output": dict(self.output),
             "partial": self.partial,
-        } | ({} if self.retry_after_ms is None else {"retry_after_ms": self.retry_after_ms})
+        }
+        if self.retry_after_ms is not None:
+            wire["retry_after_ms"] = self.retry_after_ms
+        return wire
 
 
 _HANDLERS: dict[ExecutorCommandType, str] = {c: c.value.lower() for c in ExecutorCommandType}
@@ -183,7 +236,7 @@ class Executor:
     def __init__(self, *, executor_id: str, slots: int = 1) -> None:
         self.executor_id = executor_id
         self.slots = slots
-        self.connection: Connection | None = None
+        self.connection: LiveConnection | None = None
         self.stop_requested = False
 
     # -- handlers (override the ones you support) --------------------------------------------
