@@ -1,8 +1,12 @@
 # Hash-chained, crash-safe session ledgers (exec.jsonl, evidence.jsonl) and their verification.
 # Layering: this package imports neither supervisor nor sandbox; both import it.
 # Modules, lower layers first: errors, canonical (JSON rules), chain (hashes), entries (schema),
-# files, heads (anchors), verify, checkpoints, syncer (group commit), writer, session;
-# cli registers `hunter ledger verify|show` (see docs/ledger.md).
+# files, clock, heads (anchors), verify, checkpoints, syncer (group commit); the writer's pieces
+# lockfile, recovery (opening after a crash), linequeue (sealed lines not yet written),
+# durability (synced seq, waiters, anchor), restore (lines a store puts back); writer; pending;
+# the session's pieces sessiondir (paths), records (what a turn writes), pair (both writers as
+# one); session; tail reads sealed lines; cli registers `hunter ledger verify|show`
+# (see docs/ledger.md).
 from ledger.checkpoints import SessionState, checkpoint_record, fold, replay, state_at
 from ledger.entries import (
     KIND_CHECKPOINT,
@@ -21,7 +25,8 @@ from ledger.errors import (
     LedgerSyncError,
 )
 from ledger.heads import Head, HeadStore, SidecarHeadStore, StateDirHeadStore, read_head
-from ledger.session import SessionLedgers, both_ledgers_exist, session_dir_for
+from ledger.session import SessionLedgers
+from ledger.sessiondir import both_ledgers_exist, session_dir_for
 from ledger.syncer import GroupSyncer, InlineSyncer, Syncer, SyncerStatistics
 from ledger.verify import (
     BatchReport,
