@@ -1,8 +1,10 @@
 # The sandbox runtime: sessions of an agent package, and the confined process turns run in them.
 # May import `sandbox.policy`, `sandbox.confine`, the sandbox edge modules and `ledger`.
 # runtime.py (Runtime: probe, uid pool, open/resume) -> session.py (Session) -> area.py (dirs,
-# uid, ruleset, cgroup), process_turn.py (checks, the attempt loop, promotion, ledger entries)
-# -> attempt.py (one confined run).
+# uid, ruleset, cgroup), process_turn.py (the attempt loop; its request_checks, turn_progress,
+# promotion, turn_ledger and turn_result) -> attempt.py (one confined run). No module imports one
+# above it: they see the runtime through view.RuntimeView (config.py holds RuntimeConfig) and the
+# session and area through the Protocols of process_turn and attempt (tests/test_import_circles.py).
 """The sandbox runtime (sessions, confined process turns, realized writes, promotion)."""
 
 from sandbox.policy.declarations import DeclaredOutput as DeclaredOutput
