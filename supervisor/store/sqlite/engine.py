@@ -25,55 +25,41 @@ Design notes
 * **A method returns only after its transaction committed** (WAL, ``synchronous=FULL``, see
   `schema`). Writes go through one committer task; reads use a second connection on their own
   thread (WAL readers see every committed transaction and never wait for the writer).
-* **Group commit.** Callers put an `_Op` on a memory object stream and wait on its
-  `anyio.Event`. The committer takes everything queued (up to ``max_batch``) and runs it in one
-  transaction (one fsync), on the loop or in one `anyio.to_thread.run_sync` call on its own
-  `anyio.CapacityLimiter` of 1 (see below); while it commits, the next batch gathers in the
-  stream. A failing op rolls back alone and raises to its own caller only: the ops run without
-  savepoints first, and a batch in which one fails runs again with a SAVEPOINT per op.
-  Results go back by plain attribute writes read after the batch, then ``Event.set()`` in the
-  event loop: no futures, no cross-thread callbacks. A caller cancelled while its op is still queued
-  marks it abandoned and the committer skips it; once the op is in a batch, the caller's
-  cancellation only means it does not read the result (the write is all or nothing, as ever).
-* The SQL, its checks (fencing, `check_move`) and the hot path's shortcuts are in `operations`;
-  the tables, the version check and the connections in `schema`.
-* **Where a batch commits: adaptive.** On a fast disk a batch (its statements and the WAL's
-  fsync, a few hundred microseconds) is cheapest run right on the event loop: a worker thread's
-  wake-up and the GIL hand-offs of each SQLite call cost more than the sync itself, and the
-  next batch gathers while this one runs anyway. A slow disk must not stall the loop, though:
-  the committer keeps an average of batch durations and moves the batches to its worker thread
-  while it is above ``inline_limit_s`` (1 ms by default), back once it falls under half of it.
-  ``inline_limit_s=0`` always uses the thread.
-* About 650 lines (the class about 470), past the usual 600/400: the `TurnStore` methods are
-  one-line delegations kept in one class with the committer whose state they queue onto (the
-  grouping plan and the fencing rules are shared with PostgreSQL in `supervisor.store.grouping`
-  and `supervisor.store.fencing`; the SQL is in `operations` and `batches`).
+* **Group commit.** Callers put a `writer.SqliteOp` on the committer's stream and wait on
+  its `anyio.Event` (`supervisor.store.committer`, shared with PostgreSQL); the committer takes
+  everything queued (up to ``max_batch``) and the `writer.Writer` runs it in one transaction
+  (one fsync), on the loop or on its commit thread (`writer`: adaptive); while it commits, the
+  next batch gathers in the stream. A caller cancelled while its op is still queued marks it
+  abandoned and the committer skips it; once the op is in a batch, the caller's cancellation
+  only means it does not read the result (the write is all or nothing, as ever).
+* The SQL, its checks (fencing, `check_move`) and the hot path's shortcuts are in `operations`
+  and `batches`; the tables, the version check and the connections in `schema`; the grouping
+  plan and the fencing rules are shared with PostgreSQL (`supervisor.store.grouping`,
+  `supervisor.store.fencing`), and so are the argument checks (`supervisor.store.requests`).
+  What is left here is the facade: each `TurnStore` method queues or reads its operation.
 """
 
 from __future__ import annotations
 
-import math
 import sqlite3
-import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Final, TypeVar
+from typing import TypeVar
 
 import anyio
 import anyio.abc
-import anyio.lowlevel
 import anyio.to_thread
 
 import supervisor.store.sqlite.operations as ops
 from ledger.entries import SealedLine
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import TurnState
-from supervisor.errors import IntakeClosedError, StaleClaimError
-from supervisor.logging import get_logger
-from supervisor.stages import stage_costs
+from supervisor.errors import IntakeClosedError
+from supervisor.store.committer import Committer
 from supervisor.store.fencing import check_ending
-from supervisor.store.grouping import NEW_TURN, Accept, Finish, plan
+from supervisor.store.grouping import NEW_TURN, Accept, Finish
+from supervisor.store.lifetime import running
 from supervisor.store.protocol import (
     Accepted,
     Claim,
@@ -89,59 +75,15 @@ from supervisor.store.protocol import (
     TurnPage,
     TurnRecord,
 )
-from supervisor.store.queued import PendingOp, QueuedOp, withdraw_batch
+from supervisor.store.queued import PendingOp
+from supervisor.store.requests import check_lease, turn_filter
 from supervisor.store.sealing import LineSeal, as_seal
-from supervisor.store.sqlite.batches import accept_many, finish_many
 from supervisor.store.sqlite.schema import open_connections
-from supervisor.store.turn_filter import TurnFilter
+from supervisor.store.sqlite.writer import SqliteOp, Writer
 
 __all__ = ["SqliteTurnStore", "open_sqlite_store"]
 
-T_co = TypeVar("T_co", covariant=True)
 T = TypeVar("T")
-
-
-_log = get_logger("supervisor.store")
-#: how long the worker thread waits for another connection's write lock (as the schema sets)
-_BUSY_TIMEOUT_MS = 10_000
-
-
-_COSTS: Final = stage_costs()
-
-
-class _Op(QueuedOp[T_co]):
-    """One queued write: run in a batch on the commit thread (or the loop)."""
-
-    __slots__ = ("_fn",)
-
-    def __init__(
-        self,
-        fn: Callable[[sqlite3.Connection], T_co],
-        on_commit: Callable[[T_co], None] | None = None,
-        stage: str = "store",
-        *,
-        accept: Accept | None = None,
-        finish: Finish | None = None,
-        touches: int | None = None,
-        lines: LineSeal | None = None,
-    ) -> None:
-        super().__init__(
-            on_commit, stage, accept=accept, finish=finish, touches=touches, lines=lines
-        )
-        self._fn = fn
-
-    def execute(self, conn: sqlite3.Connection) -> bool:
-        """Run the op; False when it raised (its error is kept)."""
-        started = _COSTS.clock()
-        try:
-            self._result = (self._fn(conn),)
-        except Exception as exc:  # handed to this op's caller, never to its neighbours
-            self.error = exc
-            self.withdraw()  # its savepoint (or the batch) rolls back: so do its lines
-            return False
-        finally:
-            _COSTS.add(self.stage, _COSTS.clock() - started)
-        return True
 
 
 class SqliteTurnStore:
@@ -152,25 +94,15 @@ class SqliteTurnStore:
 
     def __init__(self, path: Path, *, max_batch: int = 512, inline_limit_s: float = 0.001) -> None:
         self.path = path
-        self._max_batch = max_batch
-        self._inline_limit_s = inline_limit_s
-        #: running average of a batch's duration (seconds); starts inline when allowed
-        self._batch_s = 0.0
-        self._inline_batches = 0
-        self._waits_for_lock = True
-        self._send, self._receive = anyio.create_memory_object_stream[_Op[object]](math.inf)
-        self._writer: sqlite3.Connection | None = None
+        self._writer = Writer(str(path), inline_limit_s=inline_limit_s)
+        self._committer = Committer(
+            self._writer, where=str(path), opener="open_sqlite_store", max_batch=max_batch
+        )
+        self._submit = self._committer.submit
+        self._check_open = self._committer.check_open
         self._reader: sqlite3.Connection | None = None
-        # Own thread tokens: commits never queue behind other blocking work, reads never
-        # queue behind a commit's fsync.
-        self._write_limiter = anyio.CapacityLimiter(1)
+        # Own thread token: reads never queue behind a commit's fsync.
         self._read_limiter = anyio.CapacityLimiter(1)
-        self._state = "new"  # new -> open -> closed
-        self._stopped = anyio.Event()
-        self._commits = 0
-        self._operations = 0
-        self._largest = 0
-        self._stale = 0
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -178,255 +110,53 @@ class SqliteTurnStore:
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Open the file, report started, then commit batches until `aclose` or cancellation."""
-        if self._state != "new":
-            raise RuntimeError(f"turn store {self.path}: run() was already called")
-        self._state = "starting"
+        committer = self._committer
+        committer.begin()
         try:
-            self._writer, self._reader = await anyio.to_thread.run_sync(
-                open_connections, self.path, limiter=self._write_limiter
+            self._writer.conn, self._reader = await anyio.to_thread.run_sync(
+                open_connections, self.path, limiter=self._writer.limiter
             )
         except BaseException:
-            self._shut()
+            committer.shut()
             raise
-        if self._state == "starting":  # not closed meanwhile
-            self._state = "open"
+        committer.opened()
         try:
             task_status.started()
-            await self._commit_loop()
+            await committer.run()
         finally:
-            self._state = "closed"
-            self._send.close()
-            for op in self._drain():
-                op.fail(IntakeClosedError(f"turn store {self.path} stopped"))
-                op.complete()
+            committer.stop()
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._close_writer, limiter=self._write_limiter)
+                await anyio.to_thread.run_sync(self._writer.close, limiter=self._writer.limiter)
                 await anyio.to_thread.run_sync(self._close_reader, limiter=self._read_limiter)
-            self._shut()
+            committer.shut()
 
     async def aclose(self) -> None:
         """Commit what is queued, close the file; later calls raise `IntakeClosedError`."""
-        if self._state in {"new", "closed"}:
-            self._shut()
-            return
-        self._state = "closing"
-        self._send.close()  # the commit loop drains the stream, then ends
-        await self._stopped.wait()
-
-    def _shut(self) -> None:
-        self._state = "closed"
-        self._send.close()
-        self._receive.close()
-        self._stopped.set()
-
-    def _drain(self) -> list[_Op[object]]:
-        left: list[_Op[object]] = []
-        while True:
-            try:
-                left.append(self._receive.receive_nowait())
-            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
-                return left
-
-    def _close_writer(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        await self._committer.aclose()
 
     def _close_reader(self) -> None:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
 
-    def _check_open(self) -> None:
-        if self._state == "open":
-            return
-        if self._state in {"new", "starting"}:
-            raise RuntimeError(
-                f"turn store {self.path} is not running: start its run() in a task group or"
-                " use open_sqlite_store()"
-            )
-        raise IntakeClosedError(f"turn store {self.path} is closed")
-
     def statistics(self) -> StoreStatistics:
+        committer = self._committer
         return StoreStatistics(
             engine="sqlite",
-            commits=self._commits,
-            operations=self._operations,
-            largest_batch=self._largest,
-            stale_writes_refused=self._stale,
+            commits=committer.commits,
+            operations=committer.operations,
+            largest_batch=committer.largest,
+            stale_writes_refused=committer.stale,
         )
 
-    # -- the committer --------------------------------------------------------------------
-
-    def _enqueue(
-        self,
-        fn: Callable[[sqlite3.Connection], T],
-        on_commit: Callable[[T], None] | None = None,
-        stage: str = "store",
-        *,
-        accept: Accept | None = None,
-        finish: Finish | None = None,
-        touches: int | None = None,
-        lines: LineSeal | None = None,
-    ) -> _Op[T]:
-        self._check_open()
-        op = _Op(fn, on_commit, stage, accept=accept, finish=finish, touches=touches, lines=lines)
-        try:
-            self._send.send_nowait(op)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise IntakeClosedError(f"turn store {self.path} is closed") from None
-        return op
+    # -- writes and reads -----------------------------------------------------------------
 
     async def _write(
         self, fn: Callable[[sqlite3.Connection], T], *, finish_lines: LineSeal | None = None
     ) -> T:
-        return await PendingOp(self._enqueue(fn, lines=finish_lines)).result()
-
-    async def _commit_loop(self) -> None:
-        async for first in self._receive:
-            batch = [first]
-            while len(batch) < self._max_batch:
-                try:
-                    batch.append(self._receive.receive_nowait())
-                except (anyio.WouldBlock, anyio.EndOfStream):
-                    break
-            live = [op for op in batch if not op.abandoned]
-            if live:
-                # Shielded: a batch that reached the database finishes and its callers learn
-                # the outcome.
-                with anyio.CancelScope(shield=True):
-                    await self._commit(live)
-
-    def _commit_inline(self) -> bool:
-        limit = self._inline_limit_s
-        if limit <= 0:
-            return False
-        # hysteresis: leave the loop above the limit, come back under half of it
-        return self._batch_s < (limit if self._inline_batches else limit / 2)
-
-    async def _commit(self, batch: list[_Op[object]]) -> None:
-        inline = self._commit_inline()
-        started = time.perf_counter()
-        try:
-            if inline and self._run_batch(batch, wait=False):
-                self._inline_batches += 1
-            else:  # on the worker thread (also when another process holds the write lock)
-                inline = False
-                await anyio.to_thread.run_sync(self._run_batch, batch, limiter=self._write_limiter)
-        except Exception as exc:  # the transaction failed: nothing of the batch was written
-            for op in batch:
-                op.fail(exc)
-        else:
-            self._commits += 1
-            self._operations += len(batch)
-            self._largest = max(self._largest, len(batch))
-            self._stale += sum(isinstance(op.error, StaleClaimError) for op in batch)
-        finally:
-            elapsed = time.perf_counter() - started
-            self._batch_s = 0.8 * self._batch_s + 0.2 * elapsed
-            if not inline:
-                self._inline_batches = 0
-            for op in batch:
-                op.complete()
-                op.committed()
-            if inline:
-                await anyio.lowlevel.checkpoint()  # let the loop serve what arrived meanwhile
-
-    def _run_batch(self, batch: list[_Op[object]], *, wait: bool = True) -> bool:
-        """Run *batch* in one transaction, each op all-or-nothing; True when it ran.
-
-        With ``wait=False`` (on the event loop) it never waits for the database's write lock:
-        when another connection holds it, nothing is run and the answer is False (the caller
-        runs the batch on the worker thread, which waits).
-
-        Optimistic: the ops run back to back without savepoints (two statements fewer per
-        op). Ops fail rarely (a stale claim, an illegal move, a duplicate); when one does, the
-        transaction is rolled back and the batch runs again with a savepoint per op, so the
-        failing op rolls back alone and its neighbours commit.
-        """
-        conn = self._writer
-        if conn is None:
-            raise IntakeClosedError(f"turn store {self.path} is closed")
-        if wait != self._waits_for_lock:
-            conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS if wait else 0}")
-            self._waits_for_lock = wait
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            if wait or exc.sqlite_errorcode != sqlite3.SQLITE_BUSY:
-                raise
-            return False
-        try:
-            grouped = plan(batch)
-            if grouped is not None:
-                if not self._run_grouped(conn, grouped.accepts, grouped.others, grouped.endings):
-                    conn.execute("ROLLBACK")
-                    withdraw_batch(batch)
-                    conn.execute("BEGIN IMMEDIATE")
-                    self._run_one_by_one(conn, batch)
-            elif len(batch) == 1:
-                if not batch[0].execute(conn):
-                    conn.execute("ROLLBACK")
-                    return True
-            elif not all(op.execute(conn) for op in batch):
-                conn.execute("ROLLBACK")
-                withdraw_batch(batch)
-                conn.execute("BEGIN IMMEDIATE")
-                self._run_one_by_one(conn, batch)
-            started = _COSTS.clock()
-            conn.execute("COMMIT")
-            _COSTS.add("commit", _COSTS.clock() - started, 0)
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            withdraw_batch(batch)  # nothing of the batch was written: nor are its lines
-            raise
-        return True
-
-    @staticmethod
-    def _run_one_by_one(conn: sqlite3.Connection, batch: list[_Op[object]]) -> None:
-        """Each op with a savepoint of its own: a failing op rolls back alone."""
-        for op in batch:
-            op.reset()
-            conn.execute("SAVEPOINT op")
-            if not op.execute(conn):
-                conn.execute("ROLLBACK TO op")
-            conn.execute("RELEASE op")
-
-    @staticmethod
-    def _run_grouped(
-        conn: sqlite3.Connection,
-        accepts: list[_Op[object]],
-        others: list[_Op[object]],
-        endings: list[_Op[object]],
-    ) -> bool:
-        """The batch's accepts at once, its other ops in order, then its endings at once;
-        False when anything failed that needs the one-by-one way (the caller rolls back and
-        runs that)."""
-        if accepts:
-            started = _COSTS.clock()
-            try:
-                taken = accept_many(conn, [op.accept for op in accepts if op.accept is not None])
-            except Exception:
-                return False
-            finally:
-                _COSTS.add("store", _COSTS.clock() - started, len(accepts))
-            for op, got in zip(accepts, taken, strict=True):
-                op.settle(got)
-        if not all(op.execute(conn) for op in others):
-            return False
-        if not endings:
-            return True
-        started = _COSTS.clock()
-        try:
-            outcomes = finish_many(conn, [op.finish for op in endings if op.finish is not None])
-        except Exception:  # e.g. a ledger line that differs from the kept one
-            return False
-        finally:
-            _COSTS.add("commit", _COSTS.clock() - started, len(endings))
-        for op, outcome in zip(endings, outcomes, strict=True):
-            op.settle(outcome)
-        return True
+        op = SqliteOp(fn, lines=finish_lines)
+        self._submit(op)
+        return await PendingOp(op).result()
 
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         self._check_open()
@@ -467,12 +197,13 @@ class SqliteTurnStore:
     def accept_soon(
         self, new: NewTurn, *, claim_for: str | None = None, lease_ms: int = 30_000
     ) -> PendingWrite[Accepted]:
-        _check_lease(lease_ms)
-        op = self._enqueue(
+        check_lease(lease_ms)
+        op = SqliteOp(
             lambda c: ops.accept(c, new, claim_for, lease_ms),
             accept=None if new.idempotency_key is not None else Accept(new, claim_for, lease_ms),
             touches=NEW_TURN,
         )
+        self._submit(op)
         return PendingOp(op)
 
     async def find_turn(self, session_id: str, idempotency_key: str) -> TurnRecord | None:
@@ -481,13 +212,13 @@ class SqliteTurnStore:
     async def claim(
         self, owner: str, *, limit: int, lease_ms: int, only: ClaimFilter | None = None
     ) -> list[Claim]:
-        _check_lease(lease_ms)
+        check_lease(lease_ms)
         if limit <= 0:
             return []
         return await self._write(lambda c: ops.claim_turns(c, owner, limit, lease_ms, only))
 
     async def renew(self, claims: Sequence[Claim], *, lease_ms: int) -> list[Claim]:
-        _check_lease(lease_ms)
+        check_lease(lease_ms)
         if not claims:
             return []
         held = tuple(claims)
@@ -498,7 +229,7 @@ class SqliteTurnStore:
         await self._write(lambda c: ops.release(c, claim))
 
     async def recover(self, owner: str, *, lease_ms: int) -> list[Claim]:
-        _check_lease(lease_ms)
+        check_lease(lease_ms)
         return await self._write(lambda c: ops.recover(c, owner, lease_ms))
 
     # -- fenced writes --------------------------------------------------------------------
@@ -513,11 +244,11 @@ class SqliteTurnStore:
         *,
         on_commit: Callable[[Claim], None] | None = None,
     ) -> PendingWrite[Claim]:
-        return PendingOp(
-            self._enqueue(
-                lambda c: ops.start_attempt(c, claim, attempt), on_commit, touches=claim.turn_id
-            )
+        op = SqliteOp(
+            lambda c: ops.start_attempt(c, claim, attempt), on_commit, touches=claim.turn_id
         )
+        self._submit(op)
+        return PendingOp(op)
 
     async def record_attempt(
         self,
@@ -540,12 +271,12 @@ class SqliteTurnStore:
         next_attempt_us: int,
         started: AttemptRecord | None = None,
     ) -> PendingWrite[Claim]:
-        return PendingOp(
-            self._enqueue(
-                lambda c: ops.record_attempt(c, claim, attempt, next_attempt_us, started),
-                touches=claim.turn_id,
-            )
+        op = SqliteOp(
+            lambda c: ops.record_attempt(c, claim, attempt, next_attempt_us, started),
+            touches=claim.turn_id,
         )
+        self._submit(op)
+        return PendingOp(op)
 
     async def finish(
         self,
@@ -573,13 +304,13 @@ class SqliteTurnStore:
         check_ending(ending)
         records = tuple(attempts)
         seal = as_seal(ledger_lines)
-        return PendingOp(
-            self._enqueue(
-                lambda c: ops.finish(c, claim, ending, records, seal=seal, started=started),
-                stage="commit",
-                finish=Finish(claim, ending, records, seal, started),
-            )
+        op = SqliteOp(
+            lambda c: ops.finish(c, claim, ending, records, seal=seal, started=started),
+            stage="commit",
+            finish=Finish(claim, ending, records, seal, started),
         )
+        self._submit(op)
+        return PendingOp(op)
 
     # -- ledger lines ---------------------------------------------------------------------
 
@@ -629,14 +360,13 @@ class SqliteTurnStore:
         after_turn_id: int = 0,
         limit: int = 500,
     ) -> TurnPage:
-        if limit <= 0:
-            raise ValueError(f"limit must be positive, got {limit}")
-        where = TurnFilter(
+        where = turn_filter(
             session_id=session_id,
             states=states,
             package_id=package_id,
             accepted_since_us=accepted_since_us,
             accepted_until_us=accepted_until_us,
+            limit=limit,
         )
         return await self._read(lambda c: ops.list_turns(c, where, after_turn_id, limit))
 
@@ -644,32 +374,8 @@ class SqliteTurnStore:
         return await self._read(ops.counts)
 
 
-@asynccontextmanager
-async def open_sqlite_store(
+def open_sqlite_store(
     path: Path, *, max_batch: int = 512, inline_limit_s: float = 0.001
-) -> AsyncIterator[SqliteTurnStore]:
+) -> AbstractAsyncContextManager[SqliteTurnStore]:
     """The store at *path* (created if needed), its committer running until the block ends."""
-    store = SqliteTurnStore(path, max_batch=max_batch, inline_limit_s=inline_limit_s)
-    # Errors (the file's, the block's) are raised again below, outside the task group, so
-    # callers see them as themselves rather than wrapped in an exception group.
-    failed: Exception | None = None
-    async with anyio.create_task_group() as tg:
-        try:
-            await tg.start(store.run)
-        except Exception as exc:
-            failed = exc
-        else:
-            try:
-                yield store
-            except Exception as exc:
-                failed = exc
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await store.aclose()
-    if failed is not None:
-        raise failed
-
-
-def _check_lease(lease_ms: int) -> None:
-    if lease_ms < 0:
-        raise ValueError(f"lease_ms must not be negative, got {lease_ms}")
+    return running(SqliteTurnStore(path, max_batch=max_batch, inline_limit_s=inline_limit_s))

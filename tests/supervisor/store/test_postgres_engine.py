@@ -22,7 +22,8 @@ from supervisor.store.postgres import (
     open_postgres_store,
 )
 from supervisor.store.postgres import schema as pg_schema
-from supervisor.store.postgres.operations import _PUT_LINES, put_ledger_lines
+from supervisor.store.postgres.ledger_lines import PUT_LINES as _PUT_LINES
+from supervisor.store.postgres.ledger_lines import put_ledger_lines
 from supervisor.store.protocol import NewSession, TurnEnding, TurnStore
 from tests.supervisor.store.conformance import (
     LEASE_MS,
@@ -368,8 +369,8 @@ async def test_a_transaction_the_server_never_recorded_did_not_commit(pg_dsn: st
             committed = int(await conn.fetchval("SELECT txid_current()"))
         finally:
             await conn.close()
-        assert await store._committed(committed) is True
-        assert await store._committed(committed + 1_000_000) is False
+        assert await store._writer.committed(committed) is True
+        assert await store._writer.committed(committed + 1_000_000) is False
 
 
 def _plan_nodes(plan: object) -> list[dict[str, object]]:

@@ -1,5 +1,5 @@
 """A session handed over to the daemon whose executors serve its waiting turns (issue 21), on
-the private PostgreSQL cluster: the store's side of `supervisor.turns.fleet.Fleet._hand_over`."""
+the private PostgreSQL cluster: the store's side of `supervisor.turns.handover.HandOver`."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import orjson
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-import supervisor.store.sqlite.engine as engine_module
+import supervisor.store.sqlite.writer as engine_module
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import TurnState
 from supervisor.errors import IntakeClosedError
