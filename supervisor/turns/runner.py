@@ -375,7 +375,7 @@ class TurnRunner:
     def _interruption(self) -> tuple[str, str]:
         """Why an attempt found running when this daemon claimed its turn did not finish, as
         the log's ``cause`` and the attempt's detail. Alone on its store, this daemon claims
-        such a turn only when it starts again on the same root (`TurnCore._recover`): the
+        such a turn only when it starts again on the same root (`lifetime.Lifetime._recover`): the
         attempt ran when it stopped. In a fleet (`fleet`), it claims one when the claim of the
         daemon running it (another daemon, or an earlier run on this host) lapsed."""
         deps = self._deps
