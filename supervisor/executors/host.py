@@ -3,8 +3,8 @@
 A ``Connection`` reports to its host (the hub) what concerns more than itself: status changes
 that watchers wait for, changes of its load or status (the hub's free-slot totals follow them),
 slots that queued attempts may take, frame errors and late responses (counted in the hub's
-statistics) and quarantines (which outlive the connection). It reads the limits in force through
-it too, since a reload may replace them while the connection is open.
+statistics) and quarantines (which outlive the connection; the host logs them). It reads the
+limits in force through it too, since a reload may replace them while the connection is open.
 
 The seam is generic in the connection it is told about (`Connection` for the hub), so that this
 module and ``connection`` do not import each other.
@@ -57,5 +57,14 @@ class ConnectionHost(Protocol[_Conn_contra]):
     def late_response(self) -> None:
         """Count a response that came after its attempt ended."""
 
-    def quarantine(self, executor_id: str, creds: PeerCredentials | None) -> None:
-        """Quarantine ``executor_id`` (and its peer) for ``settings.quarantine_s``."""
+    def quarantine(
+        self,
+        executor_id: str,
+        creds: PeerCredentials | None,
+        *,
+        instruction_id: str,
+        detail: str,
+    ) -> None:
+        """Quarantine ``executor_id`` (and its peer) for ``settings.quarantine_s`` after the
+        security violation *detail* in its answer to *instruction_id* (logged
+        ``executor_quarantined``); the connection closes next."""

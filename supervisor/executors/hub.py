@@ -9,14 +9,20 @@ sending, judges the response with the Phase-20 safety rules and maps it to an ``
 
 ``ExecutorHub`` is the front; the work is done by the package's small modules:
 
+* ``lifecycle`` — each connection's life in the hub: accepted, greeted, refused or
+  registered, served, unregistered (its error boundary); ``aclose`` closes them all;
 * ``reception`` — the listener, the uid check, ``hello``, ``reject``/``welcome``;
-* ``connection`` — one executor connection: its state, frames in and out, heartbeats, its
-  attempts in flight with their deadlines and cancels, attribution of responses;
+* ``connection`` — one executor connection: its state and slots, its attempts in flight and
+  the judging of their answers; it composes ``link`` (frames in and out, heartbeats),
+  ``deadlines`` (the timer heap, time-outs) and ``cancels`` (unanswered cancels, late and
+  stray answers), with ``pending`` the one attempt they all hold;
+* ``queued`` — an attempt that found no free slot: its wait in the queue, and its end;
 * ``judge`` — what came back (a response, or nothing) mapped to an outcome; pure;
 * ``dispatch`` — the bounded per-command queues and picking a READY executor;
 * ``roster`` — connected and recently disconnected executors, the change signal;
 * ``quarantine`` — executors refused for a while after a security breach;
-* ``host`` — the ``ConnectionHost`` seam (what a connection asks of the hub);
+* ``host`` — the ``ConnectionHost`` seam (what a connection asks of the hub), and
+  ``hub_host`` — the hub's side of it;
 * ``settings``, ``reports``, ``log``, ``clock``, ``peercred`` — values and helpers.
 
 Design notes (hot path):
@@ -28,17 +34,17 @@ Design notes (hot path):
   buffered ``FrameReader``.
 * Per-frame events are logged at debug level; state transitions at info/warning.
 
-`ExecutorHub` is about 520 lines (the module about 710): it is the front the turn core calls
-(admit, run an attempt with a task or dispatch one without, slots, status); each method
-delegates to its neighbours (dispatch, roster, judge, quarantine, circuits), and the two ways of
-an attempt share the circuit breakers' and counters' bookkeeping, so they stay in one class.
+`ExecutorHub` itself is the front the turn core calls (admit, run an attempt with a task or
+dispatch one without, slots, status, drain and close); the two ways of an attempt share the
+circuit breakers' and counters' bookkeeping, so they stay in it. What it hands to a neighbour
+on an attempt's path (the queued attempt's ``run``, the host's callbacks) is bound once in the
+constructor: no step of a turn costs an extra hop for the split.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping
 
@@ -56,21 +62,21 @@ from sandbox.policy.envelopes import (
 )
 from supervisor.errors import QueueFullError
 from supervisor.executors.circuits import Circuits
-from supervisor.executors.clock import ms, now_us
-from supervisor.executors.connection import Connection, Pending
+from supervisor.executors.clock import ms
+from supervisor.executors.connection import Connection
 from supervisor.executors.dispatch import Dispatcher
-from supervisor.executors.judge import Verdict, hub_closed, queue_wait_expired
+from supervisor.executors.hub_host import HubHost
+from supervisor.executors.judge import Verdict
+from supervisor.executors.lifecycle import ConnectionLifecycle
 from supervisor.executors.log import EventLog
-from supervisor.executors.peercred import PeerCredentials, stream_peer_credentials
+from supervisor.executors.pending import Pending
 from supervisor.executors.quarantine import Quarantine
-from supervisor.executors.reception import Reception, open_executor_listener
+from supervisor.executors.queued import QueuedAttempts
+from supervisor.executors.reception import open_executor_listener
 from supervisor.executors.reports import AttemptReport, ExecutorInfo, HubReason, HubStatistics
 from supervisor.executors.roster import Roster
 from supervisor.executors.settings import HubSettings
 from supervisor.feed import Feed
-from supervisor.logging import describe_error
-from supervisor.wire.executor import Reject, RejectReason
-from supervisor.wire.frames import FrameError
 
 __all__ = [
     "AttemptReport",
@@ -82,82 +88,6 @@ __all__ = [
     "QueueFullError",
     "open_executor_listener",
 ]
-
-
-def _no_capable_executor(detail: str) -> Verdict:
-    """No connected executor serves the command: the attempt reached none (NO_EXECUTOR)."""
-    return Verdict(AttemptOutcome.no_executor(detail), rc.NO_CAPABLE_EXECUTOR, detail)
-
-
-class _Host:
-    """The hub as its connections see it (``host.ConnectionHost``): the limits in force, and
-    where their reports go (roster, dispatcher, quarantine, the hub's frame/late counters)."""
-
-    __slots__ = (
-        "_log",
-        "_quarantine",
-        "changed",
-        "feed",
-        "frame_errors",
-        "late_responses",
-        "recount",
-        "settings",
-        "slot_freed",
-        "trace",
-    )
-
-    def __init__(
-        self,
-        *,
-        settings: HubSettings,
-        roster: Roster,
-        dispatcher: Dispatcher,
-        quarantine: Quarantine,
-        log: EventLog,
-        feed: Feed | None = None,
-    ) -> None:
-        self.settings = settings
-        self.trace = False
-        self.feed = feed
-        self._quarantine = quarantine
-        self._log = log
-        self.frame_errors = 0
-        self.late_responses = 0
-        # Bound once: these are called on every response (no extra hop on the hot path).
-        self.changed: Callable[[], None] = roster.notify
-        self.slot_freed: Callable[[Connection], None] = dispatcher.slot_freed
-        self.recount: Callable[[Connection], None] = dispatcher.recount
-
-    def frame_error(
-        self,
-        exc: FrameError,
-        *,
-        executor_id: str | None,
-        in_flight: list[str],
-        creds: PeerCredentials | None,
-    ) -> None:
-        self.frame_errors += 1
-        self._log.warning(
-            "frame_error",
-            executor_id=executor_id,
-            error=type(exc).__name__,
-            reason=exc.reason,
-            in_flight=in_flight,
-            uid=creds.uid if creds else None,
-            pid=creds.pid if creds else None,
-        )
-
-    def late_response(self) -> None:
-        self.late_responses += 1
-
-    def quarantine(self, executor_id: str, creds: PeerCredentials | None) -> None:
-        self._quarantine.impose(executor_id, creds, self.settings.quarantine_s)
-        if self.feed is not None:
-            self.feed.publish(
-                "executor.quarantined",
-                executor_id=executor_id,
-                detail=f"refused for {self.settings.quarantine_s:g} s",
-            )
 
 
 class _Dispatched:
@@ -199,7 +129,7 @@ class ExecutorHub:
         self._roster = Roster()
         self._dispatcher = Dispatcher(notify=self._roster.notify)
         self._quarantine = Quarantine()
-        self._host = _Host(
+        self._host = HubHost(
             settings=settings,
             roster=self._roster,
             dispatcher=self._dispatcher,
@@ -207,14 +137,25 @@ class ExecutorHub:
             log=self._log,
             feed=feed,
         )
-        self._reception = Reception(host=self._host, log=self._log)
+        self._lifecycle = ConnectionLifecycle(
+            roster=self._roster,
+            dispatcher=self._dispatcher,
+            quarantine=self._quarantine,
+            host=self._host,
+            log=self._log,
+        )
         self._circuits = Circuits(limits=lambda: self.settings.breaker, log=self._log)
+        # Bound once: a queued attempt reaches its piece with no extra hop.
+        self._queued_attempt = QueuedAttempts(
+            dispatcher=self._dispatcher,
+            log=self._log,
+            settings=lambda: self.settings,
+            closing=self._is_closing,
+            report=self._report,
+        ).run
         self.settings = settings
         self._idle = anyio.Event()
         self._closing = False
-        self._serve_scope: anyio.CancelScope | None = None
-        #: set once `serve` has returned (every connection's task ended), while it runs
-        self._served: anyio.Event | None = None
         self._avg_attempt_s: dict[ExecutorCommandType, float] = {}  # moving average per command
         # counters
         self._attempts_started = 0
@@ -232,11 +173,7 @@ class ExecutorHub:
     @settings.setter
     def settings(self, settings: HubSettings) -> None:
         self._host.settings = settings
-        self._allowed_uids = (
-            settings.allowed_uids
-            if settings.allowed_uids is not None
-            else frozenset({os.getuid(), 0})
-        )
+        self._lifecycle.configure(settings)
         # Per-frame debug events cost a processor chain each; emit them only when the
         # configured level (mirrored on the stdlib root logger) lets them through.
         self._host.trace = logging.getLogger().isEnabledFor(logging.DEBUG)
@@ -247,15 +184,9 @@ class ExecutorHub:
         *,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Accept executor connections until ``aclose()`` (or cancellation); one task each."""
-        self._served = served = anyio.Event()
-        try:
-            async with anyio.create_task_group() as tg:
-                self._serve_scope = tg.cancel_scope
-                task_status.started()
-                await listener.serve(self._handle_connection, task_group=tg)
-        finally:
-            served.set()
+        """Accept executor connections until ``aclose()`` (or cancellation); one task each
+        (`lifecycle.ConnectionLifecycle`)."""
+        await self._lifecycle.serve(listener, task_status=task_status)
 
     def admit(self, command_type: ExecutorCommandType, *, waiting: int = 0) -> None:
         """Raise ``QueueFullError`` if ``command_type``'s queue is at capacity (backpressure),
@@ -439,7 +370,7 @@ class ExecutorHub:
             attempts_started=self._attempts_started,
             attempts_finished=self._attempts_finished,
             outcomes=dict(self._outcomes),
-            connections_rejected=self._reception.rejected,
+            connections_rejected=self._lifecycle.rejected,
             frame_errors=self._host.frame_errors,
             late_responses=self._host.late_responses,
             quarantined=self._quarantine.active(),
@@ -448,8 +379,8 @@ class ExecutorHub:
 
     def list_executors(self) -> list[ExecutorInfo]:
         """Connected executors (READY/BUSY/ERROR) then recently disconnected ones (OFFLINE)."""
-        roster = self._roster
-        infos = [self._info(c) for c in roster.connected()]
+        roster, info = self._roster, self._lifecycle.info
+        infos = [info(c) for c in roster.connected()]
         infos.extend(i for i in roster.offline_records() if i.executor_id not in roster)
         return infos
 
@@ -457,7 +388,7 @@ class ExecutorHub:
         """The snapshot of one executor, or ``None`` if the hub never saw it."""
         conn = self._roster.get(executor_id)
         if conn is not None:
-            return self._info(conn)
+            return self._lifecycle.info(conn)
         return self._roster.offline(executor_id)
 
     async def wait_for_executor(
@@ -486,74 +417,11 @@ class ExecutorHub:
         (``executor_disconnected``, reason ``HUB_CLOSED``). Call it from outside `serve`'s
         task group."""
         self._closing = True
-        for conn in self._roster.connected():
-            conn.disconnect(HubReason.HUB_CLOSED, "the hub is shutting down")
+        self._lifecycle.close()
         self._dispatcher.close()
-        if self._serve_scope is not None:
-            self._serve_scope.cancel()
-        if self._served is not None:
-            await self._served.wait()
-        else:
-            await anyio.lowlevel.checkpoint()
+        await self._lifecycle.stopped()
 
     # ------------------------------------------------------------------ attempts
-    async def _queued_attempt(
-        self,
-        envelope: ExecutorInstructionEnvelope,
-        started: float,
-        before_s: float,
-        wait_s: float,
-        traceparent: str | None,
-    ) -> AttemptReport:
-        """The attempt found no free slot: wait in its command's queue, then run it (or not).
-        *before_s*: what it waited before (`run_attempt`'s ``queued_before_ms``)."""
-        command = envelope.command_type
-        iid = envelope.instruction_id
-        conn: Connection | None = None
-        queued_s = before_s  # its whole wait: before, then in the queue
-        if not self._closing:
-            conn = await self._dispatcher.wait(command, iid, wait_s)
-            queued_s += time.monotonic() - started
-        if conn is None:
-            if self._is_closing():
-                verdict = hub_closed()
-                event = "attempt_dropped"
-            else:  # the wait as bounded (a parked turn waited its first part in the core)
-                detail = self._dispatcher.timeout_detail(
-                    command,
-                    queued_ms=ms(queued_s),
-                    limit_s=min(self.settings.queue_wait_s, envelope.timeout_ms / 1000),
-                    configured_s=self.settings.queue_wait_s,
-                )
-                if self._dispatcher.connected(command):
-                    verdict = queue_wait_expired(detail)
-                    event = "attempt_timed_out"
-                else:
-                    verdict = _no_capable_executor(detail)
-                    event = "attempt_no_executor"
-            self._log.warning(
-                event,
-                instruction_id=iid,
-                execution_id=envelope.execution_id,
-                executor_id=None,
-                command_type=command.value,
-                queued_ms=ms(queued_s),
-                reason_code=verdict.reason_code,
-                detail=verdict.detail,
-            )
-            return self._report(
-                verdict, None, started=started, before_s=before_s, queued_s=queued_s
-            )
-        verdict = await conn.attempt(envelope, queued_s, traceparent=traceparent)
-        return self._report(
-            verdict,
-            conn.executor_id,
-            started=started,
-            before_s=before_s,
-            queued_s=queued_s,
-            ran=command,
-        )
-
     def _circuit_open(
         self, envelope: ExecutorInstructionEnvelope, started: float, before_s: float = 0.0
     ) -> AttemptReport:
@@ -580,7 +448,7 @@ class ExecutorHub:
         return self._circuits.state(command_type)
 
     def _is_closing(self) -> bool:
-        """``_closing`` read afresh after an await (mypy would keep an earlier test's answer)."""
+        """Whether the hub is closing (`QueuedAttempts` asks it afresh after its wait)."""
         return self._closing
 
     def _report(
@@ -611,124 +479,3 @@ class ExecutorHub:
             previous = self._avg_attempt_s.get(ran, duration)
             self._avg_attempt_s[ran] = previous * 0.9 + duration * 0.1
         return report
-
-    # ------------------------------------------------------------------ connections
-    async def _handle_connection(self, stream: anyio.abc.SocketStream) -> None:
-        """One executor connection, and its error boundary: whatever happens on it costs this
-        connection only (closed, logged with the peer's uid and pid), never the hub."""
-        creds: PeerCredentials | None = None
-        try:
-            async with stream:
-                creds = stream_peer_credentials(stream)
-                await self._connection(stream, creds)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            self._log.info(
-                "connection_lost",
-                detail=repr(exc),
-                uid=creds.uid if creds else None,
-                pid=creds.pid if creds else None,
-            )
-        except Exception as exc:  # one broken connection must never take the hub down
-            self._log.exception(
-                "connection_failed",
-                uid=creds.uid if creds else None,
-                pid=creds.pid if creds else None,
-                error=describe_error(exc),
-            )
-
-    async def _connection(
-        self, stream: anyio.abc.SocketStream, creds: PeerCredentials | None
-    ) -> None:
-        reception = self._reception
-        greeted = await reception.greet(
-            stream, creds, allowed_uids=self._allowed_uids, closing=self._closing
-        )
-        if greeted is None:
-            return
-        hello, reader = greeted
-        refusal = self._refusal(hello.executor_id, creds)
-        if refusal is not None:
-            await reception.reject(stream, refusal, executor_id=hello.executor_id, creds=creds)
-            return
-        conn = Connection(
-            executor_id=hello.executor_id,
-            commands=hello.commands,
-            slots=hello.slots,
-            software=hello.software,
-            creds=creds,
-            stream=stream,
-            host=self._host,
-            log=self._log,
-        )
-        await reception.welcome(stream, hello.executor_id)
-        self._register(conn)
-        try:
-            await conn.serve(reader)
-        finally:
-            self._unregister(conn)
-
-    def _refusal(self, executor_id: str, creds: PeerCredentials | None) -> Reject | None:
-        """The reject of a valid hello from ``executor_id``: quarantined or a duplicate id."""
-        remaining = self._quarantine.remaining_s(executor_id, creds)
-        if remaining > 0:
-            return Reject(
-                RejectReason.QUARANTINED,
-                f"executor {executor_id} is quarantined for a security violation",
-                ms(remaining),
-            )
-        if executor_id in self._roster:
-            settings = self.settings
-            return Reject(
-                RejectReason.DUPLICATE_EXECUTOR_ID,
-                f"an executor with id {executor_id} is already connected",
-                ms(settings.heartbeat_interval_s * settings.heartbeat_misses),
-            )
-        return None
-
-    def _register(self, conn: Connection) -> None:
-        self._roster.add(conn)
-        self._dispatcher.add(conn)
-        creds = conn.creds
-        self._log.info(
-            "executor_connected",
-            executor_id=conn.executor_id,
-            commands=[c.value for c in conn.commands],
-            slots=conn.slots,
-            uid=creds.uid if creds else None,
-            pid=creds.pid if creds else None,
-            software=conn.software,
-        )
-        self._roster.notify()
-        self._dispatcher.slot_freed(conn)
-        if (feed := self._host.feed) is not None:
-            feed.publish(
-                "executor.connected",
-                executor_id=conn.executor_id,
-                command_types=tuple(c.value for c in conn.commands),
-            )
-
-    def _unregister(self, conn: Connection) -> None:
-        reason, detail = conn.close_reason, conn.close_detail
-        self._dispatcher.remove(conn)
-        self._roster.remove(conn, self._info(conn, detail=detail))
-        self._log.info(
-            "executor_disconnected",
-            executor_id=conn.executor_id,
-            reason_code=reason,
-            detail=detail,
-            connected_ms=(now_us() - conn.connected_at_us) // 1000,
-        )
-        self._roster.notify()
-        if (feed := self._host.feed) is not None:
-            feed.publish(
-                "executor.gone",
-                executor_id=conn.executor_id,
-                command_types=tuple(c.value for c in conn.commands),
-                reason_code=reason,
-                detail=detail or None,
-            )
-
-    def _info(self, conn: Connection, *, detail: str = "") -> ExecutorInfo:
-        return conn.info(
-            quarantined_until_us=self._quarantine.until_us(conn.executor_id), detail=detail
-        )

@@ -25,8 +25,8 @@ import anyio.abc
 import pytest
 from structlog.testing import capture_logs
 
-import supervisor.control.server as control_server
-import supervisor.executors.connection as executor_connection
+import supervisor.control.connections as control_connections
+import supervisor.executors.link as executor_link
 import supervisor.executors.reception as executor_reception
 from sandbox.policy.attempts import OutcomeKind
 from sandbox.policy.envelopes import ExecutorStatus
@@ -145,7 +145,7 @@ async def test_control_a_fault_decoding_a_request_closes_only_its_connection(
     the peer's uid, pid and the error, and the daemon and its other connections carry on."""
     fault = make_fault()
     monkeypatch.setattr(
-        control_server,
+        control_connections,
         "decode_request",
         _failing_when_marked(decode_request, lambda: fault),
     )
@@ -165,7 +165,7 @@ async def test_control_a_fault_in_a_request_task_closes_only_its_connection(
             raise fault
         return encode_frame(obj, max_bytes=max_bytes)  # the original: imported here
 
-    monkeypatch.setattr(control_server, "encode_frame", encode_failing_when_marked)
+    monkeypatch.setattr(control_connections, "encode_frame", encode_failing_when_marked)
     marked = _request(MARK.decode(), "ping")
     await _control_fault_costs_its_connection_only(root, fault, marked)
 
@@ -269,7 +269,7 @@ async def test_executors_a_fault_after_the_welcome_closes_only_its_connection(
     peer's uid, pid and the error; the hub and its other executors carry on."""
     fault = make_fault()
     monkeypatch.setattr(
-        executor_connection,
+        executor_link,
         "decode_executor_message",
         _failing_when_marked(decode_executor_message, lambda: fault),
     )
