@@ -34,56 +34,61 @@ exit or the daemon failed (the message and the ``daemon_failed`` log event say w
 configuration/usage problem (including a configured PostgreSQL store that cannot be reached or is
 not migrated), 3 when another daemon already serves the root.
 
-About 790 lines, past the usual 600: the daemon's wiring (config, listeners, store, hub, core,
-metrics, traces, signals, reload) is read top to bottom in one place; each part it wires lives
-in its own package.
+Layout: `Daemon` here is the lifecycle above, read top to bottom in one place (the parts'
+wiring, the order they start and stop in, signals, drain, reload); its start-up pieces are in
+`supervisor.daemon` (the root's lock, the store opening and its `StoreStartError`, the
+listeners and socket activation, the parts' settings from the configuration, the reload's
+configuration, the asyncio race guard), re-exported here under their former names.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
-import fcntl
 import functools
 import gc
 import os
 import signal
-import socket
-import stat
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
+from typing import Final
 
 import anyio
 import anyio.abc
 import anyio.to_thread
-import msgspec
 
 from ledger import GroupSyncer
-from sandbox.policy.attempts import RetryOptions
-from sandbox.policy.breaker import BreakerLimits
-from sandbox.policy.budget import RESOLUTION_MS, BudgetLimits
-from supervisor.config import Config, ConfigError, config_file_for, diff_reloadable, load_config
-from supervisor.config.dsn import describe, to_uri, with_password
+from supervisor.config import Config, ConfigError, config_file_for, load_config
 from supervisor.control.server import ControlServer
-from supervisor.errors import DaemonAlreadyRunning, SchemaVersionError
-from supervisor.executors.hub import ExecutorHub, HubSettings
+from supervisor.daemon.listeners import Listeners, open_listeners
+from supervisor.daemon.loop_races import LoopRaces, guard_loop_races
+from supervisor.daemon.reload import reloaded
+from supervisor.daemon.root_lock import root_lock
+from supervisor.daemon.settings import (
+    budget_limits,
+    default_process_slots,
+    hub_settings,
+    make_runtime,
+    retry_options,
+    runtime_config_of,
+    sandbox_summary,
+)
+from supervisor.daemon.store import (
+    StoreStartError,
+    connect_failure,
+    fleet_of,
+    open_store,
+    postgres_target,
+    store_start_errors,
+)
+from supervisor.errors import DaemonAlreadyRunning
+from supervisor.executors.hub import ExecutorHub
 from supervisor.feed import Feed
 from supervisor.heap import settle
 from supervisor.logging import configure_logging, get_logger
-from supervisor.metrics import (
-    DaemonMetrics,
-    Sources,
-    TcpAddress,
-    parse_listen,
-    serve_metrics,
-    status_line,
-    write_textfiles,
-)
+from supervisor.metrics import DaemonMetrics, Sources, serve_metrics, status_line, write_textfiles
 from supervisor.sdnotify import (
     listen_fds,
     notify,
@@ -91,17 +96,11 @@ from supervisor.sdnotify import (
     watchdog_interval,
     watchdog_loop,
 )
-from supervisor.store.fleet import FleetStore
-from supervisor.store.protocol import TurnStore
-from supervisor.store.sqlite import open_sqlite_store
 from supervisor.traces import FanOut, SpanExport, TurnTraces, open_traces
 from supervisor.turns.context import CoreSettings
 from supervisor.turns.core import TurnCore
 from supervisor.turns.sessions import RuntimeLike
 from supervisor.turns.tracker import TurnEvents
-
-if TYPE_CHECKING:
-    from sandbox.runtime.runtime import RuntimeConfig
 
 __all__ = [
     "EXIT_ALREADY_RUNNING",
@@ -110,11 +109,20 @@ __all__ = [
     "EXIT_USAGE",
     "Daemon",
     "DaemonAlreadyRunning",
+    "LoopRaces",
     "StoreStartError",
+    "budget_limits",
     "connect_failure",
+    "fleet_of",
+    "guard_loop_races",
+    "hub_settings",
+    "make_runtime",
     "open_store",
     "postgres_target",
     "retry_options",
+    "run_daemon",
+    "runtime_config_of",
+    "sandbox_summary",
     "store_start_errors",
 ]
 
@@ -124,349 +132,6 @@ EXIT_USAGE: Final = 2
 EXIT_ALREADY_RUNNING: Final = 3
 #: Worker threads for blocking calls (ledger appends waiting for their fsync, sandbox setup).
 WORKER_THREADS: Final = 256
-
-
-@contextlib.contextmanager
-def _root_lock(root: Path) -> Iterator[Path]:
-    state = root / "state"
-    state.mkdir(parents=True, exist_ok=True)
-    path = state / "daemon.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            text = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            raise DaemonAlreadyRunning(root, int(text) if text.isdigit() else None) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield path
-    finally:
-        os.close(fd)  # releases the lock
-
-
-class StoreStartError(RuntimeError):
-    """The configured PostgreSQL turn store cannot be used at start: the server cannot be
-    reached or refuses us, the password file cannot be read, or the schema is not the one this
-    hunter needs. The message names the server, port, database and user and says what failed;
-    `hunter serve` and `hunter store migrate` print it and exit 2."""
-
-
-def postgres_target(config: Config) -> tuple[str, str]:
-    """``(dsn for the driver, description for messages)`` of the configured PostgreSQL store;
-    the password, when `store.password_file` is set, is read from it now."""
-    where = describe(config.store.dsn)
-    uri = to_uri(config.store.dsn)
-    path = config.store.password_file
-    if path is None:
-        return uri, where
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise StoreStartError(
-            f"{where}: cannot read store.password_file {path}: {reason}"
-        ) from None
-    if not lines or not lines[0]:
-        raise StoreStartError(f"{where}: store.password_file {path} is empty")
-    return with_password(uri, lines[0]), where
-
-
-def connect_failure(where: str, exc: BaseException) -> StoreStartError:
-    """A `StoreStartError` saying what failed when connecting to *where*."""
-    if isinstance(exc, SchemaVersionError):
-        return StoreStartError(str(exc))
-    if isinstance(exc, TimeoutError):
-        what = "no answer within the connect timeout"
-    elif isinstance(exc, OSError):
-        what = exc.strerror or str(exc) or type(exc).__name__
-        if isinstance(exc, FileNotFoundError | ConnectionRefusedError):
-            what += " (is the server running, and are host/port right?)"
-    else:
-        what = str(exc).strip() or type(exc).__name__
-    return StoreStartError(f"cannot connect to {where}: {what}")
-
-
-def store_start_errors() -> tuple[type[BaseException], ...]:
-    """What connecting to PostgreSQL and checking its schema can raise (`connect_failure`
-    turns each into a message)."""
-    import asyncpg
-
-    return (
-        OSError,
-        TimeoutError,
-        SchemaVersionError,
-        asyncpg.PostgresError,
-        asyncpg.InterfaceError,
-    )
-
-
-@contextlib.asynccontextmanager
-async def open_store(config: Config) -> AsyncIterator[TurnStore]:
-    """The configured turn store, open until the block ends. SQLite (`intake_path`) by default,
-    exactly as before; PostgreSQL opened with ``migrate=False`` and `store.pool_size` read
-    connections. A PostgreSQL store that cannot be opened raises `StoreStartError`."""
-    if config.store.engine != "postgres":
-        async with open_sqlite_store(config.intake_path) as store:
-            yield store
-        return
-    from supervisor.store.postgres import open_postgres_store
-
-    dsn, where = postgres_target(config)
-    errors = store_start_errors()
-    async with contextlib.AsyncExitStack() as stack:
-        try:
-            pg = await stack.enter_async_context(
-                open_postgres_store(
-                    dsn,
-                    migrate=False,
-                    read_connections=config.store.pool_size,
-                    lease_ms=config.store.lease_ms,
-                )
-            )
-        except errors as exc:
-            raise connect_failure(where, exc) from None
-        except BaseExceptionGroup as group:
-            first = _first_leaf(group)
-            if isinstance(first, errors):
-                raise connect_failure(where, first) from None
-            raise
-        yield pg
-
-
-def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
-
-
-@dataclass(slots=True)
-class LoopRaces:
-    """How `guard_loop_races` reports the race: set ``stopping`` once the daemon stops."""
-
-    #: the daemon is stopping: every read is being cancelled, the race is expected (debug)
-    stopping: bool = False
-
-
-def guard_loop_races() -> LoopRaces:
-    """On asyncio, report one known harmless race as a warning, not an error with a traceback.
-
-    anyio's asyncio backend registers ``Future.set_result`` as a socket's reader callback; when
-    the read is cancelled in the same loop pass in which the socket becomes readable, the
-    callback finds the future cancelled and asyncio logs ``InvalidStateError`` at error level.
-    The read was cancelled anyway and nothing is lost (the executor chaos suite provokes it).
-    Once the daemon stops (``LoopRaces.stopping``) every connection's read is cancelled and the
-    race is expected: it is logged at debug, so a clean stop logs nothing at warning or above.
-    Every other exception goes to the handler that was there before.
-    """
-    races = LoopRaces()
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # another backend: nothing to guard
-        return races
-    previous = loop.get_exception_handler()
-    log = get_logger("supervisor.server")
-
-    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        exc = context.get("exception")
-        callback = repr(context.get("handle", ""))
-        if isinstance(exc, asyncio.InvalidStateError) and "Future.set_result" in callback:
-            detail = str(context.get("message", ""))
-            if races.stopping:
-                log.debug("loop_callback_race", detail=detail, stopping=True)
-            else:
-                log.warning("loop_callback_race", detail=detail)
-            return
-        if previous is not None:
-            previous(loop, context)
-        else:
-            loop.default_exception_handler(context)
-
-    loop.set_exception_handler(handler)
-    return races
-
-
-def fleet_of(store: TurnStore) -> FleetStore | None:
-    """The store's fleet side when it is shared by several daemons (PostgreSQL)."""
-    from supervisor.store.postgres import PostgresTurnStore
-
-    return store if isinstance(store, PostgresTurnStore) else None
-
-
-def retry_options(config: Config) -> RetryOptions:
-    """The `RetryOptions` of the ``[retry]`` section."""
-    r = config.retry
-    return RetryOptions(
-        max_attempts=r.max_attempts,
-        base_delay_ms=r.base_delay_ms,
-        backoff_multiplier=r.backoff_multiplier,
-        max_delay_ms=r.max_delay_ms,
-        jitter=r.jitter,
-    )
-
-
-def budget_limits(config: Config) -> BudgetLimits:
-    """The daemon-wide retry budget of the ``[retry]`` section (``budget_*``)."""
-    r = config.retry
-    window_ms = round(r.budget_window_s * 1000)
-    return BudgetLimits(
-        ratio=r.budget_ratio,
-        window_ms=max(window_ms, RESOLUTION_MS) if r.budget_window_s > 0 else 0,
-        min_retries=r.budget_min_retries,
-    )
-
-
-def hub_settings(config: Config) -> HubSettings:
-    e = config.executors
-    return HubSettings(
-        allowed_uids=config.allowed_uids,
-        max_frame_bytes=e.max_frame_bytes,
-        heartbeat_interval_s=e.heartbeat_interval_s,
-        heartbeat_misses=e.heartbeat_misses,
-        queue_capacity=e.queue_capacity,
-        queue_wait_s=e.queue_wait_s,
-        quarantine_s=e.quarantine_s,
-        cancel_grace_s=e.cancel_grace_s,
-        hello_timeout_s=e.hello_timeout_s,
-        breaker=BreakerLimits(
-            faults=e.breaker_faults,
-            window_ms=max(1, round(e.breaker_window_s * 1000)),
-            cooldown_ms=max(1, round(e.breaker_cooldown_s * 1000)),
-        ),
-    )
-
-
-def _default_process_slots() -> int:
-    return max(2, 2 * (os.cpu_count() or 1))
-
-
-def runtime_config_of(config: Config) -> RuntimeConfig:
-    """The sandbox runtime's settings from *config*'s ``[sandbox]`` section."""
-    from sandbox.runtime.session import RuntimeConfig
-
-    s = config.sandbox
-    return RuntimeConfig(
-        enforcement=s.enforcement,
-        uid_range=(s.uid_range_start, s.uid_range_start + s.uid_range_size - 1),
-        memory_mb=max(1, s.memory_max_bytes // (1024 * 1024)),
-        pids=s.pids_max,
-        timeout_s=s.default_timeout_ms / 1000,
-        output_bytes=s.output_max_bytes,
-        kernel_audit=s.kernel_audit,
-    )
-
-
-@runtime_checkable
-class _Enforcing(Protocol):
-    """A runtime that reports its enforcement (`sandbox.runtime.Runtime` does)."""
-
-    levels: dict[str, str]
-    missing: dict[str, str]
-
-
-def sandbox_summary(runtime: object, config: Config) -> dict[str, object]:
-    """What `status` says of the sandbox: the enforcement mode, each mechanism's level, what is
-    missing (strict mode refuses process turns while anything is), and the helper's socket."""
-    levels = dict(runtime.levels) if isinstance(runtime, _Enforcing) else {}
-    missing = dict(runtime.missing) if isinstance(runtime, _Enforcing) else {}
-    helper = config.sandbox.helper_socket
-    return {
-        "enforcement": config.sandbox.enforcement,
-        "helper_socket": None if helper is None else str(helper),
-        "levels": levels,
-        "missing": missing,
-    }
-
-
-def make_runtime(
-    config: Config, *, syncer: GroupSyncer, forbidden_sockets: tuple[Path, ...]
-) -> RuntimeLike:
-    """The sandbox runtime for *config* (its ``[sandbox]`` section)."""
-    from sandbox.runtime import Runtime
-
-    s = config.sandbox
-    runtime_config = runtime_config_of(config)
-    helper = None
-    if s.helper_socket is not None:
-        from sandbox.helper.remote import HelperClient
-
-        helper = HelperClient(s.helper_socket)
-    runtime: RuntimeLike = Runtime(
-        config.root,
-        config=runtime_config,
-        syncer=syncer,
-        forbidden_sockets=forbidden_sockets,
-        helper=helper,
-    )
-    return runtime
-
-
-@dataclass(frozen=True, slots=True)
-class _Listeners:
-    control: anyio.abc.SocketListener
-    executors: anyio.abc.SocketListener
-    created: tuple[Path, ...]
-    metrics: anyio.abc.Listener[anyio.abc.SocketStream] | None = None
-
-
-def _bind_unix(path: Path, mode: int) -> socket.socket:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        if stat.S_ISSOCK(path.lstat().st_mode):
-            path.unlink()  # stale: we hold the root's lock, so nobody serves it
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(str(path))
-        os.chmod(path, mode)
-        sock.listen(4096)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-async def _open_metrics_listener(
-    listen: str, mode: int, created: list[Path]
-) -> anyio.abc.Listener[anyio.abc.SocketStream]:
-    where = parse_listen(listen)
-    if isinstance(where, TcpAddress):
-        return await anyio.create_tcp_listener(local_host=where.host, local_port=where.port)
-    listener = await anyio.abc.SocketListener.from_socket(_bind_unix(where, mode))
-    created.append(where)
-    return listener
-
-
-async def _open_listeners(config: Config, activated: Mapping[str, socket.socket]) -> _Listeners:
-    created: list[Path] = []
-    listeners: dict[str, anyio.abc.SocketListener] = {}
-    metrics: anyio.abc.Listener[anyio.abc.SocketStream] | None = None
-    try:
-        for name, path in (
-            ("control", config.control_socket),
-            ("executors", config.executor_socket),
-        ):
-            sock = activated.get(name)
-            if sock is not None:
-                sock.setblocking(False)
-                listeners[name] = await anyio.abc.SocketListener.from_socket(sock)
-            else:
-                sock = _bind_unix(path, config.socket_mode)
-                listeners[name] = await anyio.abc.SocketListener.from_socket(sock)
-                created.append(path)
-        if config.metrics.listen:
-            metrics = await _open_metrics_listener(
-                config.metrics.listen, config.socket_mode, created
-            )
-    except BaseException:
-        for listener in listeners.values():
-            await listener.aclose()
-        for path in created:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-        raise
-    return _Listeners(listeners["control"], listeners["executors"], tuple(created), metrics)
 
 
 class _Stoppable:
@@ -513,7 +178,7 @@ class Daemon:
         self._overrides = dict(overrides or {})
         self._handle_signals = handle_signals
         self._runtime_factory = runtime_factory or make_runtime
-        self._process_slots = process_slots or _default_process_slots()
+        self._process_slots = process_slots or default_process_slots()
         self._log = get_logger("supervisor.server")
         self._stop = anyio.Event()
         self._forced = False
@@ -543,7 +208,7 @@ class Daemon:
         limiter = anyio.to_thread.current_default_thread_limiter()
         limiter.total_tokens = max(limiter.total_tokens, WORKER_THREADS)
         self._races = guard_loop_races()
-        with _root_lock(config.root):
+        with root_lock(config.root):
             return await self._run_locked(config, task_status)
 
     async def _run_locked(self, config: Config, task_status: anyio.abc.TaskStatus[None]) -> int:
@@ -592,7 +257,7 @@ class Daemon:
                         syncer=syncer.statistics,
                     )
                 )
-                listeners = await _open_listeners(config, listen_fds())
+                listeners = await open_listeners(config, listen_fds())
                 try:
                     return await self._serve(
                         config,
@@ -626,7 +291,7 @@ class Daemon:
         *,
         core: TurnCore,
         hub: ExecutorHub,
-        listeners: _Listeners,
+        listeners: Listeners,
         sandbox: Callable[[], Mapping[str, object]],
         task_status: anyio.abc.TaskStatus[None],
     ) -> int:
@@ -691,7 +356,7 @@ class Daemon:
         return EXIT_FORCED if self._forced else EXIT_OK
 
     async def _start_metrics(
-        self, tg: anyio.abc.TaskGroup, config: Config, listeners: _Listeners
+        self, tg: anyio.abc.TaskGroup, config: Config, listeners: Listeners
     ) -> None:
         """Serve `/metrics` on the metrics listener and write the textfile, when configured."""
         render = self.metrics.render
@@ -737,17 +402,7 @@ class Daemon:
         except ConfigError as exc:
             self._log.error("config_reload_failed", key=exc.key, problem=exc.problem)
             return
-        diff = diff_reloadable(self.config, new)
-        applied = self.config
-        for key in diff.reloadable:
-            section, _, name = key.rpartition(".")
-            if section:
-                holder = msgspec.structs.replace(
-                    getattr(applied, section), **{name: getattr(getattr(new, section), name)}
-                )
-                applied = msgspec.structs.replace(applied, **{section: holder})
-            else:
-                applied = msgspec.structs.replace(applied, **{name: getattr(new, name)})
+        applied, diff = reloaded(self.config, new)
         self.config = applied
         if any(k.startswith("log.") for k in diff.reloadable):
             configure_logging(fmt=applied.log.format, level=applied.log.level)

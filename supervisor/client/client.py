@@ -11,7 +11,8 @@
 Everything returned is a frozen value of `supervisor.client.models`; every refusal an
 exception of `supervisor.client.errors` named after the protocol's error code. What follows the
 change feed (`Events`, and `Completion` for `as_completed` and `wait`) is in
-`supervisor.client.completion`.
+`supervisor.client.completion`; the connection, its reconnecting and what may be sent again, in
+`supervisor.client.connection`.
 
 **Reconnecting.** When the connection drops (the daemon restarted, or was upgraded), a call
 that is safe to repeat reconnects (every 0.2 s, for up to ``reconnect_s``) and is sent again:
@@ -33,13 +34,12 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
-import anyio
-import anyio.abc
 import msgspec
 
 from supervisor.client.completion import Completion, Events
+from supervisor.client.connection import ClientConnection
 from supervisor.client.discovery import locate_daemon
 from supervisor.client.errors import error_for
 from supervisor.client.models import (
@@ -54,32 +54,12 @@ from supervisor.client.models import (
     Turn,
     TurnPage,
 )
-from supervisor.control.client import ControlClient
-from supervisor.errors import ConnectionLost, ControlClientError, DaemonNotRunning
+from supervisor.errors import ControlClientError
 from supervisor.wire.turn_spec import RequestedBy
 
 __all__ = ["Client", "Completion", "Events", "TurnHandle", "connect", "find_socket"]
 
 T = TypeVar("T")
-
-#: Operations a dropped connection may send again after reconnecting (they change nothing, or
-#: carry an idempotency key: ``turn.submit`` always does from this client).
-_REPEATABLE: Final = frozenset(
-    {
-        "ping",
-        "session.list",
-        "session.get",
-        "turn.submit",
-        "turn.get",
-        "turn.evidence",
-        "turn.wait",
-        "turns.list",
-        "status",
-        "executors.list",
-        "escalations.list",
-        "ledger.verify",
-    }
-)
 
 
 def find_socket(
@@ -161,31 +141,24 @@ class Client:
 
     def __init__(self, socket: Path, *, reconnect_s: float = 30.0, auto_keys: bool = True) -> None:
         self.socket = Path(socket)
-        self.reconnect_s = reconnect_s
         #: give each submission without an idempotency key one of its own, so that it is safe
         #: to send again after a lost connection (False: such a submission is not sent again)
         self.auto_keys = auto_keys
-        self._conn: ControlClient | None = None
-        self._release: anyio.Event | None = None
-        self._tg: anyio.abc.TaskGroup | None = None
-        self._lock = anyio.Lock()
-        self._generation = 0
+        self._connection = ClientConnection(self.socket, reconnect_s=reconnect_s)
+        #: the typed operations' requests: the connection's, bound once
+        self._call = self._connection.call
+
+    @property
+    def reconnect_s(self) -> float:
+        """How long a dropped connection is tried again (0: never)."""
+        return self._connection.reconnect_s
+
+    @reconnect_s.setter
+    def reconnect_s(self, value: float) -> None:
+        self._connection.reconnect_s = value
 
     async def __aenter__(self) -> Client:
-        tg = anyio.create_task_group()
-        await tg.__aenter__()
-        try:
-            self._conn = await tg.start(self._hold)
-        except BaseException as exc:
-            # An error of the connection (DaemonNotRunning: no daemon there) is raised as it
-            # is, not inside an exception group of the task group; a cancellation is handed
-            # to the task group as usual.
-            if isinstance(exc, Exception):
-                await tg.__aexit__(None, None, None)
-            else:
-                await tg.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        self._tg = tg
+        await self._connection.open()
         return self
 
     async def __aexit__(
@@ -194,70 +167,16 @@ class Client:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        tg, self._tg, self._conn = self._tg, None, None
-        if self._release is not None:
-            self._release.set()
-        if tg is not None:
-            await tg.__aexit__(None, None, None)
-
-    async def _hold(self, *, task_status: anyio.abc.TaskStatus[ControlClient]) -> None:
-        """Hold one connection open in a task of the client's own (so that a new one can
-        replace it from any task) until released."""
-        release = anyio.Event()
-        async with ControlClient(self.socket) as conn:
-            self._release = release
-            task_status.started(conn)
-            await release.wait()
-
-    async def _reconnect(self, seen: int) -> ControlClient:
-        """A fresh connection after *seen* (the generation that failed): one task reconnects,
-        the others wait for it; raises the last error after ``reconnect_s``."""
-        async with self._lock:
-            if self._generation != seen and self._conn is not None:
-                return self._conn
-            tg = self._tg
-            if tg is None:
-                raise ConnectionLost(f"the client of {self.socket} is closed")
-            if self._release is not None:
-                self._release.set()
-            self._conn = None
-            last: Exception | None = None
-            with anyio.move_on_after(self.reconnect_s):
-                while True:
-                    try:
-                        conn: ControlClient = await tg.start(self._hold)
-                    except DaemonNotRunning as exc:
-                        last = exc
-                        await anyio.sleep(0.2)
-                        continue
-                    self._conn = conn
-                    self._generation += 1
-                    return conn
-            raise last or ConnectionLost(f"no daemon at {self.socket} for {self.reconnect_s} s")
+        await self._connection.close()
 
     async def reconnect_if_lost(self) -> None:
         """Open a new connection if this one dropped (waiting up to ``reconnect_s``)."""
-        conn = self._conn
-        if conn is None or conn.closed:
-            await self._reconnect(self._generation)
+        await self._connection.reconnect_if_lost()
 
     async def call(self, op: str, **params: Any) -> dict[str, Any]:
         """One request; its result, or the typed exception of its error. Reconnects and sends
-        again when the connection drops and *op* is safe to repeat."""
-        while True:
-            conn, generation = self._conn, self._generation
-            if conn is None:
-                msg = f"the client of {self.socket} is not open (use `async with`)"
-                raise ConnectionLost(msg)
-            try:
-                return await conn.call(op, **params)
-            except ControlClientError as exc:
-                raise error_for(exc) from None
-            except ConnectionLost:
-                unkeyed = op == "turn.submit" and not params.get("idempotency_key")
-                if op not in _REPEATABLE or unkeyed or self.reconnect_s <= 0:
-                    raise
-                await self._reconnect(generation)
+        again when the connection drops and *op* is safe to repeat (`ClientConnection.call`)."""
+        return await self._call(op, **params)
 
     # -- sessions ---------------------------------------------------------------------------
 
@@ -278,14 +197,14 @@ class Client:
             "priority": priority,
         }
         params = {k: v for k, v in optional.items() if v is not None}
-        answer = await self.call("session.open", package_id=package_id, tier=tier, **params)
+        answer = await self._call("session.open", package_id=package_id, tier=tier, **params)
         return _as(Session, answer)
 
     async def close_session(self, session_id: str) -> Session:
-        return _as(Session, await self.call("session.close", session_id=session_id))
+        return _as(Session, await self._call("session.close", session_id=session_id))
 
     async def sessions(self) -> list[Session]:
-        return _as(list[Session], (await self.call("session.list"))["sessions"])
+        return _as(list[Session], (await self._call("session.list"))["sessions"])
 
     # -- turns ------------------------------------------------------------------------------
 
@@ -375,7 +294,7 @@ class Client:
         # A key of its own makes a submission safe to send again after a lost connection.
         if "idempotency_key" not in options and self.auto_keys:
             params["idempotency_key"] = f"hc-{uuid.uuid4().hex}"
-        answer = await self.call("turn.submit", **params, **options)
+        answer = await self._call("turn.submit", **params, **options)
         return TurnHandle(
             self, _as(Turn, answer["turn"]), bool(answer["created"]), answer.get("warnings", ())
         )
@@ -384,14 +303,14 @@ class Client:
         """The turn as it is now. *compact*: only its outcome (section 5.4, `Turn.compact`),
         which the daemon answers without reading the session's ledger files."""
         if compact:
-            answer = await self.call("turn.wait", turn_id=turn_id, timeout_s=0, answer="compact")
+            answer = await self._call("turn.wait", turn_id=turn_id, timeout_s=0, answer="compact")
         else:
-            answer = await self.call("turn.get", turn_id=turn_id)
+            answer = await self._call("turn.get", turn_id=turn_id)
         return _as(Turn, answer["turn"])
 
     async def decision_record(self, turn_id: int) -> DecisionRecord:
         """The turn with every attempt, decision and reason, and its ledger entries."""
-        answer = await self.call("turn.get", turn_id=turn_id)
+        answer = await self._call("turn.get", turn_id=turn_id)
         ledger = answer.get("ledger") or {}
         return _as(DecisionRecord, {"turn": answer["turn"], **ledger})
 
@@ -401,7 +320,7 @@ class Client:
         """Cancel the turn (an attempt under way is stopped first): ``cancelled``, with who
         decided (`Turn.decided_by`: *reason* and *operator*, default the user name of the
         caller's uid, and that uid); a turn already final comes back as it is."""
-        answer = await self.call("turn.cancel", turn_id=turn_id, **_attribution(reason, operator))
+        answer = await self._call("turn.cancel", turn_id=turn_id, **_attribution(reason, operator))
         return _as(Turn, answer["turn"])
 
     async def wait(self, turn_id: int, *, timeout_s: float | None = None) -> Turn:
@@ -475,18 +394,18 @@ class Client:
             accepted_since_us=_micros(accepted_since),
             accepted_until_us=_micros(accepted_until),
         )
-        return _as(TurnPage, await self.call("turns.list", **params))
+        return _as(TurnPage, await self._call("turns.list", **params))
 
     async def session(self, session_id: str) -> SessionInfo:
         """A session with its package's capabilities and limits (``session.get``)."""
-        return _as(SessionInfo, await self.call("session.get", session_id=session_id))
+        return _as(SessionInfo, await self._call("session.get", session_id=session_id))
 
     async def evidence(
         self, turn_id: int, *, offset: int = 0, length: int | None = None
     ) -> EvidenceSlice:
         """A slice of the evidence bytes a turn's executor sent (`NoEvidence` if it sent only
         their hash); read on from ``offset + len(data)`` while ``more``."""
-        answer = await self.call(
+        answer = await self._call(
             "turn.evidence", **_given(turn_id=turn_id, offset=offset, length=length)
         )
         return _as(EvidenceSlice, {**answer, "data": base64.b64decode(str(answer["data"]))})
@@ -504,7 +423,7 @@ class Client:
 
     async def executor_page(self, *, after: str = "", limit: int = 500) -> ExecutorPage:
         """One page of executors, by id, after *after*."""
-        answer = await self.call("executors.list", after_executor_id=after, limit=limit)
+        answer = await self._call("executors.list", after_executor_id=after, limit=limit)
         return _as(ExecutorPage, answer)
 
     async def escalations(self) -> list[Turn]:
@@ -519,7 +438,7 @@ class Client:
 
     async def escalation_page(self, *, after: int = 0, limit: int = 500) -> TurnPage:
         """One page of the parked turns, by turn id, after turn id *after*."""
-        answer = await self.call("escalations.list", after_turn_id=after, limit=limit)
+        answer = await self._call("escalations.list", after_turn_id=after, limit=limit)
         return _as(
             TurnPage, {"turns": answer["escalations"], "next_after": answer.get("next_after")}
         )
@@ -535,7 +454,7 @@ class Client:
         """Resolve an escalated turn: *action* ``"retry"`` or ``"terminate"``; *reason*, why
         (the daemon requires it), and *operator* (default: the user name of the caller's uid)
         are recorded with the decision (`Turn.decided_by`)."""
-        answer = await self.call(
+        answer = await self._call(
             "escalations.resolve",
             turn_id=turn_id,
             action=action,
@@ -545,12 +464,12 @@ class Client:
 
     async def verify_ledgers(self, *, session_id: str | None = None) -> LedgerCheck:
         params = {"session_id": session_id} if session_id is not None else {}
-        return _as(LedgerCheck, await self.call("ledger.verify", **params))
+        return _as(LedgerCheck, await self._call("ledger.verify", **params))
 
     async def status(self) -> dict[str, object]:
         """The daemon's status for people and dashboards (docs/control-protocol.md `status`:
         fields may be added, so it stays a mapping)."""
-        return dict(await self.call("status"))
+        return dict(await self._call("status"))
 
     async def drain(self, *, reason: str | None = None, operator: str | None = None) -> DecidedBy:
         """Ask the daemon to drain and stop, as on SIGTERM: it accepts no new work
@@ -558,7 +477,7 @@ class Client:
         its socket goes away. A person's decision: recorded with *reason*, *operator* (default:
         the user name of the caller's uid) and the caller's uid, and returned. Not sent again
         after a lost connection."""
-        answer = await self.call("drain", **_attribution(reason, operator))
+        answer = await self._call("drain", **_attribution(reason, operator))
         return _as(DecidedBy, answer["decided_by"])
 
     # -- events -------------------------------------------------------------------------------
@@ -574,9 +493,7 @@ class Client:
     ) -> AsyncIterator[Events]:
         """Follow the daemon's change feed (``events.subscribe``): an async iterator of typed
         `Event`s; ``last`` is the cursor to resume from (``after=``)."""
-        conn = self._conn
-        if conn is None:
-            raise ConnectionLost(f"the client of {self.socket} is not open (use `async with`)")
+        conn = self._connection.current
         params: dict[str, Any] = {}
         if sessions is not None:
             params["sessions"] = sorted(sessions)

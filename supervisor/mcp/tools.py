@@ -4,22 +4,20 @@ the SDK before the method runs), its return type the output schema.
 
 A tool that runs something submits one turn through the client library with ``requested_by``
 (`supervisor.mcp.attribution`), follows it with ``turn.wait`` and relays its events as progress
-(`supervisor.mcp.progress`). If the MCP client cancels the call, the turn is cancelled too.
+(`supervisor.mcp.progress`). If the MCP client cancels the call, the turn is cancelled too. That
+course of a turn is `supervisor.mcp.course`; this module holds the tools' schemas and checks.
 Refusals are `supervisor.mcp.errors` (a tool error saying what to change; nothing was run).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Final, Literal
 
 import anyio
-import msgspec
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
-from supervisor.client import DecisionRecord, HunterError, Turn, TurnHandle
+from supervisor.client import HunterError, TurnHandle
 from supervisor.control.answers import package_answer
 from supervisor.mcp.answers import (
     DecisionAnswer,
@@ -34,13 +32,11 @@ from supervisor.mcp.answers import (
     bounded_text,
     outcome_of,
 )
-from supervisor.mcp.attribution import requested_by
 from supervisor.mcp.backend import Backend
-from supervisor.mcp.errors import BadInput, DaemonRefused
+from supervisor.mcp.course import TurnCourse, refused
+from supervisor.mcp.errors import BadInput
 from supervisor.mcp.limits import SessionBucket
-from supervisor.mcp.progress import relay_progress
 from supervisor.mcp.workspace import list_files, read_slice, relative_path
-from supervisor.wire.turn_spec import RequestedBy
 
 __all__ = ["Tools"]
 
@@ -67,15 +63,8 @@ Phase = Literal["RED", "GREEN", "VERIFY", "REFACTOR"]
 CommandType = Literal["NAVIGATE", "CLICK", "READ", "SCROLL", "SCREENSHOT", "EXTRACT"]
 Reason = Annotated[str, Field(min_length=1, max_length=2000)]
 
-_CANCEL_REASON: Final = "the MCP client cancelled the tool call"
-#: how long a cancel of the turn may take when the call is cancelled
-_CANCEL_S: Final = 10.0
 #: while an escalated turn waits, its state is read again this often (events come first)
 _ESCALATED_POLL_S: Final = 2.0
-
-
-def _refused(exc: HunterError) -> DaemonRefused:
-    return DaemonRefused(f"the daemon refused: {exc.code}: {exc.message}")
 
 
 class Tools:
@@ -85,25 +74,13 @@ class Tools:
         self._backend = backend
         self._settings = backend.settings
         self._client = backend.client
+        self._course = TurnCourse(backend)
 
     # -- who and where --------------------------------------------------------------------
 
     def _bucket(self, ctx: Context) -> SessionBucket:
         headers = ctx.headers or {}
         return self._backend.limits.bucket(headers.get("mcp-session-id", ""))
-
-    def _requested_by(self, ctx: Context) -> RequestedBy:
-        params = ctx.session.client_params
-        info = params.client_info if params is not None else None
-        return requested_by(
-            self._backend.instance,
-            info.name if info is not None else None,
-            info.version if info is not None else None,
-        )
-
-    def _wait_s(self, asked: float | None) -> float:
-        wait = self._settings.default_wait_s if asked is None else asked
-        return min(wait, self._settings.max_wait_s)
 
     # -- packages and sessions ------------------------------------------------------------
 
@@ -165,7 +142,7 @@ class Tools:
         try:
             session = await self._client.open_session(package_id, work_order_id=work_order_id)
         except HunterError as exc:
-            raise _refused(exc) from None
+            raise refused(exc) from None
         bucket.sessions.add(session.session_id)
         workspace = await self._backend.workspace(session.session_id)
         return SessionAnswer(
@@ -183,7 +160,7 @@ class Tools:
         try:
             session = await self._client.close_session(session_id)
         except HunterError as exc:
-            raise _refused(exc) from None
+            raise refused(exc) from None
         workspace = await self._backend.workspace(session_id)
         return SessionAnswer(
             session_id=session.session_id,
@@ -251,7 +228,7 @@ class Tools:
             raise BadInput(f"argv: {len(argv)} arguments, over {self._settings.max_argv}")
         for path in declared_outputs:
             relative_path(path)  # absolute or climbing out: refused before anything runs
-        who = self._requested_by(ctx)
+        who = self._course.requested_by(ctx)
         timeout_ms = max(1, round(timeout_s * 1000))
 
         async def submit() -> TurnHandle:
@@ -265,7 +242,7 @@ class Tools:
                 compact=True,
             )
 
-        return await self._run(bucket, ctx, submit, wait_s)
+        return await self._course.run(bucket, ctx, submit, wait_s)
 
     async def submit_instruction(
         self,
@@ -291,7 +268,7 @@ class Tools:
         ledger hashes. The daemon's safety rules judge the executor's answer."""
         bucket = self._bucket(ctx)
         bucket.owns_session(session_id)
-        who = self._requested_by(ctx)
+        who = self._course.requested_by(ctx)
         timeout_ms = max(1, round(timeout_s * 1000))
 
         async def submit() -> TurnHandle:
@@ -307,7 +284,7 @@ class Tools:
                 compact=True,
             )
 
-        return await self._run(bucket, ctx, submit, wait_s)
+        return await self._course.run(bucket, ctx, submit, wait_s)
 
     async def wait_turn(
         self, *, turn_id: TurnId, ctx: Context, wait_s: WaitS = None
@@ -317,19 +294,21 @@ class Tools:
         (retry or terminate) and what follows; it never decides it."""
         bucket = self._bucket(ctx)
         bucket.owns_turn(turn_id)
-        deadline = anyio.current_time() + self._wait_s(wait_s)
+        deadline = anyio.current_time() + self._course.wait_s(wait_s)
         with self._backend.watch.watch(turn_id) as events:
-            turn = await self._compact(turn_id, 0)
+            turn = await self._course.compact(turn_id, 0)
             while turn.state == "escalated" and anyio.current_time() < deadline:
                 with anyio.move_on_after(min(_ESCALATED_POLL_S, deadline - anyio.current_time())):
                     while True:
                         event = await events.receive()
                         if event.kind in ("escalation.resolved", "turn.ended"):
                             break
-                turn = await self._compact(turn_id, 0)
+                turn = await self._course.compact(turn_id, 0)
             if not turn.settled:
-                turn = await self._compact(turn_id, max(0.0, deadline - anyio.current_time()))
-        return await self._outcome(bucket, turn, wait_s)
+                turn = await self._course.compact(
+                    turn_id, max(0.0, deadline - anyio.current_time())
+                )
+        return await self._course.outcome(bucket, turn, wait_s)
 
     async def cancel_turn(
         self, *, turn_id: TurnId, ctx: Context, reason: Reason | None = None
@@ -340,11 +319,13 @@ class Tools:
         bucket.owns_turn(turn_id)
         try:
             turn = await self._client.cancel(
-                turn_id, reason=reason or "cancelled by the agent", operator=self._operator(ctx)
+                turn_id,
+                reason=reason or "cancelled by the agent",
+                operator=self._course.operator(ctx),
             )
         except HunterError as exc:
-            raise _refused(exc) from None
-        return await self._outcome(bucket, turn, 0)
+            raise refused(exc) from None
+        return await self._course.outcome(bucket, turn, 0)
 
     async def decision_record(self, *, turn_id: TurnId, ctx: Context) -> DecisionAnswer:
         """A turn's decision record: every attempt with its outcome, fault, decision, reason
@@ -355,7 +336,7 @@ class Tools:
         try:
             record = await self._client.decision_record(turn_id)
         except HunterError as exc:
-            raise _refused(exc) from None
+            raise refused(exc) from None
         outcome, spent = outcome_of(
             record.turn, record, self._backend.limits.output_allowance(bucket)
         )
@@ -384,7 +365,7 @@ class Tools:
                 return LedgerVerified(
                     session_id=session_id, ok=False, ledgers=[], problem=exc.message
                 )
-            raise _refused(exc) from None
+            raise refused(exc) from None
         data = check.to_dict()
         ledgers = data.get("ledgers")
         return LedgerVerified(
@@ -447,87 +428,3 @@ class Tools:
             files=[FileEntryModel(path=f.path, size=f.size) for f in files],
             truncated=more,
         )
-
-    # -- the turn's course ----------------------------------------------------------------
-
-    def _operator(self, ctx: Context) -> str:
-        who = self._requested_by(ctx)
-        return f"mcp:{who.client_name}"[:256]
-
-    async def _run(
-        self,
-        bucket: SessionBucket,
-        ctx: Context,
-        submit: Callable[[], Awaitable[TurnHandle]],
-        wait_s: float | None,
-    ) -> TurnOutcome:
-        with self._backend.limits.turn_slot(bucket):
-            try:
-                handle = await submit()
-            except HunterError as exc:
-                raise _refused(exc) from None
-            turn_id = handle.turn_id
-            bucket.turns.add(turn_id)
-            turn = handle.turn
-            if not turn.settled:
-                turn = await self._follow(ctx, turn, self._wait_s(wait_s))
-            return await self._outcome(bucket, turn, wait_s)
-
-    async def _follow(self, ctx: Context, turn: Turn, wait_s: float) -> Turn:
-        """Wait for *turn* to settle (at most *wait_s*), relaying its events as progress; the
-        call cancelled cancels the turn."""
-        turn_id = turn.turn_id
-        with self._backend.watch.watch(turn_id) as events:
-            try:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(
-                        relay_progress,
-                        events,
-                        ctx.report_progress,
-                        f"turn {turn_id} accepted ({turn.state})",
-                    )
-                    settled = await self._compact(turn_id, wait_s)
-                    tg.cancel_scope.cancel()
-                return settled
-            except anyio.get_cancelled_exc_class():
-                # (a turn ended meanwhile, or not cancellable here: nothing more to do)
-                with (
-                    anyio.CancelScope(shield=True),
-                    anyio.move_on_after(_CANCEL_S),
-                    contextlib.suppress(HunterError),
-                ):
-                    await self._client.cancel(
-                        turn_id, reason=_CANCEL_REASON, operator=self._operator(ctx)
-                    )
-                raise
-
-    async def _compact(self, turn_id: int, wait_s: float) -> Turn:
-        try:
-            answer = await self._client.call(
-                "turn.wait", turn_id=turn_id, timeout_s=wait_s, answer="compact"
-            )
-        except HunterError as exc:
-            raise _refused(exc) from None
-        return msgspec.convert(answer["turn"], Turn)
-
-    async def _outcome(
-        self, bucket: SessionBucket, turn: Turn, wait_s: float | None
-    ) -> TurnOutcome:
-        record: DecisionRecord | None = None
-        note = None
-        if turn.settled:
-            try:
-                record = await self._client.decision_record(turn.turn_id)
-            except HunterError as exc:
-                raise _refused(exc) from None
-            turn = record.turn
-        else:
-            note = (
-                f"still {turn.state} after the wait: call wait_turn with turn_id"
-                f" {turn.turn_id} (or cancel_turn)"
-            )
-        outcome, spent = outcome_of(
-            turn, record, self._backend.limits.output_allowance(bucket), note=note
-        )
-        self._backend.limits.charge(bucket, spent)
-        return outcome

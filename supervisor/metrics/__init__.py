@@ -8,7 +8,7 @@ syncer (`events`), plus a collector that reads the daemon's statistics snapshots
 systemd STATUS= text.
 
 May import `supervisor.turns`, `supervisor.executors`, `supervisor.store`, `ledger`, `sandbox`;
-nothing imports this package but `supervisor.server`.
+nothing imports this package but the daemon (`supervisor.server`, `supervisor.daemon.listeners`).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def tasks_named(part: str) -> int:
 
 
 def served_by_task() -> int:
-    """Control requests being served by a task of their own (`ControlServer._serve_counted`)."""
+    """Control requests being served by a task of their own (`Connections._serve_counted`)."""
     names = [task.name or "" for task in anyio.get_running_tasks()]
     return sum("_serve_counted" in name or "_serve_request" in name for name in names)
 
