@@ -10,7 +10,9 @@ bound to, and the settings' ``allowed_hosts``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,6 +193,11 @@ async def _serve(
 ) -> None:
     try:
         await worker_serve(app, config, sockets=sockets, shutdown_trigger=stop.wait)
+    except asyncio.InvalidStateError:
+        # hypercorn, cancelled during its graceful wait, raises this in place of the
+        # cancellation; while this task is being cancelled that is the cancellation itself
+        if anyio.current_effective_deadline() != -math.inf:
+            raise
     finally:
         stop.set()
         scope.cancel()

@@ -143,7 +143,8 @@ async def test_a_reader_is_refused_and_so_is_a_bad_csrf_token(root: Path, operat
             )
             await resolver.type(f"#escalation-{turn_id} input[name=reason]", "forged")
             await resolver.click(f"#escalation-{turn_id} button[value=terminate]")
-            assert "CSRF token is missing or wrong" in await resolver.text()
+            # the refusal is the next page: wait for it (read at once, the old page may be gone)
+            await resolver.wait_text("body", "CSRF token is missing or wrong")
         got = await live.client.call("turn.get", turn_id=turn_id)
         assert got["turn"]["state"] == "escalated"
 
