@@ -144,7 +144,9 @@ class TurnCore:
         self._fleet: Fleet | None = None
         if fleet is not None and self._deps.anchors is not None:
             hooks = FleetHooks(
-                start=lambda turn, claim: runner.start(turn, claim, recovered=True),
+                start=lambda turn, claim, came_back: runner.start(
+                    turn, claim, recovered=True, taken_over=not came_back
+                ),
                 resolve=self._escalations.resolve,
                 served=self._served,
                 info=lambda: self.statistics().to_dict(),

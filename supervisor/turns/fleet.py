@@ -73,8 +73,9 @@ _COMMAND_TYPES = frozenset(c.value for c in ExecutorCommandType)
 class FleetHooks:
     """What the fleet asks of the rest of the daemon."""
 
-    #: run a claimed turn here
-    start: Callable[[TurnRecord, Claim], None]
+    #: run a claimed turn here; the flag: its session came back to this root after a restart
+    #: here (an attempt found running was interrupted by that restart, not taken over)
+    start: Callable[[TurnRecord, Claim, bool], None]
     #: carry out a resolution on an escalated turn of a session homed here (with who decided)
     resolve: Callable[[TurnRecord, Resolution, Decision | None], Awaitable[TurnRecord]]
     #: command types the connected executors serve now
@@ -266,7 +267,7 @@ class Fleet:
         ):
             active = deps.tracker.get(claim.turn_id)
             if active is None:
-                self._hooks.start(claim.turn, claim)
+                self._hooks.start(claim.turn, claim, homes.came_back(claim.turn.session_id))
                 continue
             # Its claim lapsed here (this daemon was paused or starved past the lease) and
             # the store handed it back: never a takeover of its own turn. What ran under the

@@ -55,6 +55,10 @@ class Homes:
         #: sessions whose chain here went stale (the store refused a line as a fork, or an
         #: anchor as another daemon's): dropped and given back at the next claim round
         self._stale: set[str] = set()
+        #: sessions homed here again after a restart on the root that homed them (their
+        #: ledger files were here, in agreement with the store): what they were running was
+        #: interrupted by that restart, not taken over from another daemon
+        self._restarted: set[str] = set()
 
     # -- views ------------------------------------------------------------------------------
 
@@ -69,6 +73,10 @@ class Homes:
 
     def get(self, session_id: str) -> SessionHome | None:
         return self._held.get(session_id)
+
+    def came_back(self, session_id: str) -> bool:
+        """The session was homed here again after this root's own daemon restarted."""
+        return session_id in self._restarted
 
     @property
     def stale_pending(self) -> bool:
@@ -198,10 +206,15 @@ class Homes:
         self._anchors.adopted(session)
         self._anchors.noted(lines)
         self._held[sid] = home
+        how = adopted_as(ledger_lines=len(lines), written=appended, forked=forked)
+        if how == "restart":
+            self._restarted.add(sid)
+        else:
+            self._restarted.discard(sid)
         self._log.info(
             "session_adopted",
             session_id=sid,
-            adopted_as=adopted_as(ledger_lines=len(lines), written=appended, forked=forked),
+            adopted_as=how,
             ledger_lines=len(lines),
             lines_written=appended,
             stale_files_moved=forked,

@@ -136,6 +136,8 @@ class TurnRunner:
         self._due = SlotDeadlines()  # each parked turn's own bound (its timeout_ms)
         self._launching: collections.Counter[ExecutorCommandType] = collections.Counter()
         self._feed: anyio.Event | None = None
+        #: recovered turns another daemon ran before (`start`'s *taken_over*), until started
+        self._taken_over: set[int] = set()
         self._attempts_hub = _SlotReturns(hub, self._kick_feeder)
         # Instruction turns without a task on their hot path, when the hub takes attempts so.
         self._flights = (
@@ -164,11 +166,17 @@ class TurnRunner:
     def is_parked(self, turn_id: int) -> bool:
         return self._parked.command(turn_id) is not None
 
-    def start(self, turn: TurnRecord, claim: Claim, *, recovered: bool = False) -> None:
-        """Run *turn* under *claim*: in a task now, or parked until an executor slot frees."""
+    def start(
+        self, turn: TurnRecord, claim: Claim, *, recovered: bool = False, taken_over: bool = False
+    ) -> None:
+        """Run *turn* under *claim*: in a task now, or parked until an executor slot frees.
+        *recovered*: claimed again after a restart or a takeover; *taken_over*: from another
+        daemon (or an earlier run whose session's files are not on this root)."""
         if self._tg is None:
             msg = "the turn core is not running"
             raise RuntimeError(msg)
+        if taken_over:
+            self._taken_over.add(turn.turn_id)
         active = self._deps.tracker.add(turn, claim)
         command = self._command(turn)
         if command is not None and turn.state is TurnState.ACCEPTED:
@@ -325,7 +333,7 @@ class TurnRunner:
         interrupted: AttemptRecord | None = None
         if recovered and turn.state is TurnState.RUNNING and turn.attempt >= 1:
             prior = next((a for a in turn.attempts if a.attempt == turn.attempt), None)
-            cause, detail = self._interruption()
+            cause, detail = self._interruption(turn.turn_id in self._taken_over)
             interrupted = replace(
                 prior or AttemptRecord(attempt=turn.attempt, started_us=now_us()),
                 detail=detail,
@@ -368,18 +376,20 @@ class TurnRunner:
             self._log.exception("turn_failed", error_type=type(exc).__name__, error=str(exc))
             await self._end_error(turn, active, exc)
         finally:
+            self._taken_over.discard(turn.turn_id)
             launched.done()
             self._deps.tracker.remove(active)
             self._kick_feeder()
 
-    def _interruption(self) -> tuple[str, str]:
+    def _interruption(self, taken_over: bool) -> tuple[str, str]:
         """Why an attempt found running when this daemon claimed its turn did not finish, as
         the log's ``cause`` and the attempt's detail. Alone on its store, this daemon claims
         such a turn only when it starts again on the same root (`lifetime.Lifetime._recover`): the
         attempt ran when it stopped. In a fleet (`fleet`), it claims one when the claim of the
-        daemon running it (another daemon, or an earlier run on this host) lapsed."""
+        daemon running it lapsed: a restart when that was this root's own earlier run (the
+        session came back here with its files), else a takeover from another daemon."""
         deps = self._deps
-        if deps.anchors is None:  # no fleet
+        if deps.anchors is None or not taken_over:
             return "restart", INTERRUPTED_BY_RESTART
         return "takeover", (
             "interrupted by a takeover: the daemon running it stopped renewing its claim (lease"

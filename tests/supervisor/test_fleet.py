@@ -332,3 +332,39 @@ async def test_process_turns_and_escalations_across_daemons(
         for stack in stacks.values():
             with anyio.CancelScope(shield=True):
                 await stack.aclose()
+
+
+async def test_a_daemon_restarted_on_its_root_records_a_restart_not_a_takeover(
+    pg_cluster: PgCluster, base: Path
+) -> None:
+    """In a fleet, a daemon SIGKILLed with an attempt running starts again on the same root:
+    its session comes back with the files this root kept, and the attempt it was running is
+    recorded as interrupted by its restart (the log, the attempt's detail), as a daemon alone
+    on its store records it: no other daemon took anything over."""
+    dsn = database_for(base)
+    stack = await _daemon(base, "a", dsn, ["CLICK=slow", "READ=ok"])
+    try:
+        opened = await call_once(stack.control_socket, "session.open", package_id="demo")
+        sid = str(opened["session_id"])
+        turn_id = await _submit(stack, sid, "restart-1", command="CLICK")
+        await anyio.sleep(0.4)  # dispatched to the slow executor: its attempt runs
+        await stack.stop_daemon(signal.SIGKILL)
+        await stack.stop_executor("ex-a", signal.SIGKILL)
+        await stack.start_daemon()
+        await stack.start_executor(
+            "ex-a2",
+            ["supervisor.examples.chaos_executor", "--commands", "READ,CLICK", "--no-reconnect"],
+        )
+        turn = await _final(stack, turn_id)
+        assert turn["state"] == "succeeded"
+        [crashed] = [a for a in turn["attempts"] if a["fault_type"] == "CRASH"]
+        assert crashed["detail"] == (
+            "interrupted by a restart of this daemon: it stopped while the attempt ran"
+        )
+        [adopted] = [e for e in _events(stack, "session_adopted") if e["session_id"] == sid]
+        assert adopted["adopted_as"] == "restart"
+        causes = {e["cause"] for e in _events(stack, "attempt_interrupted")}
+        assert causes == {"restart"}
+    finally:
+        with anyio.CancelScope(shield=True):
+            await stack.aclose()

@@ -36,6 +36,7 @@ _UNIT_FILES = (
     "hunter-sandbox.socket",
     "hunter-sandbox.service",
     "hunter-console.service",
+    "hunter-mcp.service",
 )
 _HELPER_SOCKET = "/run/hunter-sandbox/helper.sock"
 _STEP_TIMEOUT_S = 30.0
@@ -49,7 +50,7 @@ def _analyze() -> str:
 
 
 def test_units_verify_cleanly() -> None:
-    """`systemd-analyze verify` of the five units together prints nothing and exits 0."""
+    """`systemd-analyze verify` of the seven units together prints nothing and exits 0."""
     proc = subprocess.run(
         [_analyze(), "verify", *(str(_UNITS / name) for name in _UNIT_FILES)],
         capture_output=True,
@@ -94,6 +95,28 @@ def test_console_exposure_at_most_2_0_and_no_privilege() -> None:
         "IPAddressAllow=localhost",
     } <= lines
     assert not any(x.startswith(("StateDirectory=", "ReadWritePaths=")) for x in lines)
+
+
+def test_mcp_server_exposure_at_most_2_0_and_no_privilege() -> None:
+    """The MCP server's unit (the HTTP form) is hardened as the console's: its own user, in
+    group hunter for the control socket only, no capability, loopback only, nothing writable
+    but its own runtime directory (the socket agent hosts reach)."""
+    assert _exposure("hunter-mcp.service") <= 2.0
+    lines = set(_lines("hunter-mcp.service"))
+    assert {
+        "User=hunter-mcp",
+        "SupplementaryGroups=hunter",
+        "CapabilityBoundingSet=",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "ReadOnlyPaths=/var/lib/hunter",
+        "IPAddressDeny=any",
+        "IPAddressAllow=localhost",
+        "RuntimeDirectory=hunter-mcp",
+    } <= lines
+    assert not any(x.startswith(("StateDirectory=", "ReadWritePaths=")) for x in lines)
+    [start] = [x for x in lines if x.startswith("ExecStart=")]
+    assert "--token-file /etc/hunter/mcp-token" in start  # never served without its token
 
 
 def test_helper_exposure_stays_at_the_root_units() -> None:
