@@ -4,7 +4,9 @@ commands and the client library alike; docs/configuration.md, "How client comman
 daemon"):
 
 1. a socket given (``--socket PATH``, ``socket=``): the control socket itself;
-2. a root given (``--root DIR``, ``root=``): ``DIR/run/control.sock`` (for the root: ``DIR``);
+2. a root given (``--root DIR``, ``root=``): ``DIR/run/control.sock``, or where the file
+   ``hunter serve --root DIR`` reads (``--config``, ``$HUNTER_CONFIG``, else
+   ``DIR/hunter.toml``) puts the socket (for the root: ``DIR``);
 3. ``$HUNTER_CONTROL_SOCKET``;
 4. the configuration `hunter serve` would load from the same file and environment: the file
    given (``--config FILE``, ``config=``), else ``$HUNTER_CONFIG``, under the ``HUNTER_*``
@@ -75,7 +77,9 @@ def locate_daemon(
         return Located(Path(socket), "--socket")
     if root:
         path = Path(root).absolute()
-        return Located(socket_for_root(path) if want == "socket" else path, "--root")
+        if want == "root":
+            return Located(path, "--root")
+        return _socket_of_root(path, config, env)
     if want == "socket" and env.get(CONTROL_SOCKET_ENV):
         return Located(Path(env[CONTROL_SOCKET_ENV]).absolute(), f"${CONTROL_SOCKET_ENV}")
     loaded, file = _configuration(config, env)
@@ -91,6 +95,27 @@ def locate_daemon(
     else:
         source = "$RUNTIME_DIRECTORY"
     return Located(loaded.control_socket, source)
+
+
+def _socket_of_root(root: Path, config: Path | str | None, env: Mapping[str, str]) -> Located:
+    """The control socket of the daemon `hunter serve --root ROOT` starts: ``ROOT/run/
+    control.sock``, unless the file it reads (``--config``, ``$HUNTER_CONFIG``, else
+    ``ROOT/hunter.toml``) puts the socket elsewhere (its ``control_socket`` or
+    ``runtime_dir`` key)."""
+    from supervisor.config import config_file_for, load_config
+    from supervisor.control.client import socket_for_root
+
+    file = config_file_for(config=Path(config) if config else None, root=root, env=env)
+    if file is None:
+        return Located(socket_for_root(root), "--root")
+    # the root is given: the environment's socket and root do not override it here
+    rest = {k: v for k, v in env.items() if k not in (CONTROL_SOCKET_ENV, ROOT_ENV, CONFIG_ENV)}
+    loaded = load_config(file, env=rest, overrides={"root": root})
+    if loaded.control_socket == socket_for_root(root):
+        return Located(loaded.control_socket, "--root")
+    return Located(
+        loaded.control_socket, f"--root: the control_socket or runtime_dir key of {file}"
+    )
 
 
 def _configuration(config: Path | str | None, env: Mapping[str, str]) -> tuple[Config, str]:

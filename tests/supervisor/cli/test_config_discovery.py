@@ -131,6 +131,25 @@ async def test_a_control_socket_set_in_the_file_is_where_clients_go(base: Path) 
         assert orjson.loads(status.stdout)["daemon"]["root"] == str(root)
 
 
+async def test_a_root_given_is_read_with_its_own_hunter_toml(base: Path) -> None:
+    """`hunter serve --root R` reads R/hunter.toml; a client given `--root R` reads it too, so
+    a control socket that file moves out of R/run is where `status --root R` goes."""
+    root, cwd = base / "r", base / "cwd"
+    sock = base / "moved.sock"
+    conf = config_file(root, "hunter.toml", f'root = "{root}"\ncontrol_socket = "{sock}"\n')
+    async with serving(conf):
+        assert not (root / "run" / "control.sock").exists()
+        status = await hunter("status", "--json", "--root", str(root), cwd=cwd)
+        assert status.returncode == 0, text(status.stderr)
+        assert orjson.loads(status.stdout)["daemon"]["root"] == str(root)
+    # nobody there: the message says the path came from the root's file
+    gone = await hunter("status", "--root", str(root), cwd=cwd)
+    assert gone.returncode == EXIT_NO_DAEMON
+    err = text(gone.stderr)
+    assert f"no daemon at {sock}" in err
+    assert f"control_socket or runtime_dir key of {conf}" in err
+
+
 async def test_flags_then_variables_then_the_file(base: Path) -> None:
     """--root wins over $HUNTER_CONFIG (whose root has no daemon); $HUNTER_ROOT wins over the
     file's root, as it does for `hunter serve`."""
