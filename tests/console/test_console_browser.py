@@ -14,8 +14,10 @@ import os
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 
+from supervisor.mcp.attribution import ServerInstance, requested_by
 from supervisor.sdk import Executor, Instruction, Result
 from tests.console.browser import Browser, browser, missing_reason
 from tests.console.live_console import PASSWORDS, console_for
@@ -161,6 +163,27 @@ async def test_a_script_in_a_turn_is_shown_as_text(root: Path, operators: Path) 
             assert await page.title() != "x"
             assert not await page.all("main script")
             assert not await page.all("main img")
+
+        # a turn an agent asked for through `hunter mcp` names who asked, as text too
+        asked = requested_by(
+            ServerInstance(name="hunter-mcp", version="0.1.0", uid=1000, pid=4242),
+            "<b>agent</b>",
+            "2.0",
+        )
+        answer = await live.client.call(
+            "turn.submit",
+            session_id=live.session_id,
+            kind="instruction",
+            command_type="READ",
+            target_selector="h1",
+            declared_outputs=[],
+            requested_by=msgspec.to_builtins(asked),
+            wait_s=WAIT_S,
+        )
+        await page.open(f"/turns/{answer['turn']['turn_id']}")
+        row = await page.wait_text("main", "requested by")
+        assert "<b>agent</b> 2.0 via mcp (hunter-mcp 0.1.0, uid 1000, pid 4242)" in row
+        assert not await page.all("main b")
 
 
 async def test_every_page_renders_with_no_error_in_the_browser(root: Path, operators: Path) -> None:
