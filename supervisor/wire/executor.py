@@ -175,11 +175,17 @@ class Reject:
         }
 
 
+#: The integers a heartbeat's ``ts_us`` may hold: a signed 64-bit integer, as every clock in
+#: microseconds is; past that a number is no clock reading, and the heartbeat is ignored.
+_TS_MIN: Final = -(2**63)
+_TS_MAX: Final = 2**63 - 1
+
+
 class Heartbeat(msgspec.Struct, frozen=True, tag_field="type", tag=MessageType.HEARTBEAT):
     """Either direction: I am alive. ``ts_us`` is the sender's wall clock (informative; 0 when
     absent). A msgspec Struct: ``decode_executor_message`` decodes it in one step."""
 
-    ts_us: int = 0
+    ts_us: Annotated[int, Meta(ge=_TS_MIN, le=_TS_MAX)] = 0
 
     def to_wire(self) -> dict[str, object]:
         return {"type": MessageType.HEARTBEAT, "ts_us": self.ts_us}
@@ -348,8 +354,8 @@ def parse_heartbeat(obj: Mapping[str, Any]) -> Heartbeat:
     """Validate a ``heartbeat`` (``ts_us`` optional, 0 when absent)."""
     _expect_type(obj, MessageType.HEARTBEAT)
     ts = obj.get("ts_us", 0)
-    if type(ts) is not int:
-        raise _bad("ts_us", "must be an integer", RejectReason.BAD_MESSAGE)
+    if type(ts) is not int or not _TS_MIN <= ts <= _TS_MAX:
+        raise _bad("ts_us", "must be a signed 64-bit integer", RejectReason.BAD_MESSAGE)
     return Heartbeat(ts_us=ts)
 
 
