@@ -10,7 +10,8 @@ Design notes
   `SCHEMA_VERSION` raises `SchemaVersionError` naming the file, both versions and what to do:
   the newer daemon's tables may mean things this one cannot know. An older version is upgraded
   by the steps in `_MIGRATIONS` inside one transaction (version 2 added ``ledger_lines``, 3 the
-  sessions' ``tenant`` and ``priority``, NULL for the sessions opened before).
+  sessions' ``tenant`` and ``priority``, NULL for the sessions opened before, 4 moved
+  ``ledger_lines`` into rowid order: below).
 * **Claims live on the turn row**: ``owner``, ``lease_until_us`` and ``token`` (only grows, one
   more on every claim). ``round`` counts escalation retries: attempts are keyed by
   ``(turn_id, round, attempt)`` so a fresh attempt budget numbers its attempts from 1 again and
@@ -22,6 +23,14 @@ Design notes
   lines that `finish` committed with the turn's ending: that one commit is the turn's durable
   step. The daemon syncs the JSONL files later in rounds and then trims what the files hold; after
   a crash it writes back the lines the files lost (``LedgerWriter.restore``).
+* **Ledger lines are stored in the order they come.** ``ledger_lines`` is a rowid table (its
+  key ``(ledger_id, seq)`` an index beside it), not a ``WITHOUT ROWID`` one: a pass's lines
+  belong to as many ledgers as it has sessions, and clustered by ledger each one landed on
+  another leaf page (lines of ~600 bytes, a handful per page), so a commit wrote a page per
+  ledger. In rowid order they fill the table's last pages and only the small key index is
+  touched per ledger: at 64 sessions the commit's CPU per turn went from ~110 to ~90 µs
+  (`benchmarks/bench_daemon.py --sessions 64`, docs/performance.md). A trim deletes the oldest
+  lines, the table's first pages.
 * ``command_type`` is copied out of an instruction turn's spec at acceptance, so claims filter
   by it in SQL.
 """
@@ -46,7 +55,7 @@ __all__ = [
 ]
 
 #: The schema this code writes. Raise it (and add a step to `_MIGRATIONS`) on every change.
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 _VERSION_KEY: Final = "turn_store_schema"
 
 #: States a turn can still leave by itself (claimable, recoverable). ``escalated`` waits for a
@@ -127,7 +136,7 @@ CREATE TABLE IF NOT EXISTS ledger_lines(
     entry_hash TEXT NOT NULL,
     line BLOB NOT NULL,
     PRIMARY KEY(ledger_id, seq)
-) WITHOUT ROWID;
+);
 """
 
 #: version -> the SQL that upgrades a file from that version to the next one.
@@ -141,6 +150,17 @@ _MIGRATIONS: Final[Mapping[int, str]] = {
 ) WITHOUT ROWID;""",
     2: """ALTER TABLE sessions ADD COLUMN tenant TEXT;
 ALTER TABLE sessions ADD COLUMN priority INTEGER;""",
+    3: """CREATE TABLE ledger_lines_in_rowid_order(
+    ledger_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    entry_hash TEXT NOT NULL,
+    line BLOB NOT NULL,
+    PRIMARY KEY(ledger_id, seq)
+);
+INSERT INTO ledger_lines_in_rowid_order(ledger_id, seq, entry_hash, line)
+    SELECT ledger_id, seq, entry_hash, line FROM ledger_lines ORDER BY ledger_id, seq;
+DROP TABLE ledger_lines;
+ALTER TABLE ledger_lines_in_rowid_order RENAME TO ledger_lines;""",
 }
 
 TURN_COLUMNS: Final = (

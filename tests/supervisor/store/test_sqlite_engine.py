@@ -107,7 +107,48 @@ async def test_version_1_file_is_upgraded(tmp_path: Path) -> None:
     conn = sqlite3.connect(path)
     version = conn.execute("SELECT value FROM meta WHERE key = 'turn_store_schema'").fetchone()
     conn.close()
-    assert int(version[0]) == SCHEMA_VERSION == 3
+    assert int(version[0]) == SCHEMA_VERSION == 4
+
+
+async def test_version_3_ledger_lines_move_into_rowid_order_and_stay(tmp_path: Path) -> None:
+    """A file of schema 3 kept its ledger lines clustered by ledger (``WITHOUT ROWID``); the
+    upgrade moves them into a rowid table with the same key, every line kept, read back in
+    seq order, trimmed as before, and a line again at a kept seq still refused if different."""
+    path = tmp_path / "turns.sqlite3"
+    await _with_session(path)
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("DROP TABLE ledger_lines")
+        conn.execute(
+            "CREATE TABLE ledger_lines(ledger_id TEXT NOT NULL, seq INTEGER NOT NULL,"
+            " entry_hash TEXT NOT NULL, line BLOB NOT NULL, PRIMARY KEY(ledger_id, seq))"
+            " WITHOUT ROWID"
+        )
+        conn.executemany(
+            "INSERT INTO ledger_lines VALUES (?, ?, ?, ?)",
+            [
+                (f"S1/{kind}", seq, f"h{seq}", b'{"seq":%d}' % seq)
+                for seq in (3, 1, 2)
+                for kind in ("exec", "evidence")
+            ],
+        )
+        conn.execute("UPDATE meta SET value = '3' WHERE key = 'turn_store_schema'")
+    conn.close()
+    async with open_sqlite_store(path) as store:
+        kept = await store.ledger_lines(["S1/exec", "S1/evidence"])
+        assert [(x.ledger_id, x.seq, x.entry_hash) for x in kept] == [
+            (f"S1/{kind}", seq, f"h{seq}") for kind in ("exec", "evidence") for seq in (1, 2, 3)
+        ]
+        assert await store.trim_ledger_lines({"S1/exec": 2}) == 2
+        assert [x.seq for x in await store.ledger_lines(["S1/exec"])] == [3]
+    conn = sqlite3.connect(path)
+    (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'ledger_lines'").fetchone()
+    version = conn.execute("SELECT value FROM meta WHERE key = 'turn_store_schema'").fetchone()
+    with pytest.raises(sqlite3.IntegrityError), conn:  # the key still holds
+        conn.execute("INSERT INTO ledger_lines VALUES ('S1/exec', 3, 'other', x'00')")
+    conn.close()
+    assert "WITHOUT ROWID" not in sql
+    assert int(version[0]) == SCHEMA_VERSION
 
 
 async def test_foreign_file_refused(tmp_path: Path) -> None:
