@@ -1,9 +1,9 @@
 """The accepts and the endings of one pass as one set of statements (the turn core's hot path
 on SQLite).
 
-`accept_many` accepts the batch's new turns (those without an idempotency key) with one
-statement per session for their numbers, one ``executemany`` for their rows and one query per
-session for their ids: what `operations.accept` does for one turn with two statements.
+`accept_many` accepts the batch's new turns with one statement for the numbers of all their
+sessions, one ``executemany`` for their rows and one query for their ids, however many
+sessions the pass holds: what `operations.accept` does for one turn with two statements.
 
 `operations.finish` ends one turn with six statements (the fence, the attempts, two ledger
 lines, the update, the attempts read back). Under load a batch of the committer holds dozens
@@ -37,7 +37,7 @@ from supervisor.store.rows import (
     loads,
     turn_from_row,
 )
-from supervisor.store.sqlite.new_turns import INSERT_TURN, take_numbers, turn_values
+from supervisor.store.sqlite.new_turns import insert_turns, take_numbers_many, turn_values
 from supervisor.store.sqlite.operations import (
     PUT_ATTEMPT,
     now_us,
@@ -69,34 +69,28 @@ def accept_many(conn: sqlite3.Connection, items: Sequence[Accept]) -> list[Accep
         by_session.setdefault(item.new.session_id, []).append(index)
     results: dict[int, Accepted | Exception] = {}
     now = now_us()
+    firsts = take_numbers_many(conn, {sid: len(indexes) for sid, indexes in by_session.items()})
+    rows: list[tuple[object, ...]] = []
+    numbered: list[tuple[int, int]] = []  # (index in items, turn number), in the rows' order
     for session_id, indexes in by_session.items():
-        first = take_numbers(conn, session_id, len(indexes))
+        first = firsts.get(session_id)
         if first is None:
             try:
                 raise_not_open(conn, session_id)
             except Exception as exc:  # every accept of that session gets it
                 results.update(dict.fromkeys(indexes, exc))
             continue
-        numbers = range(first, first + len(indexes))
-        conn.executemany(
-            INSERT_TURN,
-            [
-                turn_values(items[i].new, n, now, items[i].claim_for, items[i].lease_ms)
-                for i, n in zip(indexes, numbers, strict=True)
-            ],
-        )
-        ids = dict(
-            conn.execute(
-                "SELECT turn_number, turn_id FROM turns WHERE session_id = ?"
-                " AND turn_number BETWEEN ? AND ?",
-                (session_id, first, numbers[-1]),
-            ).fetchall()
-        )
-        for i, n in zip(indexes, numbers, strict=True):
+        for i, n in zip(indexes, range(first, first + len(indexes)), strict=True):
+            item = items[i]
+            rows.append(turn_values(item.new, n, now, item.claim_for, item.lease_ms))
+            numbered.append((i, n))
+    if rows:
+        ids = insert_turns(conn, rows)
+        for i, n in numbered:
             item = items[i]
             results[i] = accepted(
                 item.new,
-                int(ids[n]),
+                ids[(item.new.session_id, n)],
                 n,
                 now,
                 claim_for=item.claim_for,

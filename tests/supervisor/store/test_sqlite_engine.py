@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import sqlite3
@@ -18,7 +19,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 import supervisor.store.sqlite.writer as engine_module
 from sandbox.policy.attempt_record import AttemptRecord
 from sandbox.policy.lifecycle import TurnState
-from supervisor.errors import IntakeClosedError
+from supervisor.errors import IntakeClosedError, SessionClosedError, UnknownSessionError
 from supervisor.store.grouping import Accept, Finish
 from supervisor.store.protocol import (
     Accepted,
@@ -455,3 +456,50 @@ async def test_accepts_arriving_together_run_as_one_group(
         assert store.statistics().commits == commits + 1
     assert calls == [8]
     assert [got[i].turn.turn_number for i in range(8)] == list(range(1, 9))
+
+
+async def test_a_pass_over_many_sessions_numbers_each_and_refuses_only_the_closed(
+    tmp_path: Path,
+) -> None:
+    """Accepts of one pass spread over open, closed and unknown sessions: the open sessions'
+    turns are numbered from their own count in arrival order with the ids the store keeps;
+    the closed and the unknown session's accepts get their errors, and nothing of theirs is
+    written."""
+    async with open_sqlite_store(tmp_path / "turns.sqlite3") as store:
+        for sid in ("A", "B", "C"):
+            await store.open_session(NewSession(session_id=sid, package_id="demo"))
+        await store.accept(dataclasses.replace(_turn(0), session_id="B"), claim_for="X")
+        await store.close_session("C")
+        order = ["A", "B", "C", "A", "nope", "B", "A"]
+        got: dict[int, Accepted | Exception] = {}
+
+        async def one(i: int, sid: str) -> None:
+            try:
+                got[i] = await store.accept(
+                    dataclasses.replace(_turn(i), session_id=sid), claim_for="X"
+                )
+            except Exception as exc:
+                got[i] = exc
+
+        commits = store.statistics().commits
+        async with anyio.create_task_group() as tg:
+            for i, sid in enumerate(order):
+                tg.start_soon(one, i, sid)
+        assert store.statistics().commits == commits + 1  # one pass
+        numbers = {
+            i: (a.turn.session_id, a.turn.turn_number)
+            for i, a in got.items()
+            if isinstance(a, Accepted)
+        }
+        assert numbers == {0: ("A", 1), 1: ("B", 2), 3: ("A", 2), 5: ("B", 3), 6: ("A", 3)}
+        assert isinstance(got[2], SessionClosedError)
+        assert isinstance(got[4], UnknownSessionError)
+        for a in got.values():
+            if isinstance(a, Accepted):
+                kept = await store.get_turn(a.turn.turn_id)
+                assert (kept.session_id, kept.turn_number) == (
+                    a.turn.session_id,
+                    a.turn.turn_number,
+                )
+                assert kept.spec == a.turn.spec
+        assert (await store.get_session("C")).turns == 0
