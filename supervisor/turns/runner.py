@@ -175,7 +175,7 @@ class TurnRunner:
         if self._tg is None:
             msg = "the turn core is not running"
             raise RuntimeError(msg)
-        if taken_over:
+        if taken_over and turn.state is TurnState.RUNNING:  # never parked: its task forgets it
             self._taken_over.add(turn.turn_id)
         active = self._deps.tracker.add(turn, claim)
         command = self._command(turn)
