@@ -9,9 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Final
-
-import orjson
+from typing import Any
 
 from supervisor.store.protocol import TurnRecord
 from supervisor.wire.control import TurnAnswer
@@ -24,7 +22,6 @@ __all__ = [
     "package_answer",
     "statistics_answer",
     "turn_answer",
-    "turn_ledger_entries",
 ]
 
 
@@ -64,46 +61,6 @@ def compact_turn(turn: TurnRecord) -> dict[str, object]:
         "attempt": turn.attempt,
         "evidence_hash": evidence_hash,
     }
-
-
-#: What `turn.get` shows of each of the turn's ledger entries (the hashes and what they seal).
-_LEDGER_FIELDS: Final = (
-    "seq",
-    "kind",
-    "ts_us",
-    "entry_hash",
-    "previous_hash",
-    "query_hash",
-    "result_hash",
-    "status",
-    "decided_by",  # an evidence entry's: who decided a cancel or an operator's terminate
-    "requested_by",  # an evidence entry's: who asked, through a front end (`hunter mcp`)
-)
-
-
-def turn_ledger_entries(session_dir: Path, turn_number: int) -> dict[str, object]:
-    """``{"exec": [...], "evidence": [...]}``: the entries of *turn_number* in the session's
-    ledger files (a worker thread). A line that does not parse (one being appended) is skipped;
-    ``hunter check-ledgers`` is what verifies the chain."""
-    needles = (b'"turn_number":%d,' % turn_number, b'"turn_number":%d}' % turn_number)
-    found: dict[str, object] = {}
-    for name in ("exec", "evidence"):
-        entries: list[dict[str, object]] = []
-        try:
-            with (session_dir / "ledger" / f"{name}.jsonl").open("rb") as fh:
-                for line in fh:
-                    if not any(n in line for n in needles):
-                        continue
-                    try:
-                        entry = orjson.loads(line)
-                    except orjson.JSONDecodeError:
-                        continue
-                    if isinstance(entry, dict) and entry.get("turn_number") == turn_number:
-                        entries.append({k: entry[k] for k in _LEDGER_FIELDS if k in entry})
-        except FileNotFoundError:
-            pass
-        found[name] = entries
-    return found
 
 
 def _plain(value: object) -> object:

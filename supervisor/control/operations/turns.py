@@ -15,10 +15,10 @@ from supervisor.control.answers import (
     EvidenceMissing,
     evidence_slice,
     turn_answer,
-    turn_ledger_entries,
 )
 from supervisor.control.operations.attribution import caller_decision
 from supervisor.control.submits import submit_warnings
+from supervisor.control.turn_entries import turn_ledger_entries
 from supervisor.errors import RequestError
 from supervisor.executors.hub import ExecutorHub
 from supervisor.executors.peercred import PeerCredentials
@@ -83,7 +83,9 @@ class TurnOperations:
         session_dir = session_dir_for(
             self._turn_core.settings.root, session.tier, session.session_id
         )
-        return await anyio.to_thread.run_sync(turn_ledger_entries, session_dir, turn.turn_number)
+        return await anyio.to_thread.run_sync(
+            turn_ledger_entries, session_dir, turn.turn_number, turn.accepted_us
+        )
 
     async def evidence(self, params: TurnEvidenceParams) -> object:
         turn = await self._turn_core.get_turn(params.id)
