@@ -5,8 +5,9 @@ One daemon (``harness.running_daemon``: a separate process, embedded store). The
 ``Client.submit_process(sid, ["/bin/true"], wait_s=..., compact=True)``: one round trip that
 answers once the turn settled. The MCP side is the SDK's own client calling ``run_command``
 on a `hunter mcp` subprocess over stdio, as an agent host does: the server submits the turn
-(with ``requested_by``), follows it with ``turn.wait`` and reads its decision record
-(``turn.get``: the ledger hashes the answer carries), then answers with the structured result.
+(with ``requested_by``), follows it with ``turn.wait`` answering ``"record"`` (the settled
+turn with its ledger entries: the hashes the answer carries), then answers with the structured
+result.
 The two alternate, call by call, in one session each; the script prints each side's p50, p90
 and mean, and the difference.
 

@@ -81,13 +81,15 @@ class TurnCourse:
             turn_id = handle.turn_id
             bucket.turns.add(turn_id)
             turn = handle.turn
+            record: DecisionRecord | None = None
             if not turn.settled:
-                turn = await self.follow(ctx, turn, self.wait_s(wait_s))
-            return await self.outcome(bucket, turn, wait_s)
+                record = await self.follow(ctx, turn, self.wait_s(wait_s))
+                turn = record.turn
+            return await self.outcome(bucket, turn, wait_s, record=record)
 
-    async def follow(self, ctx: Context, turn: Turn, wait_s: float) -> Turn:
+    async def follow(self, ctx: Context, turn: Turn, wait_s: float) -> DecisionRecord:
         """Wait for *turn* to settle (at most *wait_s*), relaying its events as progress; the
-        call cancelled cancels the turn."""
+        call cancelled cancels the turn. The turn as it is then, with its ledger entries."""
         turn_id = turn.turn_id
         with self._backend.watch.watch(turn_id) as events:
             try:
@@ -98,7 +100,7 @@ class TurnCourse:
                         ctx.report_progress,
                         f"turn {turn_id} accepted ({turn.state})",
                     )
-                    settled = await self.compact(turn_id, wait_s)
+                    settled = await self.recorded(turn_id, wait_s)
                     tg.cancel_scope.cancel()
                 return settled
             except anyio.get_cancelled_exc_class():
@@ -123,16 +125,38 @@ class TurnCourse:
             raise refused(exc) from None
         return msgspec.convert(answer["turn"], Turn)
 
-    async def outcome(self, bucket: SessionBucket, turn: Turn, wait_s: float | None) -> TurnOutcome:
-        record: DecisionRecord | None = None
+    async def recorded(self, turn_id: int, wait_s: float) -> DecisionRecord:
+        """The turn once it settles or *wait_s* passes, with its ledger entries (``turn.wait``
+        answering ``"record"``: one round trip for what a wait and ``turn.get`` took)."""
+        try:
+            answer = await self._client.call(
+                "turn.wait", turn_id=turn_id, timeout_s=wait_s, answer="record"
+            )
+        except HunterError as exc:
+            raise refused(exc) from None
+        ledger = answer.get("ledger") or {}
+        return msgspec.convert({"turn": answer["turn"], **ledger}, DecisionRecord)
+
+    async def outcome(
+        self,
+        bucket: SessionBucket,
+        turn: Turn,
+        wait_s: float | None,
+        *,
+        record: DecisionRecord | None = None,
+    ) -> TurnOutcome:
+        """*turn*'s bounded outcome; once settled with its decision record (*record* when the
+        caller has it, else read)."""
         note = None
         if turn.settled:
-            try:
-                record = await self._client.decision_record(turn.turn_id)
-            except HunterError as exc:
-                raise refused(exc) from None
+            if record is None:
+                try:
+                    record = await self._client.decision_record(turn.turn_id)
+                except HunterError as exc:
+                    raise refused(exc) from None
             turn = record.turn
         else:
+            record = None
             note = (
                 f"still {turn.state} after the wait: call wait_turn with turn_id"
                 f" {turn.turn_id} (or cancel_turn)"

@@ -34,6 +34,7 @@ from supervisor.wire.control_fields import (
     MAX_TURN_ID,
     RequestId,
     TurnAnswer,
+    WaitAnswer,
 )
 from supervisor.wire.control_params import (
     DeclaredOutputParam,
@@ -103,6 +104,7 @@ __all__ = [
     "TurnWaitParams",
     "TurnsList",
     "TurnsListParams",
+    "WaitAnswer",
     "convert_request",
     "decode_request",
     "op_of",

@@ -23,6 +23,7 @@ __all__ = [
     "Tenant",
     "Text",
     "TurnAnswer",
+    "WaitAnswer",
 ]
 
 #: Turn ids are SQLite integer keys: positive and below 2**63.
@@ -57,3 +58,6 @@ Priority = Annotated[int, Meta(ge=1, le=10)]
 #: (``supervisor.control.answers.compact_turn``: ids, state, verdict, reason code, attempt,
 #: evidence hash).
 TurnAnswer: TypeAlias = Literal["full", "compact"]
+#: What `turn.wait` answers: a `TurnAnswer`, or ``"record"``: the whole turn and its ledger
+#: entries, as ``turn.get`` answers (one round trip where a wait and a get took two).
+WaitAnswer: TypeAlias = Literal["full", "compact", "record"]

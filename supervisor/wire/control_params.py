@@ -29,6 +29,7 @@ from supervisor.wire.control_fields import (
     Tenant,
     Text,
     TurnAnswer,
+    WaitAnswer,
 )
 from supervisor.wire.turn_spec import RequestedBy
 
@@ -155,7 +156,7 @@ class TurnWaitParams(Struct, frozen=True):
     turn_id: int | str
     timeout_s: Seconds | None = None
     until: frozenset[TurnState] = frozenset()
-    answer: TurnAnswer = "full"
+    answer: WaitAnswer = "full"
 
     def __post_init__(self) -> None:
         force_setattr(self, "turn_id", _turn_id_value(self.turn_id))

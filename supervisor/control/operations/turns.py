@@ -111,6 +111,8 @@ class TurnOperations:
             timeout_s=float(timeout) if timeout is not None else None,
             until=until,
         )
+        if params.answer == "record":  # what turn.get answers, without a second round trip
+            return {"turn": turn_answer(turn), "ledger": await self._ledger(turn)}
         return {"turn": turn_answer(turn, params.answer)}
 
     async def cancel(self, params: TurnCancelParams, peer: PeerCredentials | None) -> object:

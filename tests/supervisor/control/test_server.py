@@ -528,6 +528,11 @@ async def test_compact_answer_of_submit_and_wait_and_of_turn_wait(root: Path) ->
         waited = await client.call("turn.wait", turn_id=compact["turn_id"], answer="compact")
         assert waited == {"turn": compact}
         assert (await client.call("turn.wait", turn_id=compact["turn_id"]))["turn"] == full
+        # "record": what turn.get answers (the turn and its ledger entries), in the wait
+        recorded = await client.call("turn.wait", turn_id=compact["turn_id"], answer="record")
+        assert recorded == await client.call("turn.get", turn_id=compact["turn_id"])
+        assert [e["kind"] for e in recorded["ledger"]["exec"]] == ["turn"]
+        assert recorded["ledger"]["evidence"]
         process = await client.call(
             "turn.submit", session_id=sid, kind="process", argv=["true"], declared_outputs=[],
             wait_s=30, answer="compact",
@@ -546,6 +551,12 @@ async def test_a_bad_answer_is_a_bad_request_naming_it(root: Path) -> None:
         assert (err.code, err.details["field"]) == ("bad_request", "answer")
         assert err.message.startswith("answer: ")
         assert "'compact'" in err.message
+        assert (await client.call("turns.list", session_id=sid))["turns"] == []
+        # "record" is turn.wait's alone: a submit refuses it, and accepts nothing
+        err = await _error(
+            client, "turn.submit", session_id=sid, wait_s=1, answer="record", **READ_TURN
+        )
+        assert (err.code, err.details["field"]) == ("bad_request", "answer")
         assert (await client.call("turns.list", session_id=sid))["turns"] == []
         err = await _error(client, "turn.wait", turn_id=1, timeout_s=0, answer=1)
         assert (err.code, err.details["field"]) == ("bad_request", "answer")
