@@ -49,7 +49,7 @@ _TS: Final = b'"ts_us":'
 
 def turn_ledger_entries(
     session_dir: Path, turn_number: int, accepted_us: int | None = None
-) -> dict[str, object]:
+) -> dict[str, list[dict[str, object]]]:
     """``{"exec": [...], "evidence": [...]}``: the entries of *turn_number* in the session's
     ledger files, in seq order. With *accepted_us* (the turn's acceptance) the search stops at
     entries sealed `CLOCK_MARGIN_US` before it; without, it reads the whole files."""

@@ -74,7 +74,7 @@ class TurnOperations:
         turn = await self._turn_core.get_turn(params.id)
         return {"turn": turn_answer(turn), "ledger": await self._ledger(turn)}
 
-    async def _ledger(self, turn: TurnRecord) -> dict[str, object]:
+    async def _ledger(self, turn: TurnRecord) -> dict[str, list[dict[str, object]]]:
         """The turn's entries in its session's exec and evidence ledger files (read only)."""
         try:
             session = await self._turn_core.get_session(turn.session_id)
