@@ -80,43 +80,44 @@ def test_daemon_exposure_at_most_2_5() -> None:
     assert _exposure("hunter.service") <= 2.5
 
 
+def _a_client_of_the_daemon(unit: str, user: str, *more: str) -> set[str]:
+    """*unit* rates at most 2.0 and runs as *user*, in group hunter for the control socket
+    only, with no capability, loopback only and nothing writable (plus the lines *more*);
+    its lines."""
+    assert _exposure(unit) <= 2.0
+    lines = set(_lines(unit))
+    assert {
+        f"User={user}",
+        "SupplementaryGroups=hunter",
+        "CapabilityBoundingSet=",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "IPAddressDeny=any",
+        "IPAddressAllow=localhost",
+        *more,
+    } <= lines
+    assert not any(x.startswith(("StateDirectory=", "ReadWritePaths=")) for x in lines)
+    return lines
+
+
 def test_console_exposure_at_most_2_0_and_no_privilege() -> None:
     """The console's unit rates at most 2.0 (it rates 1.1): its own user, in group hunter for
     the control socket only, no capability, loopback only, nothing writable."""
-    assert _exposure("hunter-console.service") <= 2.0
-    lines = set(_lines("hunter-console.service"))
-    assert {
-        "User=hunter-console",
-        "SupplementaryGroups=hunter",
-        "CapabilityBoundingSet=",
-        "NoNewPrivileges=yes",
-        "ProtectSystem=strict",
-        "IPAddressDeny=any",
-        "IPAddressAllow=localhost",
-    } <= lines
-    assert not any(x.startswith(("StateDirectory=", "ReadWritePaths=")) for x in lines)
+    _a_client_of_the_daemon("hunter-console.service", "hunter-console")
 
 
 def test_mcp_server_exposure_at_most_2_0_and_no_privilege() -> None:
-    """The MCP server's unit (the HTTP form) is hardened as the console's: its own user, in
-    group hunter for the control socket only, no capability, loopback only, nothing writable
-    but its own runtime directory (the socket agent hosts reach)."""
-    assert _exposure("hunter-mcp.service") <= 2.0
-    lines = set(_lines("hunter-mcp.service"))
-    assert {
-        "User=hunter-mcp",
-        "SupplementaryGroups=hunter",
-        "CapabilityBoundingSet=",
-        "NoNewPrivileges=yes",
-        "ProtectSystem=strict",
+    """The MCP server's unit (the HTTP form) is hardened as the console's (it rates 1.1),
+    reads the daemon's root only, writes nothing but its own runtime directory (the socket
+    agent hosts reach), and never serves without its token."""
+    lines = _a_client_of_the_daemon(
+        "hunter-mcp.service",
+        "hunter-mcp",
         "ReadOnlyPaths=/var/lib/hunter",
-        "IPAddressDeny=any",
-        "IPAddressAllow=localhost",
         "RuntimeDirectory=hunter-mcp",
-    } <= lines
-    assert not any(x.startswith(("StateDirectory=", "ReadWritePaths=")) for x in lines)
+    )
     [start] = [x for x in lines if x.startswith("ExecStart=")]
-    assert "--token-file /etc/hunter/mcp-token" in start  # never served without its token
+    assert "--token-file /etc/hunter/mcp-token" in start
 
 
 def test_helper_exposure_stays_at_the_root_units() -> None:
