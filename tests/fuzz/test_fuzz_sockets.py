@@ -121,29 +121,34 @@ def test_frames_at_both_sockets(root: Path, record: Callable[..., None]) -> None
                 async with ControlClient(config.control_socket) as client:
                     assert (await client.call("ping"))["pong"] is True
 
-        @settings(FUZZ, max_examples=150)
-        @given(st.lists(bodies, min_size=1, max_size=4), st.booleans(), st.booleans())
-        def run(batch: list[bytes], to_control: bool, hello_first: bool) -> None:
-            if not to_control and hello_first:  # past the hello: the hub's read loop
-                n = counts["executors"]
-                batch = [json.dumps({**HELLO, "executor_id": f"fuzz-{n}"}).encode(), *batch]
-            data = b"".join(_frame(b) for b in batch)
-            if to_control:
-                counts["control"] += 1
-                answers = portal.call(_send, config.control_socket, data)
-                for answer in answers:
-                    error = answer.get("error")
-                    assert not (isinstance(error, dict) and error.get("code") == "internal"), (
-                        batch,
-                        answer,
-                    )
-            else:
-                counts["executors"] += 1
-                portal.call(_send, config.executor_socket, data)
+        # One run per socket (75 examples each): a drawn choice of socket left one of them
+        # with too few inputs now and then (35 of 150 in one CI-proxy run).
+        @settings(FUZZ, max_examples=75)
+        @given(st.lists(bodies, min_size=1, max_size=4))
+        def at_control(batch: list[bytes]) -> None:
+            counts["control"] += 1
+            answers = portal.call(_send, config.control_socket, b"".join(_frame(b) for b in batch))
+            for answer in answers:
+                error = answer.get("error")
+                assert not (isinstance(error, dict) and error.get("code") == "internal"), (
+                    batch,
+                    answer,
+                )
             portal.call(ping)  # the daemon is alive after every batch
 
+        @settings(FUZZ, max_examples=75)
+        @given(st.lists(bodies, min_size=1, max_size=4), st.booleans())
+        def at_executors(batch: list[bytes], hello_first: bool) -> None:
+            if hello_first:  # past the hello: the hub's read loop
+                n = counts["executors"]
+                batch = [json.dumps({**HELLO, "executor_id": f"fuzz-{n}"}).encode(), *batch]
+            counts["executors"] += 1
+            portal.call(_send, config.executor_socket, b"".join(_frame(b) for b in batch))
+            portal.call(ping)
+
         try:
-            run()
+            at_control()
+            at_executors()
             portal.call(ping)
         finally:
             portal.call(daemon.request_drain)
