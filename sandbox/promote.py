@@ -278,6 +278,11 @@ class StagedOutputs:
             PromotedOutput(s.write.path, str(s.dest), s.write.sha256, s.write.size) for s in staged
         )
 
+    @property
+    def empty(self) -> bool:
+        """Nothing was staged: placing and discarding have nothing to do."""
+        return not self._staged and not self._created
+
     def place(self) -> tuple[PromotedOutput, ...]:
         """Rename every staged output into place (all or nothing, as `promote_outputs`)."""
         try:

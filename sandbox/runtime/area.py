@@ -202,6 +202,8 @@ class SessionArea:
         )
 
     async def stage(self, writes: Sequence[RealizedWrite], workspace: Path) -> StagedOutputs:
+        if not writes:  # nothing declared to stage: no worker thread
+            return StagedOutputs([], [])
         return await anyio.to_thread.run_sync(
             stage_outputs, self.output_dir, tuple(writes), workspace
         )

@@ -105,6 +105,8 @@ class Promotion:
         the turn) discards them, so nothing of the turn reaches the workspace. Placing is only
         renames: once the turn is recorded it happens even when the caller is cancelled."""
         staged = self.staged
+        if staged is not None and staged.empty:
+            staged = None  # nothing to place or discard: no worker thread after the commit
         try:
             await commit(result)
         except BaseException:

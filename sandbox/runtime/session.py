@@ -130,21 +130,35 @@ class Session:
     # -- checks before a turn -----------------------------------------------------------------
 
     def check_turn_request(
-        self, argv: Sequence[str], declared_outputs: object, *, turn_number: int | None = None
+        self,
+        argv: Sequence[str],
+        declared_outputs: object,
+        *,
+        turn_number: int | None = None,
+        record: bool = True,
     ) -> None:
-        """Check a request for the daemon's intake; a violation is recorded, then raised."""
-        turn = turn_number or self.next_turn_number
+        """Check a request for the daemon's intake; a violation is recorded (durably: the
+        evidence ledger's sync), then raised. With ``record=False`` nothing is written: the
+        check alone (a few ``stat`` calls), for a caller that records a violation itself
+        (`record_refused_request`, off its event loop)."""
         try:
-            check_request(self, argv, declared_outputs, turn)
+            check_request(self, argv, declared_outputs, turn_number or self.next_turn_number)
         except CapabilityViolation as exc:
-            self.ledgers.record_violation(
-                turn_number=turn,
-                operation=exc.operation,
-                target=exc.target,
-                capability=exc.capability,
-                detail=exc.detail,
-            )
+            if record:
+                self.record_refused_request(exc, turn_number=turn_number)
             raise
+
+    def record_refused_request(
+        self, violation: CapabilityViolation, *, turn_number: int | None = None
+    ) -> None:
+        """Write *violation* of a refused request to the evidence ledger, durably."""
+        self.ledgers.record_violation(
+            turn_number=turn_number or self.next_turn_number,
+            operation=violation.operation,
+            target=violation.target,
+            capability=violation.capability,
+            detail=violation.detail,
+        )
 
     def prompt_header(
         self,

@@ -19,6 +19,7 @@ from typing import Protocol
 
 import anyio.to_thread
 
+from sandbox.errors import CapabilityViolation
 from sandbox.policy.envelopes import ExecutorCommandType
 from supervisor.errors import QueueFullError, RequestError, SessionClosedError
 from supervisor.logging import get_logger, info_enabled
@@ -156,13 +157,18 @@ class Acceptance:
             ) from None
 
     async def _check_process(self, session: SessionLike, request: TurnRequest) -> None:
-        """Capability check at intake (a violation is written to the evidence ledger, durably,
-        so it runs on a worker thread)."""
+        """Capability check at intake, on the loop (a few ``stat`` calls: a worker thread's
+        hand-offs cost more); a violation is then written to the evidence ledger, durably,
+        on a worker thread, before the refusal is answered."""
         assert request.process is not None
         spec = request.process
         outputs = [d.to_dict() for d in spec.declared_outputs]
         try:
-            await anyio.to_thread.run_sync(session.check_turn_request, list(spec.argv), outputs)
+            try:
+                session.check_turn_request(list(spec.argv), outputs, record=False)
+            except CapabilityViolation as violation:
+                await anyio.to_thread.run_sync(session.record_refused_request, violation)
+                raise
         except Exception as exc:
             code = error_code(exc, default="turn_rejected")
             if code == "capability_violation":

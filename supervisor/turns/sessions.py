@@ -28,6 +28,7 @@ import msgspec
 from ledger import SessionLedgers
 from ledger.chain import content_hash
 from ledger.entries import SealedLine
+from sandbox.errors import CapabilityViolation
 from sandbox.policy.attempts import AgentPhase, RetryOptions
 from sandbox.policy.lifecycle import TurnState
 from supervisor.errors import ClaimLostError
@@ -88,7 +89,16 @@ class SessionLike(Protocol):
     def session_id(self) -> str: ...
 
     def check_turn_request(
-        self, argv: Sequence[str], declared_outputs: object, *, turn_number: int | None = None
+        self,
+        argv: Sequence[str],
+        declared_outputs: object,
+        *,
+        turn_number: int | None = None,
+        record: bool = True,
+    ) -> None: ...
+
+    def record_refused_request(
+        self, violation: CapabilityViolation, *, turn_number: int | None = None
     ) -> None: ...
 
     async def run_process_turn(

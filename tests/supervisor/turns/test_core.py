@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import sqlite3
-import threading
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -151,18 +150,22 @@ class FakeSession:
         self.process_status = process_status
         self.process_calls: list[dict[str, Any]] = []
         self.blocked = anyio.Event()
-        #: a check of argv ``["slow-check"]`` sets `checking` and waits for `check_gate`
-        self.checking = threading.Event()
-        self.check_gate = threading.Event()
 
     def check_turn_request(
-        self, argv: Sequence[str], declared_outputs: object, *, turn_number: int | None = None
+        self,
+        argv: Sequence[str],
+        declared_outputs: object,
+        *,
+        turn_number: int | None = None,
+        record: bool = True,
     ) -> None:
         if argv[0] == "forbidden":
             raise PermissionError("forbidden executable")
-        if argv[0] == "slow-check":
-            self.checking.set()
-            self.check_gate.wait(10)
+
+    def record_refused_request(
+        self, violation: Exception, *, turn_number: int | None = None
+    ) -> None:
+        raise AssertionError("the fake's checks refuse nothing as a violation")
 
     async def run_process_turn(self, argv: Sequence[str], **kwargs: Any) -> FakeTurnResult:
         self.process_calls.append({"argv": list(argv), **kwargs})
@@ -624,26 +627,33 @@ async def test_cancel_running_process_turn_writes_ledgers(tmp_path: Path) -> Non
 
 
 async def test_close_refused_while_a_turn_is_being_submitted(tmp_path: Path) -> None:
-    """A session cannot be closed under a submission still in its intake checks."""
+    """A session cannot be closed under a submission not yet accepted: here its accept waits
+    for the database's write lock, which another connection holds."""
     async with rig(tmp_path) as r:
         sid = await _open(r)
-        session = r.runtime.sessions[sid]
-        params = {"session_id": sid, "kind": "process", "argv": ["slow-check"]}
+        params = {"session_id": sid, "kind": "process", "argv": ["/bin/true"]}
         results: list[Any] = []
 
         async def submit() -> None:
             request = submitted({**params, "declared_outputs": []})
             results.append(await r.turn_core.submit(request))
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(submit)
-            await anyio.to_thread.run_sync(session.checking.wait, 10)
-            try:
-                with pytest.raises(RequestError, match=r"^session .* a turn being submitted") as e:
-                    await r.turn_core.close_session(sid)
-                assert e.value.code == "session_busy"
-            finally:
-                session.check_gate.set()
+        other = sqlite3.connect(_db(tmp_path), isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(submit)
+                await anyio.wait_all_tasks_blocked()  # the accept waits for the write lock
+                try:
+                    with pytest.raises(
+                        RequestError, match=r"^session .* a turn being submitted"
+                    ) as e:
+                        await r.turn_core.close_session(sid)
+                    assert e.value.code == "session_busy"
+                finally:
+                    other.execute("ROLLBACK")
+        finally:
+            other.close()
         ((turn, created),) = results
         assert created
         done = await r.turn_core.wait_turn(turn.turn_id, timeout_s=10)
