@@ -125,7 +125,9 @@ async def run_process_turn(
             turn.turn_id, reason=f"its session {turn.session_id} is not loaded here"
         )
     options = deps.settings.retry
-    hooks = LoopHooks(deps, active, process=True)
+    # The first attempt's start is only noted: written if the attempt outlives a short delay,
+    # else it rides with the ending (`starts.DeferredStarts`: one commit a turn fewer).
+    hooks = LoopHooks(deps, active, process=True, overlap_start=True)
     used = 0
     if interrupted is not None:
         end = await run_attempts(
@@ -196,9 +198,18 @@ async def run_process_turn(
                 )
                 for record in records:
                     hooks.log_fault(record)
+                # a start written meanwhile must have committed (a refused one raises here);
+                # one not written yet rides with the ending
+                await hooks.commit_start()
                 ended.append(
                     await end_turn(
-                        deps, turn, active, ending, records, pending=result.pending_lines
+                        deps,
+                        turn,
+                        active,
+                        ending,
+                        records,
+                        pending=result.pending_lines,
+                        started=hooks.take_unwritten_start(),
                     )
                 )
 
@@ -222,6 +233,12 @@ async def run_process_turn(
             if not ended:  # rejected before it ran: the runtime made the entries, no commit
                 await commit(result)
             return ended[0]
+        except Exception:
+            await hooks.commit_start()  # written, or taken back: the error ends the turn
+            raise
+        except BaseException:  # cancelled: a start not written yet never is
+            hooks.forget_start()
+            raise
         finally:
             hooks.stop_counting()
 

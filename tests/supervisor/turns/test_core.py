@@ -591,13 +591,15 @@ async def test_drain_waits_until_the_outcome_is_recorded(tmp_path: Path) -> None
 
 
 async def test_restart_reruns_interrupted_process_turn(tmp_path: Path) -> None:
-    """A process turn interrupted by a restart is a CRASH; its retry gets the rest of the
-    attempt budget."""
+    """A process turn interrupted by a restart once its start was written (it outlived the
+    start's short deferral) is a CRASH; its retry gets the rest of the attempt budget."""
     async with rig(tmp_path) as r:
         sid = await _open(r)
         params = {"session_id": sid, "kind": "process", "argv": ["block"], "declared_outputs": []}
         turn, _ = await r.turn_core.submit(submitted(params))
         await r.runtime.sessions[sid].blocked.wait()
+        # the start is durable (written once the attempt outlived its deferral)
+        await r.turn_core.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
     _sql(
         tmp_path,
         "UPDATE turns SET spec = ? WHERE turn_id = ?",
@@ -612,6 +614,31 @@ async def test_restart_reruns_interrupted_process_turn(tmp_path: Path) -> None:
         # the rest of the budget: the runtime numbers its attempts on from the turn's (2 of 3)
         assert call["options"].max_attempts == 3
         assert call["first_attempt"] == 2
+
+
+async def test_restart_within_the_start_deferral_runs_the_attempt_again(tmp_path: Path) -> None:
+    """A process turn stopped by a restart before its start was written (within the start's
+    deferral) is found accepted and runs that attempt again under the same number, not
+    counted as a CRASH (docs/performance.md, "Attempt starts")."""
+    async with rig(tmp_path) as r:
+        r.turn_core._deps.starts.delay_s = 60.0  # the start is never due while it runs
+        sid = await _open(r)
+        params = {"session_id": sid, "kind": "process", "argv": ["block"], "declared_outputs": []}
+        turn, _ = await r.turn_core.submit(submitted(params))
+        await r.runtime.sessions[sid].blocked.wait()
+        assert (await r.store.get_turn(turn.turn_id)).state is TurnState.ACCEPTED
+    _sql(
+        tmp_path,
+        "UPDATE turns SET spec = ? WHERE turn_id = ?",
+        encode_spec(msgspec.structs.replace(turn.spec, argv=("true",))),
+        turn.turn_id,
+    )
+    async with rig(tmp_path) as r2:
+        done = await r2.turn_core.wait_turn(turn.turn_id, timeout_s=10)
+        assert done.state is TurnState.SUCCEEDED
+        assert [a.attempt for a in done.attempts] == [1]
+        (call,) = r2.runtime.sessions[sid].process_calls
+        assert call["first_attempt"] == 1
 
 
 async def test_cancel_running_process_turn_writes_ledgers(tmp_path: Path) -> None:
@@ -670,6 +697,7 @@ async def test_restart_ending_an_interrupted_process_turn_writes_ledgers(tmp_pat
         params = {"session_id": sid, "kind": "process", "argv": ["block"], "declared_outputs": []}
         turn, _ = await r.turn_core.submit(submitted(params))
         await r.runtime.sessions[sid].blocked.wait()
+        await r.turn_core.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
     # as if the daemon had stopped during the last attempt of the budget
     _sql(
         tmp_path, "UPDATE turns SET attempt = ? WHERE turn_id = ?", FAST.max_attempts, turn.turn_id
