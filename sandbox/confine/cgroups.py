@@ -195,6 +195,8 @@ class TurnCgroup:
         self.name = name
         self.dirs: dict[str, Path] = {}  # "unified" / "memory" / "pids" -> leaf dir
         self.levels: dict[str, str] = {}
+        #: the counters read when the last attempt ended with the leaf empty (`events_after`)
+        self._settled: dict[str, int] | None = None
 
     @classmethod
     def create(cls, layout: CgroupLayout, name: str, *, memory_bytes: int, pids: int) -> TurnCgroup:
@@ -326,6 +328,19 @@ class TurnCgroup:
         elif "pids" in self._layout.unified_controllers and "unified" in self.dirs:
             out["pids_max"] = _read_kv(self.dirs["unified"] / "pids.events").get("max", 0)
         return out
+
+    def events_before(self) -> dict[str, int]:
+        """`resource_events` at the start of an attempt: those read when the last attempt
+        ended (`events_after`: the leaf has been empty since, so no counter can have moved),
+        else read now."""
+        settled, self._settled = self._settled, None
+        return settled if settled is not None else self.resource_events()
+
+    def events_after(self) -> dict[str, int]:
+        """`resource_events` once an attempt ended and the leaf is empty; kept as the next
+        attempt's starting point."""
+        self._settled = now = self.resource_events()
+        return now
 
     def remove(self) -> None:
         """Remove the leaf dirs (they must be empty; EBUSY leaves them and is ignored)."""

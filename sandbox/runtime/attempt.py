@@ -150,7 +150,7 @@ async def run_confined(
     area.prepare()
     levels = area.ensure_confinement()
     cg = area.turn_cgroup()
-    baseline = cg.resource_events()
+    baseline = cg.events_before()
     out_fd = os.memfd_create("hunter-stdout", os.MFD_CLOEXEC)
     try:
         err_fd = os.memfd_create("hunter-stderr", os.MFD_CLOEXEC)
@@ -210,7 +210,7 @@ async def run_confined(
                 server.close()
             if audit is not None and watch is not None:
                 audit.unwatch(watch)
-        now = cg.resource_events()
+        now = cg.events_after()
         events = {key: now[key] - baseline.get(key, 0) for key in now}
     except SpawnError as exc:
         close_quietly((out_fd, err_fd))
@@ -364,10 +364,11 @@ async def _wait_and_kill(
                 reap(spawned)
         os.close(spawned.pidfd)
         leftovers = len(cg.members())
+        empty = True  # no member left: nothing to wait for (``members`` is the same read)
         if leftovers:
             cg.kill_all()
-        with anyio.CancelScope(shield=True):
-            empty = await cg.wait_empty()
+            with anyio.CancelScope(shield=True):
+                empty = await cg.wait_empty()
         if not empty:
             _log.error(
                 "turn_processes_survived",
