@@ -201,9 +201,10 @@ class LoopHooks:
         return claim
 
     async def attempt_started(self, attempt: AttemptRecord) -> None:
-        """Process turns: the start is durable before the attempt runs. Instruction turns
-        (``overlap_start``): only noted (`starts.DeferredStarts`); it is written if the attempt
-        outlives a short delay, else it rides with the outcome (`take_unwritten_start`)."""
+        """Without ``overlap_start`` the start is durable before the attempt runs. With it
+        (instruction turns, a process turn's first attempt): only noted
+        (`starts.DeferredStarts`); it is written if the attempt outlives a short delay, else
+        it rides with the outcome (`take_unwritten_start`)."""
         # No attempt without a live lease: after a pause, the next renewal round says whether
         # the claim still holds (`ClaimLostError` when it does not; nothing starts).
         await lease_gate(self._deps, self._active)

@@ -3,10 +3,12 @@
 The runtime runs the turn's attempts through the one attempt loop itself (each attempt is a
 confined run; the loop retries with backoff) and writes both ledger entries in one sync. This
 module takes the session's lock (process turns of one session share its sandbox directories)
-and a process slot, moves the turn to ``running`` under its claim, and stores how it ended. The
-time it waited for both is the first attempt's queue wait (``queued_ms``).
+and a process slot, notes the first attempt's start (written, moving the turn to ``running``,
+once the attempt outlives a short delay; a quicker one's start rides with the ending:
+`starts.DeferredStarts`), and stores how it ended. The time it waited for the lock and the
+slot is the first attempt's queue wait (``queued_ms``).
 
-After a restart, an attempt that was running is decided first as a CRASH (the loop's
+After a restart, an attempt whose start was written is decided first as a CRASH (the loop's
 ``interrupted``); if the policy retries it, the runtime gets the rest of the attempt budget and
 numbers its attempts on from the interrupted one (``first_attempt``), so the runtime's log
 events and ledger entries give each attempt the number the turn's records give it.

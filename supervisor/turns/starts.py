@@ -1,8 +1,9 @@
 """Attempt starts that are written only when the attempt outlives a short delay.
 
-Recording an instruction attempt's start durably before its outcome costs a commit of its own:
-with a quick executor the start's commit is still running when the answer arrives, and the
-ending waits for it. So a start is only *noted* here when its envelope leaves; if the attempt
+Recording an attempt's start durably before its outcome costs a commit of its own: with a
+quick executor (or a quick command: a process turn's first attempt is deferred the same way)
+the start's commit is still running when the answer arrives, and the ending waits for it. So
+a start is only *noted* here when its envelope leaves (its process is spawned); if the attempt
 is still running after the delay the start is written then (from then on a crash finds the
 turn ``running`` and decides the attempt as a CRASH, as the policy says). An attempt that ends
 sooner takes its start back, and the start rides in the same store write as the attempt's
@@ -17,7 +18,10 @@ still has its start written within 250 ms.
 
 What this costs: a daemon crash within the delay of a dispatch finds the turn ``accepted``
 and runs that attempt again under the same number (the executor may see the instruction twice,
-as after any crash); the attempt is not counted as a CRASH.
+a command may run twice, as after any crash); the attempt is not counted as a CRASH. A process
+turn's outputs are placed only after its ending committed, so a run cut short this way leaves
+nothing in the workspace, and what it left running is killed when the runtime starts again
+(`sandbox.runtime.leftovers`).
 """
 
 from __future__ import annotations
