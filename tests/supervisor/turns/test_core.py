@@ -30,7 +30,7 @@ from sandbox.policy.faults import ExecutionFaultType
 from sandbox.policy.lifecycle import TurnState
 from sandbox.policy.retry_protocol import RetryOptions
 from supervisor.errors import RequestError
-from supervisor.store.protocol import TurnStore
+from supervisor.store.protocol import TurnRecord, TurnStore
 from supervisor.store.sqlite import open_sqlite_store
 from supervisor.turns.context import CoreSettings
 from supervisor.turns.core import TurnCore
@@ -590,6 +590,16 @@ async def test_drain_waits_until_the_outcome_is_recorded(tmp_path: Path) -> None
         assert (await r.store.get_turn(turn.turn_id)).state is TurnState.SUCCEEDED
 
 
+def _runs_true_from_now_on(tmp_path: Path, turn: TurnRecord) -> None:
+    """Rewrite the stored turn's argv to ``true`` (its next run after a restart succeeds)."""
+    _sql(
+        tmp_path,
+        "UPDATE turns SET spec = ? WHERE turn_id = ?",
+        encode_spec(msgspec.structs.replace(turn.spec, argv=("true",))),
+        turn.turn_id,
+    )
+
+
 async def test_restart_reruns_interrupted_process_turn(tmp_path: Path) -> None:
     """A process turn interrupted by a restart once its start was written (it outlived the
     start's short deferral) is a CRASH; its retry gets the rest of the attempt budget."""
@@ -600,12 +610,7 @@ async def test_restart_reruns_interrupted_process_turn(tmp_path: Path) -> None:
         await r.runtime.sessions[sid].blocked.wait()
         # the start is durable (written once the attempt outlived its deferral)
         await r.turn_core.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
-    _sql(
-        tmp_path,
-        "UPDATE turns SET spec = ? WHERE turn_id = ?",
-        encode_spec(msgspec.structs.replace(turn.spec, argv=("true",))),
-        turn.turn_id,
-    )
+    _runs_true_from_now_on(tmp_path, turn)
     async with rig(tmp_path) as r2:
         done = await r2.turn_core.wait_turn(turn.turn_id, timeout_s=10)
         assert done.state is TurnState.SUCCEEDED
@@ -619,7 +624,7 @@ async def test_restart_reruns_interrupted_process_turn(tmp_path: Path) -> None:
 async def test_restart_within_the_start_deferral_runs_the_attempt_again(tmp_path: Path) -> None:
     """A process turn stopped by a restart before its start was written (within the start's
     deferral) is found accepted and runs that attempt again under the same number, not
-    counted as a CRASH (docs/performance.md, "Attempt starts")."""
+    counted as a CRASH (`supervisor/turns/starts.py`)."""
     async with rig(tmp_path) as r:
         r.turn_core._deps.starts.delay_s = 60.0  # the start is never due while it runs
         sid = await _open(r)
@@ -627,12 +632,7 @@ async def test_restart_within_the_start_deferral_runs_the_attempt_again(tmp_path
         turn, _ = await r.turn_core.submit(submitted(params))
         await r.runtime.sessions[sid].blocked.wait()
         assert (await r.store.get_turn(turn.turn_id)).state is TurnState.ACCEPTED
-    _sql(
-        tmp_path,
-        "UPDATE turns SET spec = ? WHERE turn_id = ?",
-        encode_spec(msgspec.structs.replace(turn.spec, argv=("true",))),
-        turn.turn_id,
-    )
+    _runs_true_from_now_on(tmp_path, turn)
     async with rig(tmp_path) as r2:
         done = await r2.turn_core.wait_turn(turn.turn_id, timeout_s=10)
         assert done.state is TurnState.SUCCEEDED
