@@ -590,6 +590,15 @@ async def test_drain_waits_until_the_outcome_is_recorded(tmp_path: Path) -> None
         assert (await r.store.get_turn(turn.turn_id)).state is TurnState.SUCCEEDED
 
 
+async def _blocked_process_turn(r: Rig) -> tuple[str, TurnRecord]:
+    """A new session and a process turn of it whose command is running (and blocks)."""
+    sid = await _open(r)
+    params = {"session_id": sid, "kind": "process", "argv": ["block"], "declared_outputs": []}
+    turn, _ = await r.turn_core.submit(submitted(params))
+    await r.runtime.sessions[sid].blocked.wait()
+    return sid, turn
+
+
 def _runs_true_from_now_on(tmp_path: Path, turn: TurnRecord) -> None:
     """Rewrite the stored turn's argv to ``true`` (its next run after a restart succeeds)."""
     _sql(
@@ -604,10 +613,7 @@ async def test_restart_reruns_interrupted_process_turn(tmp_path: Path) -> None:
     """A process turn interrupted by a restart once its start was written (it outlived the
     start's short deferral) is a CRASH; its retry gets the rest of the attempt budget."""
     async with rig(tmp_path) as r:
-        sid = await _open(r)
-        params = {"session_id": sid, "kind": "process", "argv": ["block"], "declared_outputs": []}
-        turn, _ = await r.turn_core.submit(submitted(params))
-        await r.runtime.sessions[sid].blocked.wait()
+        sid, turn = await _blocked_process_turn(r)
         # the start is durable (written once the attempt outlived its deferral)
         await r.turn_core.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
     _runs_true_from_now_on(tmp_path, turn)
@@ -627,10 +633,7 @@ async def test_restart_within_the_start_deferral_runs_the_attempt_again(tmp_path
     counted as a CRASH (`supervisor/turns/starts.py`)."""
     async with rig(tmp_path) as r:
         r.turn_core._deps.starts.delay_s = 60.0  # the start is never due while it runs
-        sid = await _open(r)
-        params = {"session_id": sid, "kind": "process", "argv": ["block"], "declared_outputs": []}
-        turn, _ = await r.turn_core.submit(submitted(params))
-        await r.runtime.sessions[sid].blocked.wait()
+        sid, turn = await _blocked_process_turn(r)
         assert (await r.store.get_turn(turn.turn_id)).state is TurnState.ACCEPTED
     _runs_true_from_now_on(tmp_path, turn)
     async with rig(tmp_path) as r2:
@@ -644,10 +647,7 @@ async def test_restart_within_the_start_deferral_runs_the_attempt_again(tmp_path
 async def test_cancel_running_process_turn_writes_ledgers(tmp_path: Path) -> None:
     """A process turn cancelled mid-run ends `cancelled` and still gets both ledger entries."""
     async with rig(tmp_path) as r:
-        sid = await _open(r)
-        params = {"session_id": sid, "kind": "process", "argv": ["block"], "declared_outputs": []}
-        turn, _ = await r.turn_core.submit(submitted(params))
-        await r.runtime.sessions[sid].blocked.wait()
+        sid, turn = await _blocked_process_turn(r)
         cancelled = await r.turn_core.cancel_turn(turn.turn_id)
         assert cancelled.state is TurnState.CANCELLED
         assert [rep.entries for rep in _verify(tmp_path, sid)] == [2, 2]
@@ -693,10 +693,7 @@ async def test_restart_ending_an_interrupted_process_turn_writes_ledgers(tmp_pat
     """A process turn whose interrupted last attempt ends it after a restart gets both ledger
     entries (the runtime never saw that ending, so the turn core writes them)."""
     async with rig(tmp_path) as r:
-        sid = await _open(r)
-        params = {"session_id": sid, "kind": "process", "argv": ["block"], "declared_outputs": []}
-        turn, _ = await r.turn_core.submit(submitted(params))
-        await r.runtime.sessions[sid].blocked.wait()
+        sid, turn = await _blocked_process_turn(r)
         await r.turn_core.wait_turn(turn.turn_id, until=frozenset({TurnState.RUNNING}))
     # as if the daemon had stopped during the last attempt of the budget
     _sql(
