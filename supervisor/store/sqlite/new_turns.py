@@ -12,6 +12,7 @@ import orjson
 
 from supervisor.store.protocol import NewTurn
 from supervisor.store.rows import claim_of
+from supervisor.store.sqlite.turns_table import mark_session_bounds
 from supervisor.wire.turn_spec import InstructionSpec, encode_spec
 
 __all__ = ["INSERT_TURN", "insert_turns", "take_numbers", "take_numbers_many", "turn_values"]
@@ -53,18 +54,24 @@ def take_numbers_many(conn: sqlite3.Connection, counts: Mapping[str, int]) -> di
 def insert_turns(
     conn: sqlite3.Connection, rows: Sequence[tuple[object, ...]]
 ) -> dict[tuple[str, int], int]:
-    """Insert the rows (`turn_values` each) with one ``executemany``; the turn id of each by
-    ``(session_id, turn_number)``. The ids are read back in one query: the table's ids only
-    grow (AUTOINCREMENT), so the rows above the highest id given out before are these."""
+    """Insert the rows (`turn_values` each) with one ``executemany`` and mark their sessions'
+    bounds (`turns_table.mark_session_bounds`); the turn id of each by ``(session_id,
+    turn_number)``. The ids are read back in one query: the table's ids only grow
+    (AUTOINCREMENT), so the rows above the highest id given out before are these."""
     before = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'turns'").fetchone()
     conn.executemany(INSERT_TURN, rows)
-    return {
-        (str(sid), int(number)): int(turn_id)
-        for sid, number, turn_id in conn.execute(
-            "SELECT session_id, turn_number, turn_id FROM turns WHERE turn_id > ?",
-            (0 if before is None else int(before[0]),),
-        )
-    }
+    ids: dict[tuple[str, int], int] = {}
+    bounds: dict[str, tuple[int, int]] = {}
+    for sid, number, turn_id in conn.execute(
+        "SELECT session_id, turn_number, turn_id FROM turns WHERE turn_id > ? ORDER BY turn_id",
+        (0 if before is None else int(before[0]),),
+    ):
+        session_id, taken = str(sid), int(turn_id)
+        ids[(session_id, int(number))] = taken
+        first = bounds.get(session_id)
+        bounds[session_id] = (taken if first is None else first[0], taken)
+    mark_session_bounds(conn, bounds)
+    return ids
 
 
 def turn_values(

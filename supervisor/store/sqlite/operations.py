@@ -67,6 +67,7 @@ from supervisor.store.sqlite.schema import (
     UNFINISHED,
 )
 from supervisor.store.sqlite.turn_query import turn_conditions
+from supervisor.store.sqlite.turns_table import mark_session_bounds
 from supervisor.store.turn_filter import TurnFilter
 
 __all__ = [
@@ -215,8 +216,10 @@ def accept(
         raise_not_open(conn, new.session_id)
     now = now_us()
     cur = conn.execute(INSERT_TURN, turn_values(new, number, now, claim_for, lease_ms))
-    assert cur.lastrowid is not None
-    return accepted(new, cur.lastrowid, number, now, claim_for=claim_for, lease_ms=lease_ms)
+    turn_id = cur.lastrowid
+    assert turn_id is not None
+    mark_session_bounds(conn, {new.session_id: (turn_id, turn_id)})
+    return accepted(new, turn_id, number, now, claim_for=claim_for, lease_ms=lease_ms)
 
 
 def raise_not_open(conn: sqlite3.Connection, session_id: str) -> NoReturn:

@@ -11,7 +11,8 @@ Design notes
   the newer daemon's tables may mean things this one cannot know. An older version is upgraded
   by the steps in `_MIGRATIONS` inside one transaction (version 2 added ``ledger_lines``, 3 the
   sessions' ``tenant`` and ``priority``, NULL for the sessions opened before, 4 moved
-  ``ledger_lines`` into rowid order: below).
+  ``ledger_lines`` into rowid order: below, 5 took the indexes led by the session off
+  ``turns``: `supervisor.store.sqlite.turns_table`).
 * **Claims live on the turn row**: ``owner``, ``lease_until_us`` and ``token`` (only grows, one
   more on every claim). ``round`` counts escalation retries: attempts are keyed by
   ``(turn_id, round, attempt)`` so a fresh attempt budget numbers its attempts from 1 again and
@@ -38,11 +39,12 @@ Design notes
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final
 
 from supervisor.errors import SchemaVersionError, StoreError
+from supervisor.store.sqlite.turns_table import TURNS_SCHEMA, upgrade_to_5
 
 __all__ = [
     "ATTEMPT_COLUMNS",
@@ -55,7 +57,7 @@ __all__ = [
 ]
 
 #: The schema this code writes. Raise it (and add a step to `_MIGRATIONS`) on every change.
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 _VERSION_KEY: Final = "turn_store_schema"
 
 #: States a turn can still leave by itself (claimable, recoverable). ``escalated`` waits for a
@@ -63,7 +65,8 @@ _VERSION_KEY: Final = "turn_store_schema"
 UNFINISHED: Final = ("accepted", "running", "waiting_retry")
 
 
-_TABLES: Final = """
+_TABLES: Final = (
+    """
 CREATE TABLE IF NOT EXISTS meta(
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -79,38 +82,13 @@ CREATE TABLE IF NOT EXISTS sessions(
     closed_us INTEGER,
     turns INTEGER NOT NULL DEFAULT 0,
     tenant TEXT,
-    priority INTEGER
+    priority INTEGER,
+    first_turn_id INTEGER,
+    last_turn_id INTEGER
 );
-CREATE TABLE IF NOT EXISTS turns(
-    turn_id INTEGER PRIMARY KEY AUTOINCREMENT,
-    session_id TEXT NOT NULL REFERENCES sessions(session_id),
-    turn_number INTEGER NOT NULL,
-    kind TEXT NOT NULL,
-    command_type TEXT,
-    spec BLOB NOT NULL,
-    idempotency_key TEXT,
-    state TEXT NOT NULL,
-    round INTEGER NOT NULL DEFAULT 0,
-    attempt INTEGER NOT NULL DEFAULT 0,
-    accepted_us INTEGER NOT NULL,
-    updated_us INTEGER NOT NULL,
-    next_attempt_us INTEGER,
-    finished_us INTEGER,
-    verdict TEXT,
-    reason_code TEXT,
-    reason TEXT,
-    fault_type TEXT,
-    result BLOB,
-    owner TEXT,
-    token INTEGER NOT NULL DEFAULT 0,
-    lease_until_us INTEGER,
-    UNIQUE(session_id, turn_number),
-    UNIQUE(session_id, idempotency_key)
-);
-CREATE INDEX IF NOT EXISTS turns_unfinished ON turns(turn_id)
-    WHERE state IN ('accepted', 'running', 'waiting_retry');
-CREATE INDEX IF NOT EXISTS turns_by_state ON turns(state, turn_id);
-CREATE TABLE IF NOT EXISTS attempts(
+"""
+    + TURNS_SCHEMA
+    + """CREATE TABLE IF NOT EXISTS attempts(
     turn_id INTEGER NOT NULL REFERENCES turns(turn_id),
     round INTEGER NOT NULL,
     attempt INTEGER NOT NULL,
@@ -138,9 +116,11 @@ CREATE TABLE IF NOT EXISTS ledger_lines(
     PRIMARY KEY(ledger_id, seq)
 );
 """
+)
 
-#: version -> the SQL that upgrades a file from that version to the next one.
-_MIGRATIONS: Final[Mapping[int, str]] = {
+#: version -> what upgrades a file from that version to the next one (SQL, or a function run in
+#: the upgrade's transaction).
+_MIGRATIONS: Final[Mapping[int, str | Callable[[sqlite3.Connection], None]]] = {
     1: """CREATE TABLE IF NOT EXISTS ledger_lines(
     ledger_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
@@ -161,6 +141,7 @@ INSERT INTO ledger_lines_in_rowid_order(ledger_id, seq, entry_hash, line)
     SELECT ledger_id, seq, entry_hash, line FROM ledger_lines ORDER BY ledger_id, seq;
 DROP TABLE ledger_lines;
 ALTER TABLE ledger_lines_in_rowid_order RENAME TO ledger_lines;""",
+    4: upgrade_to_5,
 }
 
 TURN_COLUMNS: Final = (
@@ -217,7 +198,10 @@ def _upgrade(conn: sqlite3.Connection, path: Path) -> None:
         step = _MIGRATIONS.get(found)
         if step is None:
             raise SchemaVersionError(path, found=found, supported=SCHEMA_VERSION)
-        _run_script(conn, step)
+        if isinstance(step, str):
+            _run_script(conn, step)
+        else:
+            step(conn)
         found += 1
     conn.execute("UPDATE meta SET value = ? WHERE key = ?", (str(SCHEMA_VERSION), _VERSION_KEY))
 
@@ -240,7 +224,8 @@ def _connect(path: Path, *, writer: bool) -> sqlite3.Connection:
         if writer:
             _require_wal(conn, path)
         conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("PRAGMA foreign_keys=ON")
+        if not writer:  # the writer's once its schema is upgraded (`open_connections`)
+            conn.execute("PRAGMA foreign_keys=ON")
         if not writer:
             conn.execute("PRAGMA query_only=ON")
     except BaseException:
@@ -254,7 +239,8 @@ def open_connections(path: Path) -> tuple[sqlite3.Connection, sqlite3.Connection
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = _connect(path, writer=True)
     try:
-        _migrate(writer, path)
+        _migrate(writer, path)  # foreign keys off: an upgrade may rebuild a referred table
+        writer.execute("PRAGMA foreign_keys=ON")
         reader = _connect(path, writer=False)
     except BaseException:
         writer.close()

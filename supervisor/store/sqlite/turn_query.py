@@ -13,8 +13,13 @@ def turn_conditions(where: TurnFilter, after_turn_id: int) -> tuple[str, list[ob
     conditions = ["turn_id > ?"]
     args: list[object] = [after_turn_id]
     if where.session_id is not None:
-        conditions.append("session_id = ?")
-        args.append(where.session_id)
+        # No index is led by the session (`turns_table`): its turns lie between the first and
+        # the last it took, read by id.
+        conditions.append(
+            "turn_id BETWEEN (SELECT first_turn_id FROM sessions WHERE session_id = ?)"
+            " AND (SELECT last_turn_id FROM sessions WHERE session_id = ?) AND session_id = ?"
+        )
+        args.extend((where.session_id,) * 3)
     states = where.state_values()
     if states is not None:
         conditions.append(f"state IN ({', '.join('?' * len(states))})")

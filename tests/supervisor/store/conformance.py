@@ -583,6 +583,38 @@ class TurnStoreConformance:
             exact = await store.list_turns(session_id="S2", limit=1)
             assert ([t.turn_id for t in exact.turns], exact.next_after) == ([other], None)
 
+    async def test_list_turns_of_interleaved_sessions(self, open_store: StoreFactory) -> None:
+        """The turns of sessions accepted together (one pass, keyed and not) list per session:
+        each session's own, in order, numbered 1..n; a session without turns lists none, and
+        the same key in two sessions makes two turns."""
+        async with open_store() as store:
+            names = ["A", "B", "C", "EMPTY"]
+            for name in names:
+                await session(store, name)
+            got: dict[str, list[int]] = {"A": [], "B": [], "C": []}
+
+            async def take(name: str, i: int) -> None:
+                key = f"k{i}" if i % 2 else None
+                got[name].append((await store.accept(instruction(name, key=key, i=i))).turn.turn_id)
+
+            for round_ in range(3):
+                async with anyio.create_task_group() as tg:
+                    for i in range(4):
+                        for name in got:
+                            tg.start_soon(take, name, round_ * 4 + i)
+            for name, ids in got.items():
+                listed = (await store.list_turns(session_id=name)).turns
+                assert [t.turn_id for t in listed] == sorted(ids)
+                assert [t.turn_number for t in listed] == list(range(1, 13))
+                assert {t.session_id for t in listed} == {name}
+                page = await store.list_turns(session_id=name, after_turn_id=sorted(ids)[5])
+                assert [t.turn_id for t in page.turns] == sorted(ids)[6:]
+            assert (await store.list_turns(session_id="EMPTY")).turns == ()
+            assert (await store.list_turns(session_id="NOBODY")).turns == ()
+            again = await store.accept(instruction("A", key="k1", i=1))
+            assert (again.created, again.turn.session_id) == (False, "A")
+            assert (await store.get_session("A")).turns == 12
+
     async def test_list_turns_filters(self, open_store: StoreFactory) -> None:
         """list_turns keeps the turns of a package's sessions, of some states, accepted in a
         time window; the given filters all hold, and pages follow them."""

@@ -9,6 +9,7 @@ import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Final
 
 import anyio
 import msgspec
@@ -108,7 +109,7 @@ async def test_version_1_file_is_upgraded(tmp_path: Path) -> None:
     conn = sqlite3.connect(path)
     version = conn.execute("SELECT value FROM meta WHERE key = 'turn_store_schema'").fetchone()
     conn.close()
-    assert int(version[0]) == SCHEMA_VERSION == 4
+    assert int(version[0]) == SCHEMA_VERSION == 5
 
 
 async def test_version_3_ledger_lines_move_into_rowid_order_and_stay(tmp_path: Path) -> None:
@@ -149,6 +150,90 @@ async def test_version_3_ledger_lines_move_into_rowid_order_and_stay(tmp_path: P
         conn.execute("INSERT INTO ledger_lines VALUES ('S1/exec', 3, 'other', x'00')")
     conn.close()
     assert "WITHOUT ROWID" not in sql
+    assert int(version[0]) == SCHEMA_VERSION
+
+
+_V4_TURNS: Final = """CREATE TABLE turns_v4(
+    turn_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions(session_id),
+    turn_number INTEGER NOT NULL, kind TEXT NOT NULL, command_type TEXT, spec BLOB NOT NULL,
+    idempotency_key TEXT, state TEXT NOT NULL, round INTEGER NOT NULL DEFAULT 0,
+    attempt INTEGER NOT NULL DEFAULT 0, accepted_us INTEGER NOT NULL,
+    updated_us INTEGER NOT NULL, next_attempt_us INTEGER, finished_us INTEGER, verdict TEXT,
+    reason_code TEXT, reason TEXT, fault_type TEXT, result BLOB, owner TEXT,
+    token INTEGER NOT NULL DEFAULT 0, lease_until_us INTEGER,
+    UNIQUE(session_id, turn_number),
+    UNIQUE(session_id, idempotency_key)
+)"""
+
+
+def _as_schema_4(path: Path, *, sequence: int) -> None:
+    """Give the store at *path* the layout of schema 4: ``turns`` under the two constraints led
+    by the session, no session bounds, and an id sequence at *sequence* (ids given out to rows
+    that are gone)."""
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute(_V4_TURNS)
+        conn.execute("INSERT INTO turns_v4 SELECT * FROM turns")
+        conn.execute("DROP TABLE turns")
+        conn.execute("ALTER TABLE turns_v4 RENAME TO turns")
+        conn.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'turns'", (sequence,))
+        conn.execute("CREATE INDEX turns_unfinished ON turns(turn_id) WHERE state = 'accepted'")
+        conn.execute("CREATE INDEX turns_by_state ON turns(state, turn_id)")
+        conn.execute("ALTER TABLE sessions DROP COLUMN first_turn_id")
+        conn.execute("ALTER TABLE sessions DROP COLUMN last_turn_id")
+        conn.execute("UPDATE meta SET value = '4' WHERE key = 'turn_store_schema'")
+    conn.close()
+
+
+async def test_version_4_turns_lose_the_indexes_led_by_the_session(tmp_path: Path) -> None:
+    """A file of schema 4 is upgraded in place: every turn kept with its id and attempts, each
+    session's turns listed as before, a key still finds its turn, new ids go on after the
+    highest ever given out, and no index of ``turns`` is led by the session any more."""
+    path = tmp_path / "turns.sqlite3"
+    async with open_sqlite_store(path) as store:
+        for name in ("S1", "S2"):
+            await store.open_session(NewSession(session_id=name, package_id="demo"))
+        ids: dict[str, list[int]] = {"S1": [], "S2": []}
+        claims = []
+        for i in range(6):
+            name = ("S1", "S2")[i % 2]
+            new = NewTurn(session_id=name, spec=_turn(i).spec, idempotency_key=f"key-{i}")
+            accepted = await store.accept(new, claim_for="A")
+            ids[name].append(accepted.turn.turn_id)
+            claims.append(accepted.claim)
+        assert claims[0] is not None
+        ended = await store.finish(claims[0], TurnEnding(state=TurnState.CANCELLED))
+    _as_schema_4(path, sequence=100)
+    async with open_sqlite_store(path) as store:
+        for name, mine in ids.items():
+            listed = (await store.list_turns(session_id=name)).turns
+            assert [(t.turn_id, t.turn_number) for t in listed] == [
+                (x, n) for n, x in enumerate(mine, 1)
+            ]
+        assert (await store.get_turn(ended.turn_id)).state is TurnState.CANCELLED
+        again = await store.accept(
+            NewTurn(session_id="S2", spec=_turn(1).spec, idempotency_key="key-1")
+        )
+        assert (again.created, again.turn.turn_id) == (False, ids["S2"][0])
+        later = (await store.accept(_turn(9))).turn
+        assert (later.turn_id, later.turn_number) == (101, 4)
+        assert [t.turn_id for t in (await store.list_turns(session_id="S1")).turns] == [
+            *ids["S1"],
+            101,
+        ]
+    conn = sqlite3.connect(path)
+    indexes = conn.execute(
+        "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'turns'"
+    ).fetchall()
+    version = conn.execute("SELECT value FROM meta WHERE key = 'turn_store_schema'").fetchone()
+    conn.close()
+    assert sorted(name for name, _ in indexes) == [
+        "turns_by_key",
+        "turns_by_state",
+        "turns_unfinished",
+    ]
+    assert not any("(session_id" in str(sql) for _, sql in indexes)
     assert int(version[0]) == SCHEMA_VERSION
 
 
