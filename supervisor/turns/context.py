@@ -60,8 +60,11 @@ class CoreSettings:
     wait_limit_s: float = 3600.0
     #: how long a claim holds without renewal; renewed every third of it
     lease_ms: int = 30_000
-    #: how often the ledger files are synced (a turn's lines are durable in the store at once)
-    ledger_sync_interval_s: float = 0.25
+    #: how often the ledger files and their heads are synced (a turn's lines are durable in
+    #: the store at once; the store keeps them until then). A round syncs four files a session
+    #: whatever it holds: every second instead of every 250 ms took ~25 µs of CPU off a turn at
+    #: 64 sessions (docs/performance.md, issue 30's sixth step)
+    ledger_sync_interval_s: float = 1.0
     #: the daemon-wide retry budget of instruction turns (`[retry] budget_*`)
     retry_budget: BudgetLimits = field(default_factory=BudgetLimits)
 
