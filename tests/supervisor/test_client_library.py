@@ -209,3 +209,6 @@ async def test_keys_are_made_up_by_default_and_can_be_left_off(root: Path) -> No
             second = await plain.submit_instruction(sid, "READ", selector="#b")
         assert first.turn.idempotency_key is None
         assert first.turn_id != second.turn_id
+        later = await client.submit_instruction(sid, "READ", selector="#c")
+        assert later.turn.idempotency_key is not None
+        assert later.turn.idempotency_key > key  # made-up keys sort by the time they were made
