@@ -118,9 +118,13 @@ def _read_toml(path: Path) -> dict[str, Any]:
             "(file)", f"cannot read {path}: {exc.strerror}", source=str(path)
         ) from exc
     try:
-        return msgspec.toml.decode(data, type=dict[str, Any])
+        # Decoded here, not by msgspec: its versions word a non-UTF-8 file differently (0.22
+        # raises UnicodeDecodeError, 0.23 a DecodeError about the TOML).
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError("(file)", f"{path} is not UTF-8 text", source=str(path)) from exc
+    try:
+        return msgspec.toml.decode(text, type=dict[str, Any])
     except msgspec.DecodeError as exc:
         match = _TOML_LINE.search(str(exc))
         line = int(match.group(1)) if match else None
