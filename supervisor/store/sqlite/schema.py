@@ -224,9 +224,8 @@ def _connect(path: Path, *, writer: bool) -> sqlite3.Connection:
         if writer:
             _require_wal(conn, path)
         conn.execute("PRAGMA synchronous=FULL")
-        if not writer:  # the writer's once its schema is upgraded (`open_connections`)
+        if not writer:  # the writer's foreign keys: once its schema is upgraded
             conn.execute("PRAGMA foreign_keys=ON")
-        if not writer:
             conn.execute("PRAGMA query_only=ON")
     except BaseException:
         conn.close()

@@ -4,9 +4,9 @@ per-session index, and the upgrade of a schema-4 file to them.
 **No index keyed by session.** Schema 4 kept two ``UNIQUE`` constraints led by the session,
 ``(session_id, turn_number)`` and ``(session_id, idempotency_key)``. An index clustered by
 session puts each session's entries on leaf pages of their own, so a commit that accepts the
-turns of 64 sessions rewrote up to 64 leaf pages of each: about a quarter of the commit's
-CPU at 64 sessions in flight (`benchmarks/bench_daemon.py --sessions 64`, docs/performance.md).
-Schema 5 keeps neither:
+turns of 64 sessions rewrote up to 64 leaf pages of each: 16 to 22 µs of the commit stage's
+~130 µs a turn at 64 sessions in flight (`benchmarks/bench_daemon.py --sessions 64`,
+docs/performance.md). Schema 5 keeps neither:
 
 * a session's turn numbers are unique by construction: ``sessions.turns`` hands them out in
   the accept's transaction, and the store has one writer;
